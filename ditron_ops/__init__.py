@@ -1,0 +1,15 @@
+"""ditron_ops: communication hidden behind computation with distributed Triton kernels.
+
+Importing registers the ``torch.ops.ditron.*`` ops; nothing else happens at import.
+"""
+from .collectives import all_gather, all_reduce, reduce_scatter
+from .deterministic import deterministic, is_deterministic
+from .errors import DitronError, DitronSizeMismatchError, DitronTimeoutError
+from .runtime import (Group, TorchGroup, VirtualGroup, current_group, launch, set_default_group,
+                      split_sizes)
+
+__version__ = "0.1.0"
+
+__all__ = ["all_gather", "reduce_scatter", "all_reduce", "launch", "Group", "VirtualGroup",
+           "TorchGroup", "current_group", "set_default_group", "split_sizes", "deterministic",
+           "is_deterministic", "DitronError", "DitronTimeoutError", "DitronSizeMismatchError"]

@@ -1,0 +1,6 @@
+"""Standalone collectives as ``torch.ops.ditron.*``: all_gather, reduce_scatter, all_reduce."""
+from .all_gather import all_gather
+from .all_reduce import all_reduce
+from .reduce_scatter import reduce_scatter
+
+__all__ = ["all_gather", "reduce_scatter", "all_reduce"]

@@ -1,0 +1,101 @@
+"""``all_reduce``: every rank gets the sum of every rank's tensor.
+
+Two schedules over the same push/combine kernel:
+
+* one-shot (small tensors): push all of x to every rank, each rank sums all W slots::
+
+      rank r: push x -> slot r everywhere | wait | out = slot0 + ... + slot{W-1}
+
+* two-shot (large tensors): reduce-scatter of the flattened tensor, then all-gather of the
+  reduced shards (W times less data per rank in the reduce, two kernel launches)::
+
+      rank r: reduce_scatter(flat x) -> shard r | all_gather(shards) -> out
+
+Both sum in rank order in fp32 with one rounding, and agree bitwise with each other.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import reference
+from .._library import define_op
+from .._validation import check_tensor
+from ..deterministic import resolve_deterministic
+from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.split import split_sizes
+from ._launch import push_combine
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ALGORITHMS = ("auto", "one_shot", "two_shot")
+ONE_SHOT_MAX_BYTES = 256 * 1024  # default rule; the bench measures the crossover per machine
+
+
+def choose_algorithm(nbytes: int, world_size: int) -> str:
+    """``auto`` rule: one-shot up to ``ONE_SHOT_MAX_BYTES`` (latency-bound), two-shot above."""
+    return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES or world_size == 1 else "two_shot"
+
+
+def all_reduce(x: torch.Tensor, group: Optional[Group] = None, *, algorithm: str = "auto",
+               deterministic: Optional[bool] = None) -> torch.Tensor:
+    """Sum over ranks; returns a new tensor (``x`` is not modified).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Any shape, fp16/bf16/fp32, the same shape on every rank.
+    group : Group, optional
+    algorithm : {"auto", "one_shot", "two_shot"}
+        ``auto`` picks by size (``choose_algorithm``); all ranks pick the same.
+    deterministic : bool, optional
+        Both modes sum in rank order in fp32 with one rounding (bitwise run to run, any
+        algorithm). Results differ across world sizes.
+
+    Returns
+    -------
+    torch.Tensor
+        Same shape and dtype as ``x``.
+
+    Constraints
+    -----------
+    Collective: every rank calls it in the same order with the same shape, dtype and algorithm.
+    Runs on the current stream; calls on one group must be stream-ordered.
+    """
+    group = current_group(group)
+    flag = resolve_deterministic(deterministic)
+    check_tensor("all_reduce", "x", x, group, DTYPES)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"ditron.all_reduce: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm == "auto":
+        algorithm = choose_algorithm(x.numel() * x.element_size(), group.world_size)
+    return torch.ops.ditron.all_reduce(x, group.group_name, algorithm, flag)
+
+
+def _all_reduce_impl(x: torch.Tensor, group_name: str, algorithm: str, deterministic: bool) -> torch.Tensor:
+    group = resolve_group(group_name)
+    if not group.has_symmetric_memory:
+        return reference.all_reduce(x, group)
+    flat = x.reshape(-1)
+    n = flat.numel()
+    if algorithm == "one_shot":
+        out = torch.empty_like(flat)
+        push_combine(group, flat, out, op="all_reduce", split_src=False, reduce=True,
+                     src_rows=n, row_elems=1, slot_elems=n)
+        return out.view(x.shape)
+    sizes = split_sizes(n, group.world_size)
+    shard = flat.new_empty((sizes[group.rank],))
+    push_combine(group, flat, shard, op="all_reduce", split_src=True, reduce=True,
+                 src_rows=n, row_elems=1, slot_elems=max(sizes))
+    out = torch.empty_like(flat)
+    push_combine(group, shard, out, op="all_reduce", split_src=False, reduce=False,
+                 src_rows=shard.numel(), row_elems=1, slot_elems=max(sizes))
+    return out.view(x.shape)
+
+
+def _all_reduce_fake(x, group_name, algorithm, deterministic):
+    return torch.empty_like(x)
+
+
+define_op("all_reduce(Tensor x, str group_name, str algorithm, bool deterministic) -> Tensor",
+          _all_reduce_impl, _all_reduce_fake)

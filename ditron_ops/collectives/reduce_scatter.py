@@ -1,0 +1,76 @@
+"""``reduce_scatter``: sum every rank's ``[M, ...]`` input and keep this rank's row shard.
+
+Schedule (one kernel per call, see ``_kernels``)::
+
+    rank r:  push rows split(M)[d] -> slot r of rank d (all d) | wait | out = sum of slots 0..W-1
+
+The sum is always taken in rank order in fp32 with one rounding, so both modes are bitwise
+reproducible for a fixed world size (``deterministic`` is accepted for API uniformity).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import reference
+from .._library import define_op
+from .._validation import check_tensor
+from ..deterministic import resolve_deterministic
+from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.split import split_sizes
+from ._launch import push_combine
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def reduce_scatter(x: torch.Tensor, group: Optional[Group] = None, *,
+                   deterministic: Optional[bool] = None) -> torch.Tensor:
+    """Reduce (sum) over ranks and scatter row shards.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``[M, *rest]`` fp16/bf16/fp32, the same shape on every rank.
+    group : Group, optional
+    deterministic : bool, optional
+        Defaults to the ``ditron_ops.deterministic()`` mode. Both modes sum in rank order
+        0..W-1 in fp32 and round once: bitwise identical run to run and independent of arrival
+        order. Results differ across world sizes (different summation).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[split_sizes(M, W)[rank], *rest]``: rows ``split_start(M, W, rank)`` onward of the sum.
+        The first ``M % W`` ranks get one extra row.
+
+    Constraints
+    -----------
+    Collective: every rank calls it in the same order with the same shape and dtype. Runs on the
+    current stream; calls on one group must be stream-ordered.
+    """
+    group = current_group(group)
+    flag = resolve_deterministic(deterministic)
+    check_tensor("reduce_scatter", "x", x, group, DTYPES, min_dim=1)
+    return torch.ops.ditron.reduce_scatter(x, group.group_name, flag)
+
+
+def _reduce_scatter_impl(x: torch.Tensor, group_name: str, deterministic: bool) -> torch.Tensor:
+    group = resolve_group(group_name)
+    if not group.has_symmetric_memory:
+        return reference.reduce_scatter(x, group)
+    sizes = split_sizes(x.shape[0], group.world_size)
+    row_elems = int(torch.Size(x.shape[1:]).numel())
+    out = x.new_empty((sizes[group.rank], *x.shape[1:]))
+    return push_combine(group, x, out, op="reduce_scatter", split_src=True, reduce=True,
+                        src_rows=x.shape[0], row_elems=row_elems, slot_elems=max(sizes) * row_elems)
+
+
+def _reduce_scatter_fake(x, group_name, deterministic):
+    group = resolve_group(group_name)
+    rows = split_sizes(x.shape[0], group.world_size)[group.rank]
+    return x.new_empty((rows, *x.shape[1:]))
+
+
+define_op("reduce_scatter(Tensor x, str group_name, bool deterministic) -> Tensor",
+          _reduce_scatter_impl, _reduce_scatter_fake)

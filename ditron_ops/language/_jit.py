@@ -1,0 +1,106 @@
+"""``jit``: compile with Triton on a GPU process, interpret on a CPU process.
+
+The choice is made once per process (``_env.use_interpreter``) without touching Triton's global
+knobs, so importing ditron_ops changes nothing for other Triton users. In interpreter mode the
+virtual world runs ranks as threads, each interpreting its own kernel; Triton's interpreter keeps
+the program id in a process-global builder and patches ``triton.language`` per launch, so
+``_make_interpreter_thread_safe`` (applied on the first interpreted launch, only in a process
+that interprets) makes the grid index thread-local and the language patch reference-counted.
+"""
+from __future__ import annotations
+
+import threading
+
+import triton
+
+from .._env import use_interpreter
+
+_shim_lock = threading.Lock()
+_shim_installed = False
+
+
+def _make_interpreter_thread_safe() -> None:
+    global _shim_installed
+    with _shim_lock:
+        if _shim_installed:
+            return
+        from triton.runtime import interpreter as interp
+
+        original_patch = interp._patch_lang
+        state = {"depth": 0, "scope": None}
+        lock = threading.Lock()
+
+        class _SharedScope:
+            def restore(self) -> None:
+                with lock:
+                    state["depth"] -= 1
+                    if state["depth"] == 0:
+                        state["scope"].restore()
+                        state["scope"] = None
+
+        import types
+
+        import triton.language as tl
+
+        # Patch both triton.language and triton.language.core whatever the kernel imported, so
+        # nested helpers (which may use either) see the interpreter's builtins.
+        both = types.SimpleNamespace(__globals__={"tl": tl, "core": tl.core})
+
+        def shared_patch(fn):
+            with lock:
+                if state["depth"] == 0:
+                    state["scope"] = original_patch(both)
+                state["depth"] += 1
+            return _SharedScope()
+
+        local = threading.local()
+
+        def _prop(name):
+            return property(lambda self: getattr(local, name), lambda self, v: setattr(local, name, v))
+
+        interp._patch_lang = shared_patch
+        interp.InterpreterBuilder.grid_idx = _prop("grid_idx")
+        interp.InterpreterBuilder.grid_dim = _prop("grid_dim")
+
+        # triton.language's own @jit helpers (tl.zeros, tl.cdiv, ...) were compiled-mode objects
+        # when triton was imported without TRITON_INTERPRET; interpret them when called from an
+        # interpreted kernel (this process never compiles, so nothing else is affected).
+        from triton.runtime.jit import JITFunction
+
+        interpreted: dict = {}
+
+        def _call_interpreted(self, *args, **kw):
+            fn = interpreted.get(self.fn)
+            if fn is None:
+                fn = interpreted.setdefault(self.fn, interp.InterpretedFunction(self.fn))
+            return fn(*args, **kw)
+
+        JITFunction.__call__ = _call_interpreted
+        _shim_installed = True
+
+
+def _interpreted(fn, **kwargs):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    class _ThreadSafeInterpretedFunction(InterpretedFunction):
+        def run(self, *args, **kw):
+            _make_interpreter_thread_safe()
+            return super().run(*args, **kw)
+
+    return _ThreadSafeInterpretedFunction(fn, **kwargs)
+
+
+def jit(fn=None, *, do_not_specialize=(), **kwargs):
+    """``triton.jit`` on a GPU process, the Triton interpreter on a CPU process.
+
+    Integer arguments that change from call to call (rank, epoch, sizes) must be listed in
+    ``do_not_specialize``: a new specialization means a compile and a module load while peers
+    spin, which deadlocks virtual ranks sharing one GPU.
+    """
+
+    def decorate(f):
+        if use_interpreter():
+            return _interpreted(f, do_not_specialize=tuple(do_not_specialize), **kwargs)
+        return triton.jit(f, do_not_specialize=tuple(do_not_specialize), **kwargs)
+
+    return decorate if fn is None else decorate(fn)

@@ -1,0 +1,115 @@
+"""Device-side signal primitives every ditron kernel uses (DESIGN.md §4).
+
+Protocol
+--------
+* Flags live in the receiver's memory. A producer finishes its data stores, then
+  ``signal_add``/``signal_set`` the receiver's flag with a system-scope *release*; the consumer
+  ``wait_at_least`` on its *local* flag with an *acquire*. Nobody polls remote memory.
+* Flags are never reset: every call has a monotonically increasing epoch and waits are
+  ``flag >= target``.
+* Every wait is bounded by ``deadline_ns`` (from ``now_ns``); on expiry it writes an error record
+  (op, rank, peer, epoch) that the host turns into ``DitronTimeoutError``.
+
+Two implementations are chosen per process: on the GPU the clock is ``%globaltimer`` and the
+error record is ordered by ``fence.sc.sys`` (inline PTX); in the Triton interpreter the clock is
+the host's monotonic clock and fences are no-ops (the interpreter runs one program at a time).
+Atomics are plain ``tl.atomic_*`` with ``sem``/``scope`` in both.
+"""
+from __future__ import annotations
+
+import time
+
+import triton.language as tl
+
+from .._env import use_interpreter
+from ._jit import jit
+
+# Error record layout (int64 words, host-readable memory). STATUS is written last.
+ERR_STATUS, ERR_OP, ERR_RANK, ERR_PEER, ERR_EPOCH, ERR_KIND = range(6)
+ERR_WORDS = 8
+KIND_TIMEOUT, KIND_SIZE_MISMATCH = 1, 2
+
+if use_interpreter():
+
+    def now_ns():
+        """Host monotonic clock in ns (interpreter: kernels run as Python in this process)."""
+        return time.monotonic_ns()
+
+    @jit
+    def fence_sys():
+        pass
+
+else:
+
+    @jit
+    def now_ns():
+        """%globaltimer in ns (GPU)."""
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+
+    @jit
+    def fence_sys():
+        """System-scope sequentially consistent fence (orders stores to host and peer memory)."""
+        tl.inline_asm_elementwise("fence.sc.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@jit
+def deadline_after(timeout_ns):
+    """Absolute deadline ``timeout_ns`` from now; all waits of one kernel share it."""
+    return now_ns() + timeout_ns.to(tl.int64)
+
+
+@jit
+def signal_add(flag_ptr, value):
+    """Add ``value`` to a (usually remote) flag with system-scope release after a CTA barrier."""
+    tl.debug_barrier()
+    tl.atomic_add(flag_ptr, value, sem="release", scope="sys")
+
+
+@jit
+def signal_set(flag_ptr, value):
+    """Store ``value`` to a (usually remote) flag with system-scope release after a CTA barrier."""
+    tl.debug_barrier()
+    tl.atomic_xchg(flag_ptr, value, sem="release", scope="sys")
+
+
+@jit
+def record_error(claim_ptr, record_ptr, op_id, rank, peer, epoch, kind):
+    """Write the first error of this rank into the host-readable record (first writer wins)."""
+    if tl.atomic_cas(claim_ptr, 0, 1, sem="relaxed", scope="gpu") == 0:
+        tl.store(record_ptr + ERR_OP, tl.cast(op_id, tl.int64))
+        tl.store(record_ptr + ERR_RANK, tl.cast(rank, tl.int64))
+        tl.store(record_ptr + ERR_PEER, tl.cast(peer, tl.int64))
+        tl.store(record_ptr + ERR_EPOCH, tl.cast(epoch, tl.int64))
+        tl.store(record_ptr + ERR_KIND, tl.cast(kind, tl.int64))
+        fence_sys()
+        tl.store(record_ptr + ERR_STATUS, 1)
+
+
+@jit
+def wait_at_least(flag_ptr, target, deadline_ns, claim_ptr, record_ptr, op_id, rank, peer, epoch):
+    """Spin until the local flag ``>= target`` (acquire) or the deadline passes.
+
+    Returns True when the flag arrived. On expiry the error record names (op, rank, peer, epoch).
+    """
+    target = target.to(tl.int64)
+    value = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys").to(tl.int64)
+    now = now_ns()
+    while (value < target) & (now < deadline_ns):
+        value = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys").to(tl.int64)
+        now = now_ns()
+    arrived = value >= target
+    if not arrived:
+        record_error(claim_ptr, record_ptr, op_id, rank, peer, epoch, KIND_TIMEOUT)
+    tl.debug_barrier()
+    return arrived
+
+
+@jit
+def remote_ptr(table_ptr, peer, like_ptr):
+    """Pointer to rank ``peer``'s copy of the buffer ``like_ptr`` points into (same dtype).
+
+    ``table_ptr`` is an int64 table of every rank's base address (symmetric buffer).
+    """
+    return tl.load(table_ptr + peer).to(like_ptr.dtype)

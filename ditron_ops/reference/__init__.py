@@ -1,0 +1,5 @@
+"""Plain torch + torch.distributed implementations: oracles for tests, baselines for benchmarks."""
+from .collectives import (all_gather, all_reduce, gather_tensors, rank_ordered_sum,
+                          reduce_scatter)
+
+__all__ = ["all_gather", "reduce_scatter", "all_reduce", "gather_tensors", "rank_ordered_sum"]

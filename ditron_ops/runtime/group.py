@@ -1,0 +1,242 @@
+"""``Group``: what every op receives (rank, world size, device, symmetric memory, error record).
+
+Backends subclass it (``virtual``, ``nvshmem``, ``torch``). Op schemas cannot carry Python
+objects, so a group travels through ``torch.ops.ditron.*`` as its ``group_name`` and is resolved
+with ``resolve_group`` (the same idea as PyTorch's ProcessGroup names).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import threading
+from typing import Any, Optional
+
+import torch
+
+from .. import _env
+from ..errors import DitronError, DitronSizeMismatchError, DitronTimeoutError
+from ..language.signals import (ERR_EPOCH, ERR_KIND, ERR_OP, ERR_PEER, ERR_RANK, ERR_STATUS,
+                                ERR_WORDS, KIND_SIZE_MISMATCH)
+
+_registry: dict[str, "Group"] = {}
+_registry_lock = threading.Lock()
+_current: contextvars.ContextVar[Optional["Group"]] = contextvars.ContextVar("ditron_group", default=None)
+_default: Optional["Group"] = None
+
+_op_names: list[str] = ["<none>"]
+_op_lock = threading.Lock()
+
+
+def op_id(name: str) -> int:
+    """Small integer naming an op inside error records (process-local)."""
+    with _op_lock:
+        if name not in _op_names:
+            _op_names.append(name)
+        return _op_names.index(name)
+
+
+@dataclasses.dataclass
+class SymmetricBuffer:
+    """One symmetric allocation: this rank's bytes plus every rank's base address.
+
+    Attributes
+    ----------
+    local : torch.Tensor
+        ``uint8 [nbytes]`` on the group's device, this rank's copy.
+    ptr_table : torch.Tensor
+        ``int64 [world_size]`` on the group's device: base address of each rank's copy, usable
+        from kernels of this rank (peer-mapped addresses on multi-GPU).
+    handle : Any
+        Backend bookkeeping for the collective free.
+    """
+
+    local: torch.Tensor
+    ptr_table: torch.Tensor
+    handle: Any = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.local.numel()
+
+
+class Group:
+    """A set of ranks that run ops together.
+
+    Attributes
+    ----------
+    rank, world_size : int
+    local_rank, local_world_size : int
+        Position inside this host (equal to rank/world_size on one host).
+    device : torch.device
+    group_name : str
+        Stable name resolvable with ``resolve_group`` (unique per rank in a virtual world).
+    backend : str
+        ``"virtual"``, ``"nvshmem"`` or ``"torch"``.
+    timeout_s : float
+        Bound of every device-side wait (default ``DITRON_TIMEOUT_S``, 10 s).
+    """
+
+    backend = "abstract"
+
+    def __init__(self, rank: int, world_size: int, device: torch.device, group_name: str,
+                 *, local_rank: Optional[int] = None, local_world_size: Optional[int] = None,
+                 timeout_s: Optional[float] = None):
+        self.rank, self.world_size = rank, world_size
+        self.local_rank = rank if local_rank is None else local_rank
+        self.local_world_size = world_size if local_world_size is None else local_world_size
+        self.device = torch.device(device)
+        self.group_name = group_name
+        self.timeout_s = float(timeout_s) if timeout_s is not None else _env.default_timeout_s()
+        self._workspaces: dict[str, Any] = {}
+        self._failure: Optional[BaseException] = None
+        self._error_record: Optional[torch.Tensor] = None
+        self._error_claim: Optional[torch.Tensor] = None
+
+    # -- host control plane (implemented by backends) ----------------------------------------
+    def barrier(self) -> None:
+        """Host barrier over all ranks (does not order device work)."""
+        raise NotImplementedError
+
+    def all_gather_object(self, obj: Any) -> list:
+        """Host all-gather of a small picklable object (control plane only)."""
+        raise NotImplementedError
+
+    def _alloc_symmetric(self, nbytes: int) -> SymmetricBuffer:
+        raise DitronError(f"group {self.group_name!r} ({self.backend}) has no symmetric memory")
+
+    def _free_symmetric(self, buf: SymmetricBuffer) -> None:
+        raise NotImplementedError
+
+    # -- symmetric memory ----------------------------------------------------------------------
+    @property
+    def has_symmetric_memory(self) -> bool:
+        return type(self)._alloc_symmetric is not Group._alloc_symmetric
+
+    def alloc_symmetric(self, nbytes: int) -> SymmetricBuffer:
+        """Collective: allocate ``nbytes`` zeroed bytes on every rank and exchange base addresses.
+
+        Raises ``DitronError`` during CUDA-graph capture (allocate by warming up first).
+        """
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise DitronError(
+                f"ditron: group {self.group_name!r} needs {nbytes} bytes of new symmetric memory "
+                "during CUDA-graph capture; run the op once with the same (or larger) sizes "
+                "before capturing so the workspace is allocated.")
+        return self._alloc_symmetric(int(nbytes))
+
+    def free_symmetric(self, buf: SymmetricBuffer) -> None:
+        """Collective free (every rank, same order)."""
+        self._free_symmetric(buf)
+
+    def workspace(self, purpose: str):
+        """The long-lived workspace of this group for ``purpose`` (created on first use)."""
+        from .workspace import Workspace
+
+        ws = self._workspaces.get(purpose)
+        if ws is None:
+            ws = self._workspaces[purpose] = Workspace(self, purpose)
+        return ws
+
+    # -- errors ----------------------------------------------------------------------------------
+    def _error_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(host-readable int64 record, device int64 claim word) that kernels write on timeout."""
+        if self._error_record is None:
+            pin = self.device.type == "cuda"
+            self._error_record = torch.zeros(ERR_WORDS, dtype=torch.int64, pin_memory=pin)
+            self._error_claim = torch.zeros(1, dtype=torch.int64, device=self.device)
+        return self._error_record, self._error_claim
+
+    def check(self) -> None:
+        """Raise ``DitronTimeoutError`` if a kernel of this rank recorded an expired wait.
+
+        Reads host memory only (no device synchronization). Once failed, a group stays failed.
+        """
+        if self._failure is not None:
+            raise self._failure
+        record = self._error_record
+        if record is None or int(record[ERR_STATUS]) == 0:
+            return
+        values = record.tolist()
+        name = _op_names[values[ERR_OP]] if 0 <= values[ERR_OP] < len(_op_names) else "?"
+        if values[ERR_KIND] == KIND_SIZE_MISMATCH:
+            err: DitronTimeoutError = DitronSizeMismatchError(
+                name, values[ERR_RANK], values[ERR_PEER], values[ERR_EPOCH],
+                detail=f"rank {values[ERR_PEER]} sent a different number of elements than this "
+                       "rank expected (sizes must agree on every rank)")
+        else:
+            err = DitronTimeoutError(name, values[ERR_RANK], values[ERR_PEER], values[ERR_EPOCH])
+        self._failure = err
+        raise err
+
+    def synchronize(self) -> None:
+        """Wait for this rank's current stream, then ``check``."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.check()
+
+    def timeout_ns(self) -> int:
+        return int(self.timeout_s * 1e9)
+
+    # -- lifetime --------------------------------------------------------------------------------
+    def _release_workspaces(self) -> None:
+        for ws in list(self._workspaces.values()):
+            ws.release()
+        self._workspaces.clear()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size}, "
+                f"device={self.device}, name={self.group_name!r})")
+
+
+def register_group(group: Group) -> None:
+    with _registry_lock:
+        if group.group_name in _registry and _registry[group.group_name] is not group:
+            raise ValueError(f"ditron: a different group is already registered as {group.group_name!r}")
+        _registry[group.group_name] = group
+
+
+def unregister_group(group: Group) -> None:
+    with _registry_lock:
+        if _registry.get(group.group_name) is group:
+            del _registry[group.group_name]
+
+
+def resolve_group(group_name: str) -> Group:
+    """The ``Group`` registered under ``group_name`` (what op implementations call)."""
+    try:
+        return _registry[group_name]
+    except KeyError:
+        raise ValueError(
+            f"ditron: no group named {group_name!r} in this process; create one with "
+            "ditron_ops.launch(...) (virtual ranks), ditron_ops.init_nvshmem(...) or "
+            "ditron_ops.TorchGroup(...)") from None
+
+
+def set_default_group(group: Optional[Group]) -> None:
+    """The group used when an op gets ``group=None`` outside ``launch`` (e.g. under torchrun)."""
+    global _default
+    _default = group
+
+
+@contextlib.contextmanager
+def using_group(group: Group):
+    """Make ``group`` the current group of this thread/context (``group=None`` resolves to it)."""
+    token = _current.set(group)
+    try:
+        yield group
+    finally:
+        _current.reset(token)
+
+
+def current_group(group: Optional[Group] = None) -> Group:
+    """Resolve an op's ``group`` argument: explicit, else the context's, else the default."""
+    if group is not None:
+        if not isinstance(group, Group):
+            raise TypeError(f"ditron: group must be a ditron_ops Group, got {type(group).__name__}")
+        return group
+    found = _current.get() or _default
+    if found is None:
+        raise ValueError("ditron: no group given and none is current; pass group=, run inside "
+                         "ditron_ops.launch(...), or call ditron_ops.init_nvshmem()/set_default_group()")
+    return found
