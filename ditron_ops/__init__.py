@@ -2,6 +2,7 @@
 
 Importing registers the ``torch.ops.ditron.*`` ops; nothing else happens at import.
 """
+from . import reference
 from .collectives import all_gather, all_reduce, reduce_scatter
 from .deterministic import deterministic, is_deterministic
 from .errors import DitronError, DitronSizeMismatchError, DitronTimeoutError

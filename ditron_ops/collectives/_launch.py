@@ -7,6 +7,7 @@ import torch
 
 from .. import _env
 from ..runtime.group import Group, op_id
+from ..runtime.warmup import register_warmup
 from ._kernels import push_combine_kernel
 
 PURPOSE = "collectives"
@@ -48,13 +49,45 @@ def push_combine(group: Group, src: torch.Tensor, out: torch.Tensor, *, op: str,
     data = ws.ensure_data(2 * group.world_size * max(slot_elems, 1) * elem)
     half_elems = data.nbytes // 2 // elem
     record, claim = group._error_tensors()
-    block = 1024 if _env.use_interpreter() else 2048
     push_combine_kernel[(ws.programs,)](
         aligned(src), out, data.local.view(src.dtype), data.ptr_table, ws.signal_pad(),
         ws.signal.ptr_table, claim, record,
         group.rank, group.world_size, src_rows, row_elems, out.numel(), half_elems,
         group.timeout_ns(), op_id(op),
-        SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=block, num_warps=4)
+        SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), num_warps=4)
     if _env.sync_check():
         group.synchronize()
     return out
+
+
+def _block() -> int:
+    return 1024 if _env.use_interpreter() else 2048
+
+
+VARIANTS = ((False, False), (True, True), (False, True))  # gather, reduce-scatter, one-shot reduce
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _warmup(device: torch.device) -> None:
+    """Launch every (dtype, variant) once as a one-rank world: nothing waits on a peer."""
+    programs = _MAX_PROGRAMS
+    sig = torch.zeros(16, dtype=torch.int64, device=device)
+    sig_table = torch.tensor([sig.data_ptr()], dtype=torch.int64, device=device)
+    record = torch.zeros(8, dtype=torch.int64, pin_memory=True)
+    claim = torch.zeros(1, dtype=torch.int64, device=device)
+    for dtype in DTYPES:
+        buf = torch.zeros(4096, dtype=dtype, device=device)
+        buf_table = torch.tensor([buf.data_ptr()], dtype=torch.int64, device=device)
+        src = torch.ones(64, dtype=dtype, device=device)
+        out = torch.empty_like(src)
+        for split_src, reduce in VARIANTS:
+            push_combine_kernel[(programs,)](
+                src, out, buf, buf_table, sig, sig_table, claim, record,
+                0, 1, 64, 1, 64, 2048, 10**10, 0,
+                SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), num_warps=4)
+    torch.cuda.synchronize(device)
+    if int(record[0]) != 0:
+        raise RuntimeError("ditron: collective warm-up recorded an error (kernel protocol bug)")
+
+
+register_warmup(PURPOSE, _warmup)

@@ -5,6 +5,8 @@ import contextlib
 import contextvars
 from typing import Iterator, Optional
 
+import torch
+
 _mode: contextvars.ContextVar[bool] = contextvars.ContextVar("ditron_deterministic", default=False)
 
 
@@ -26,10 +28,19 @@ def is_deterministic() -> bool:
     return _mode.get()
 
 
+@torch.compiler.assume_constant_result
+def _context_mode() -> bool:
+    return _mode.get()
+
+
 def resolve_deterministic(flag: Optional[bool]) -> bool:
-    """A call's explicit flag, else the context's mode."""
+    """A call's explicit flag, else the context's mode.
+
+    Under ``torch.compile`` the context's mode is read once, when the function is traced; pass
+    ``deterministic=`` explicitly in compiled code whose mode changes between calls.
+    """
     if flag is None:
-        return _mode.get()
+        return _context_mode()
     if not isinstance(flag, bool):
         raise TypeError(f"ditron: deterministic must be True, False or None, got {flag!r}")
     return flag

@@ -32,7 +32,12 @@ KIND_TIMEOUT, KIND_SIZE_MISMATCH = 1, 2
 if use_interpreter():
 
     def now_ns():
-        """Host monotonic clock in ns (interpreter: kernels run as Python in this process)."""
+        """Host monotonic clock in ns (interpreter: kernels run as Python in this process).
+
+        Also yields the GIL: the poll loops call it every iteration, and without a yield a
+        spinning rank holds the GIL for a whole switch interval (5 ms) while its peers wait.
+        """
+        time.sleep(0)
         return time.monotonic_ns()
 
     @jit

@@ -229,13 +229,19 @@ def using_group(group: Group):
         _current.reset(token)
 
 
+@torch.compiler.assume_constant_result
+def _context_group_name() -> str:
+    found = _current.get() or _default
+    return "" if found is None else found.group_name
+
+
 def current_group(group: Optional[Group] = None) -> Group:
     """Resolve an op's ``group`` argument: explicit, else the context's, else the default."""
     if group is not None:
         if not isinstance(group, Group):
             raise TypeError(f"ditron: group must be a ditron_ops Group, got {type(group).__name__}")
         return group
-    found = _current.get() or _default
+    found = resolve_group(_context_group_name()) if _context_group_name() else None
     if found is None:
         raise ValueError("ditron: no group given and none is current; pass group=, run inside "
                          "ditron_ops.launch(...), or call ditron_ops.init_nvshmem()/set_default_group()")

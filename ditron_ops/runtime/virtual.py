@@ -19,6 +19,7 @@ import torch
 from .. import _env
 from ..errors import DitronError, DitronTimeoutError
 from .group import Group, SymmetricBuffer, register_group, unregister_group, using_group
+from .warmup import warmup
 
 _world_ids = itertools.count()
 
@@ -56,16 +57,25 @@ class VirtualWorld:
         self.streams = ([torch.cuda.Stream(device) for _ in range(world_size)]
                         if device.type == "cuda" else [None] * world_size)
         self.groups = [VirtualGroup(self, r, timeout) for r in range(world_size)]
+        for g in self.groups:
+            g._error_tensors()  # pinned allocation here, not while peers' kernels spin
 
     def barrier(self, timeout_s: float) -> None:
         try:
             self._barrier.wait(timeout=max(timeout_s, 1.0))
         except threading.BrokenBarrierError:
-            raise DitronError(f"ditron: virtual world {self.name}: a rank failed or did not reach "
-                              f"the host barrier within {timeout_s:.1f} s") from None
+            raise DitronTimeoutError("host barrier", -1, -1, -1,
+                                     detail=f"virtual world {self.name}: a rank failed or did not "
+                                            f"reach the host barrier within {timeout_s:.1f} s") from None
 
     def abort(self) -> None:
         self._barrier.abort()
+
+    def close(self) -> None:
+        """Drop every rank's memory (after all ranks' device work has finished)."""
+        for g in self.groups:
+            g._workspaces.clear()
+        self._slots = [None] * self.world_size
 
 
 class VirtualGroup(Group):
@@ -114,10 +124,7 @@ def _root_cause(errors: Sequence[Optional[BaseException]]) -> tuple[int, BaseExc
     """The error to re-raise: a rank's own failure before the timeouts it caused in peers."""
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     for r, e in failed:
-        if not isinstance(e, (DitronTimeoutError, DitronError)):
-            return r, e
-    for r, e in failed:
-        if not isinstance(e, DitronTimeoutError) and "host barrier" not in str(e):
+        if not isinstance(e, DitronTimeoutError):
             return r, e
     return failed[0]
 
@@ -152,6 +159,7 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
         waiting for it are not reported over it.
     """
     world = VirtualWorld(world_size, device, timeout_s)
+    warmup(world.device)
     results: list[Any] = [None] * world_size
     errors: list[Optional[BaseException]] = [None] * world_size
 
@@ -165,19 +173,12 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
                 torch.cuda.set_device(world.device)
             with stream_ctx, using_group(group):
                 results[rank] = fn(group, *args)
-                group.synchronize()
+                if group._failure is None:  # an error fn already saw is not raised twice
+                    group.synchronize()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the caller
             errors[rank] = exc
             world.abort()
         finally:
-            try:
-                if errors[rank] is None:
-                    with (torch.cuda.stream(group.stream) if group.stream is not None
-                          else contextlib.nullcontext()):
-                        group._release_workspaces()
-            except BaseException as exc:  # noqa: BLE001
-                errors[rank] = errors[rank] or exc
-                world.abort()
             unregister_group(group)
 
     threads = [threading.Thread(target=body, args=(r,), name=f"ditron-{world.name}-rank{r}", daemon=True)
@@ -186,6 +187,9 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
         t.start()
     for t in threads:
         t.join()
+    if world.device.type == "cuda":
+        torch.cuda.synchronize(world.device)  # kernels of failed ranks end by their deadline
+    world.close()
     if any(e is not None for e in errors):
         rank, err = _root_cause(errors)
         if hasattr(err, "add_note"):

@@ -1,0 +1,33 @@
+"""torch-reference backend: the same torch.ops.ditron ops over a gloo process group (2-3 processes)."""
+import pytest
+import torch
+
+import ditron_ops
+from ditron_ops.testing import run_gloo
+
+
+def _ops_on_torch_group(group, rows, cols):
+    torch.manual_seed(0)
+    xs = [torch.randn(rows, cols) for _ in range(group.world_size)]  # every rank knows all inputs
+    x = xs[group.rank]
+    total = sum(t.double() for t in xs)
+    sizes = ditron_ops.split_sizes(rows, group.world_size)
+    start = sum(sizes[: group.rank])
+    checks = {
+        "all_gather": torch.equal(ditron_ops.all_gather(x, group), torch.cat(xs)),
+        "uneven": torch.equal(ditron_ops.all_gather(x[: group.rank + 1], group,
+                                                    shard_sizes=list(range(1, group.world_size + 1))),
+                              torch.cat([t[: q + 1] for q, t in enumerate(xs)])),
+        "reduce_scatter": torch.allclose(ditron_ops.reduce_scatter(x, group).double(),
+                                         total[start: start + sizes[group.rank]], atol=1e-5),
+        "all_reduce": torch.allclose(ditron_ops.all_reduce(x, group).double(), total, atol=1e-5),
+        "backend": group.backend == "torch" and not group.has_symmetric_memory,
+    }
+    return checks
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_torch_backend_over_gloo(world_size):
+    results = run_gloo(_ops_on_torch_group, world_size, args=(7, 5))
+    for rank, checks in enumerate(results):
+        assert all(checks.values()), (rank, checks)

@@ -1,0 +1,70 @@
+"""A rank that never arrives makes its peers raise DitronTimeoutError (no hang), on CPU and GPU."""
+import time
+
+import pytest
+import torch
+
+import ditron_ops
+
+DEVICES = ["cpu"] if not torch.cuda.is_available() else ["cuda"]
+
+
+def _rank1_skips(group, op):
+    x = torch.ones(8, 4, device=group.device)
+    getattr(ditron_ops, op)(x)  # every rank: the workspace exists after this call
+    group.synchronize()
+    if group.rank == 1:
+        return "skipped"
+    t0 = time.monotonic()
+    try:
+        getattr(ditron_ops, op)(x)
+        group.synchronize()
+    except ditron_ops.DitronTimeoutError as exc:
+        return (exc.op, exc.rank, exc.peer, exc.epoch, time.monotonic() - t0)
+    return "no error"
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_missing_rank_times_out(op, device):
+    t0 = time.monotonic()
+    results = ditron_ops.launch(_rank1_skips, 2, device=device, args=(op,), timeout_s=1.0)
+    assert results[1] == "skipped"
+    name, rank, peer, epoch, waited = results[0]
+    assert (name, rank, peer, epoch) == (op, 0, 1, 2)
+    assert 0.9 < waited < 10.0
+    assert time.monotonic() - t0 < 30.0
+
+
+def _mismatched_rows(group):
+    ditron_ops.all_gather(torch.ones(5, 2, device=group.device))  # creates the workspace
+    x = torch.ones(3 + group.rank, 2, device=group.device)
+    try:
+        ditron_ops.all_gather(x)  # shard_sizes=None promises equal shards; rank 1 lies
+        group.synchronize()
+    except ditron_ops.DitronSizeMismatchError as exc:
+        return exc.op
+    return "no error"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_size_disagreement_is_reported(device):
+    assert ditron_ops.launch(_mismatched_rows, 2, device=device, timeout_s=2.0) == ["all_gather"] * 2
+
+
+def _failed_group_stays_failed(group):
+    x = torch.ones(4, device=group.device)
+    ditron_ops.all_gather(x)
+    group.synchronize()
+    if group.rank == 0:
+        ditron_ops.all_gather(x)
+        with pytest.raises(ditron_ops.DitronTimeoutError):
+            group.synchronize()
+        with pytest.raises(ditron_ops.DitronTimeoutError):
+            ditron_ops.all_gather(x)  # raised before any launch
+    return True
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_failed_group_raises_before_next_launch(device):
+    assert ditron_ops.launch(_failed_group_stays_failed, 2, device=device, timeout_s=0.5) == [True, True]
