@@ -24,6 +24,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default bf16 on GPU, fp32 on CPU")
     args = parser.parse_args(argv)
+    _env.prepare_cuda_for_virtual_ranks()
     gpu = torch.cuda.is_available() and not _env.use_interpreter()
     device = "cuda" if gpu else "cpu"
     world = args.world_size or (4 if gpu else 2)

@@ -5,6 +5,9 @@
 | ``TRITON_INTERPRET``| unset   | ``1`` runs every ditron kernel in the Triton interpreter (CPU).      |
 | ``DITRON_TIMEOUT_S``| ``10``  | bound of every device-side wait, seconds (``Group.timeout_s``).      |
 | ``DITRON_SYNC_CHECK``| ``0``  | ``1``: every op synchronizes its stream and checks the error record. |
+| ``CUDA_DEVICE_MAX_CONNECTIONS`` | (CUDA's 8) | set to 32 by ``prepare_cuda_for_virtual_ranks`` (entry points). |
+| ``CUDA_MODULE_LOADING``| (CUDA's) | set to ``EAGER`` by ``prepare_cuda_for_virtual_ranks``.          |
+| ``NVSHMEM_LIB_DIR`` | unset   | directory of ``libnvshmem_device.bc`` (``language.nvshmem``).        |
 
 Without a CUDA device the interpreter is chosen automatically, so a CPU-only machine needs no
 variable at all.
@@ -40,5 +43,30 @@ def default_timeout_s() -> float:
     return timeout
 
 
+def prepare_cuda_for_virtual_ranks() -> None:
+    """Set the CUDA variables virtual ranks need, before CUDA starts (no-op afterwards or if set).
+
+    * ``CUDA_DEVICE_MAX_CONNECTIONS=32``: CUDA multiplexes streams onto 8 hardware queues by
+      default, so two ranks' streams can share a queue and a rank's kernel then waits behind a
+      peer's kernel that is spinning on it (measured: timeouts at W=4 and W=8 on the H200).
+    * ``CUDA_MODULE_LOADING=EAGER``: with lazy loading the first use of a kernel loads its module,
+      which can wait for running kernels, i.e. for peers spinning on this rank.
+
+    Entry points that run virtual worlds (tests, ``python -m ditron_ops``, the benches) call it;
+    notebook users should set both variables before importing torch.
+    """
+    import torch
+
+    if not torch.cuda.is_initialized():
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+        os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+
+
 def sync_check() -> bool:
     return _flag("DITRON_SYNC_CHECK")
+
+
+def nvshmem_lib_dir() -> "str | None":
+    """``NVSHMEM_LIB_DIR``: directory holding ``libnvshmem_device.bc``, or None when unset."""
+    value = os.environ.get("NVSHMEM_LIB_DIR", "").strip()
+    return value or None

@@ -17,6 +17,8 @@ signal pad, so CUDA-graph replays keep counting)::
 
 ``SPLIT_SRC`` sends destination d only its row chunk ``split(src_rows, W)[d]`` (reduce-scatter);
 otherwise every destination gets the whole input (all-gather, one-shot all-reduce).
+``VEC`` divides every row length, slot and offset (the host picks 16 bytes' worth of elements when
+the sizes allow it, else 1), so the copies vectorize to 16-byte accesses.
 Data halves are fixed regions of the workspace (``half_elems`` each), so calls of different sizes
 never overlap the half a slow peer may still be reading.
 """
@@ -34,21 +36,39 @@ def _split_start(rows, world_size, part):
     return part * base + tl.minimum(part, rows % world_size)
 
 
+@dl.jit
+def _copy_tiles(dst, src, count, pid, nprog, BLOCK: tl.constexpr):
+    """Copy ``count`` elements, tiles ``pid, pid + nprog, ...`` (loads bypass L1: the source may
+    have been written by a peer)."""
+    offs = tl.arange(0, BLOCK)
+    for off in range(pid * BLOCK, count, nprog * BLOCK):
+        off = tl.multiple_of(off, BLOCK)
+        mask = off + offs < count
+        x = tl.load(src + off + offs, mask=mask, cache_modifier=".cg")
+        tl.store(dst + off + offs, x, mask=mask)
+
+
 @dl.jit(do_not_specialize=("rank", "world_size", "src_rows", "row_elems", "out_elems", "half_elems",
-                           "timeout_ns", "op_id"))
+                           "slot_elems", "timeout_us", "op_id"))
 def push_combine_kernel(
     src_ptr, out_ptr, buf_ptr, buf_table, sig_ptr, sig_table, err_claim, err_record,
-    rank, world_size, src_rows, row_elems, out_elems, half_elems, timeout_ns, op_id,
-    SPLIT_SRC: tl.constexpr, REDUCE: tl.constexpr, BLOCK: tl.constexpr,
+    rank, world_size, src_rows, row_elems, out_elems, half_elems, slot_elems, timeout_us, op_id,
+    SPLIT_SRC: tl.constexpr, REDUCE: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
-    epoch = tl.load(sig_ptr + 3 * world_size).to(tl.int64) + 1
+    # Signal-pad words are written by other programs/ranks: volatile loads skip the L1 cache.
+    epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64) + 1
     parity = epoch % 2
-    deadline = dl.deadline_after(timeout_ns)
-    slot_elems = half_elems // world_size
+    deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
+    # ``x // VEC * VEC`` (exact: the host guarantees divisibility) tells the compiler that sizes
+    # and offsets are multiples of VEC, so loads and stores vectorize; scalar hints do not.
+    half_elems = half_elems // VEC * VEC
+    slot_elems = slot_elems // VEC * VEC
     half_base = parity * half_elems
+    row_elems = row_elems // VEC * VEC
+    out_elems = out_elems // VEC * VEC
 
     # ---- push this rank's data into every rank's slot ``rank`` ---------------------------------
     for i in range(world_size):
@@ -61,9 +81,7 @@ def push_combine_kernel(
             count = src_rows * row_elems
             src_base = src_ptr
         dst_base = dl.remote_ptr(buf_table, dst, buf_ptr) + half_base + rank * slot_elems
-        for off in range(pid * BLOCK, count, nprog * BLOCK):
-            mask = off + offs < count
-            tl.store(dst_base + off + offs, tl.load(src_base + off + offs, mask=mask), mask=mask)
+        _copy_tiles(dst_base, src_base, count, pid, nprog, BLOCK)
         dst_sig = dl.remote_ptr(sig_table, dst, sig_ptr)
         if pid == 0:
             tl.store(dst_sig + world_size + parity * world_size + rank, count.to(tl.int64))
@@ -78,36 +96,38 @@ def push_combine_kernel(
     total = tl.zeros((), tl.int64)
     if ok:
         for s in range(world_size):
-            got = tl.load(sig_ptr + world_size + parity * world_size + s)
+            got = tl.load(sig_ptr + world_size + parity * world_size + s, volatile=True)
             if REDUCE:
                 if got != out_elems:
-                    dl.record_error(err_claim, err_record, op_id, rank, s, epoch, dl.KIND_SIZE_MISMATCH)
+                    dl.record_error(err_claim, err_record, op_id, rank, s, epoch, dl.SIZE_MISMATCH)
                 ok = ok & (got == out_elems)
             total += got
         if not REDUCE:
             if total != out_elems:
-                dl.record_error(err_claim, err_record, op_id, rank, -1, epoch, dl.KIND_SIZE_MISMATCH)
+                dl.record_error(err_claim, err_record, op_id, rank, -1, epoch, dl.SIZE_MISMATCH)
             ok = ok & (total == out_elems)
 
     # ---- combine ------------------------------------------------------------------------------
     if ok:
         if REDUCE:
             for off in range(pid * BLOCK, out_elems, nprog * BLOCK):
+                off = tl.multiple_of(off, BLOCK)
                 mask = off + offs < out_elems
                 acc = tl.zeros((BLOCK,), tl.float32)
                 for s in range(world_size):
-                    x = tl.load(buf_ptr + half_base + s * slot_elems + off + offs, mask=mask)
+                    x = tl.load(buf_ptr + half_base + s * slot_elems + off + offs, mask=mask,
+                                cache_modifier=".cg")  # peers wrote it: bypass L1
                     acc += x.to(tl.float32)
                 tl.store(out_ptr + off + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
         else:
-            dst_off = tl.zeros((), tl.int64)
+            dst_vecs = tl.zeros((), tl.int64)
             for s in range(world_size):
-                got = tl.load(sig_ptr + world_size + parity * world_size + s)
-                for off in range(pid * BLOCK, got, nprog * BLOCK):
-                    mask = off + offs < got
-                    x = tl.load(buf_ptr + half_base + s * slot_elems + off + offs, mask=mask)
-                    tl.store(out_ptr + dst_off + off + offs, x, mask=mask)
-                dst_off += got
+                got = tl.minimum(tl.load(sig_ptr + world_size + parity * world_size + s, volatile=True),
+                                 slot_elems)
+                got = got // VEC * VEC
+                _copy_tiles(out_ptr + dst_vecs * VEC, buf_ptr + half_base + s * slot_elems,
+                            got, pid, nprog, BLOCK)
+                dst_vecs += got // VEC
 
     # ---- the last program to finish publishes the epoch ---------------------------------------
     tl.debug_barrier()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 
@@ -25,7 +26,7 @@ def programs_per_rank(group: Group) -> int:
     if group.device.type != "cuda":
         return 1  # the interpreter runs programs one after another: one program per rank
     ranks_here = group.world_size if group.backend == "virtual" else 1
-    return max(1, min(_MAX_PROGRAMS, _sm_count(group.device.index) // (2 * ranks_here)))
+    return max(4, min(_MAX_PROGRAMS, 2 * _sm_count(group.device.index) // ranks_here))
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:
@@ -40,21 +41,30 @@ def push_combine(group: Group, src: torch.Tensor, out: torch.Tensor, *, op: str,
     """Run one push/combine collective call on this rank's current stream.
 
     ``slot_elems`` is the largest element count any rank sends to one destination (rank-uniform).
+    Copies vectorize (``VEC`` = 16 bytes of elements) when every row length is a multiple of it;
+    the choice depends only on rank-uniform sizes, so all ranks agree.
     """
     group.check()
     ws = group.workspace(PURPOSE)
     if not hasattr(ws, "programs"):
         ws.programs = programs_per_rank(group)
+    src = aligned(src)
+    if out.data_ptr() % 16:
+        raise ValueError(f"ditron.{op}: the output must be 16-byte aligned")
     elem = src.element_size()
-    data = ws.ensure_data(2 * group.world_size * max(slot_elems, 1) * elem)
+    # VEC and the slot layout depend only on rank-uniform sizes: every rank must agree on them.
+    vec = 16 // elem if row_elems % (16 // elem) == 0 else 1
+    slot_elems = -(-max(slot_elems, 1) // 16) * 16
+    data = ws.ensure_data(2 * group.world_size * slot_elems * elem)
     half_elems = data.nbytes // 2 // elem
+    slot_elems = half_elems // group.world_size // 16 * 16
     record, claim = group._error_tensors()
     push_combine_kernel[(ws.programs,)](
-        aligned(src), out, data.local.view(src.dtype), data.ptr_table, ws.signal_pad(),
+        src, out, data.local.view(src.dtype), data.ptr_table, ws.signal_pad(),
         ws.signal.ptr_table, claim, record,
-        group.rank, group.world_size, src_rows, row_elems, out.numel(), half_elems,
-        group.timeout_ns(), op_id(op),
-        SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), num_warps=4)
+        group.rank, group.world_size, src_rows, row_elems, out.numel(), half_elems, slot_elems,
+        group.timeout_us(), op_id(op),
+        SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), VEC=vec, num_warps=4)
     if _env.sync_check():
         group.synchronize()
     return out
@@ -69,25 +79,28 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _warmup(device: torch.device) -> None:
-    """Launch every (dtype, variant) once as a one-rank world: nothing waits on a peer."""
-    programs = _MAX_PROGRAMS
+    """Launch every (dtype, variant, VEC) once as a one-rank world: nothing waits on a peer."""
+    gpu = device.type == "cuda"
+    programs = _MAX_PROGRAMS if gpu else 1
     sig = torch.zeros(16, dtype=torch.int64, device=device)
     sig_table = torch.tensor([sig.data_ptr()], dtype=torch.int64, device=device)
-    record = torch.zeros(8, dtype=torch.int64, pin_memory=True)
+    record = torch.zeros(8, dtype=torch.int64, pin_memory=gpu)
     claim = torch.zeros(1, dtype=torch.int64, device=device)
     for dtype in DTYPES:
         buf = torch.zeros(4096, dtype=dtype, device=device)
         buf_table = torch.tensor([buf.data_ptr()], dtype=torch.int64, device=device)
         src = torch.ones(64, dtype=dtype, device=device)
         out = torch.empty_like(src)
-        for split_src, reduce in VARIANTS:
+        for (split_src, reduce), vec in itertools.product(VARIANTS, (1, 16 // src.element_size())):
             push_combine_kernel[(programs,)](
                 src, out, buf, buf_table, sig, sig_table, claim, record,
-                0, 1, 64, 1, 64, 2048, 10**10, 0,
-                SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), num_warps=4)
-    torch.cuda.synchronize(device)
-    if int(record[0]) != 0:
-        raise RuntimeError("ditron: collective warm-up recorded an error (kernel protocol bug)")
+                0, 1, 64 // vec, vec, 64, 2048, 1024, 10**7, 0,
+                SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), VEC=vec, num_warps=4)
+            if gpu:
+                torch.cuda.synchronize(device)
+            if int(record[0]) != 0 or not torch.equal(out, src):
+                raise RuntimeError(f"ditron: collective warm-up failed for {dtype}, split={split_src}, "
+                                   f"reduce={reduce}, vec={vec} (kernel protocol bug)")
 
 
 register_warmup(PURPOSE, _warmup)

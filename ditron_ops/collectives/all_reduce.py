@@ -83,13 +83,15 @@ def _all_reduce_impl(x: torch.Tensor, group_name: str, algorithm: str, determini
         push_combine(group, flat, out, op="all_reduce", split_src=False, reduce=True,
                      src_rows=n, row_elems=1, slot_elems=n)
         return out.view(x.shape)
-    sizes = split_sizes(n, group.world_size)
+    # Split in rows of 16 bytes when possible, so every shard boundary stays vector aligned.
+    row = 16 // x.element_size() if n % (16 // x.element_size()) == 0 else 1
+    sizes = [rows * row for rows in split_sizes(n // row, group.world_size)]
     shard = flat.new_empty((sizes[group.rank],))
     push_combine(group, flat, shard, op="all_reduce", split_src=True, reduce=True,
-                 src_rows=n, row_elems=1, slot_elems=max(sizes))
+                 src_rows=n // row, row_elems=row, slot_elems=max(sizes))
     out = torch.empty_like(flat)
     push_combine(group, shard, out, op="all_reduce", split_src=False, reduce=False,
-                 src_rows=shard.numel(), row_elems=1, slot_elems=max(sizes))
+                 src_rows=sizes[group.rank] // row, row_elems=row, slot_elems=max(sizes))
     return out.view(x.shape)
 
 

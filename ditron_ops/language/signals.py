@@ -25,9 +25,13 @@ from .._env import use_interpreter
 from ._jit import jit
 
 # Error record layout (int64 words, host-readable memory). STATUS is written last.
+# Host code uses the ints; kernels use the constexpr twins (Triton reads only constexpr globals).
 ERR_STATUS, ERR_OP, ERR_RANK, ERR_PEER, ERR_EPOCH, ERR_KIND = range(6)
 ERR_WORDS = 8
 KIND_TIMEOUT, KIND_SIZE_MISMATCH = 1, 2
+_OP, _RANK, _PEER, _EPOCH, _KIND = (tl.constexpr(v) for v in (ERR_OP, ERR_RANK, ERR_PEER, ERR_EPOCH, ERR_KIND))
+TIMEOUT = tl.constexpr(KIND_TIMEOUT)
+SIZE_MISMATCH = tl.constexpr(KIND_SIZE_MISMATCH)
 
 if use_interpreter():
 
@@ -82,14 +86,15 @@ def signal_set(flag_ptr, value):
 @jit
 def record_error(claim_ptr, record_ptr, op_id, rank, peer, epoch, kind):
     """Write the first error of this rank into the host-readable record (first writer wins)."""
-    if tl.atomic_cas(claim_ptr, 0, 1, sem="relaxed", scope="gpu") == 0:
-        tl.store(record_ptr + ERR_OP, tl.cast(op_id, tl.int64))
-        tl.store(record_ptr + ERR_RANK, tl.cast(rank, tl.int64))
-        tl.store(record_ptr + ERR_PEER, tl.cast(peer, tl.int64))
-        tl.store(record_ptr + ERR_EPOCH, tl.cast(epoch, tl.int64))
-        tl.store(record_ptr + ERR_KIND, tl.cast(kind, tl.int64))
+    zero = tl.zeros((), tl.int64)
+    if tl.atomic_cas(claim_ptr, zero, zero + 1, sem="relaxed", scope="gpu") == 0:
+        tl.store(record_ptr + _OP, tl.cast(op_id, tl.int64))
+        tl.store(record_ptr + _RANK, tl.cast(rank, tl.int64))
+        tl.store(record_ptr + _PEER, tl.cast(peer, tl.int64))
+        tl.store(record_ptr + _EPOCH, tl.cast(epoch, tl.int64))
+        tl.store(record_ptr + _KIND, tl.cast(kind, tl.int64))
         fence_sys()
-        tl.store(record_ptr + ERR_STATUS, 1)
+        tl.store(record_ptr, 1)  # ERR_STATUS
 
 
 @jit
@@ -106,7 +111,7 @@ def wait_at_least(flag_ptr, target, deadline_ns, claim_ptr, record_ptr, op_id, r
         now = now_ns()
     arrived = value >= target
     if not arrived:
-        record_error(claim_ptr, record_ptr, op_id, rank, peer, epoch, KIND_TIMEOUT)
+        record_error(claim_ptr, record_ptr, op_id, rank, peer, epoch, TIMEOUT)
     tl.debug_barrier()
     return arrived
 
@@ -115,6 +120,7 @@ def wait_at_least(flag_ptr, target, deadline_ns, claim_ptr, record_ptr, op_id, r
 def remote_ptr(table_ptr, peer, like_ptr):
     """Pointer to rank ``peer``'s copy of the buffer ``like_ptr`` points into (same dtype).
 
-    ``table_ptr`` is an int64 table of every rank's base address (symmetric buffer).
+    ``table_ptr`` is an int64 table of every rank's base address (symmetric buffer). Symmetric
+    bases are 16-byte aligned (every backend allocates them so), which lets loads vectorize.
     """
-    return tl.load(table_ptr + peer).to(like_ptr.dtype)
+    return tl.multiple_of(tl.load(table_ptr + peer), 16).to(like_ptr.dtype)

@@ -175,8 +175,10 @@ class Group:
             torch.cuda.current_stream(self.device).synchronize()
         self.check()
 
-    def timeout_ns(self) -> int:
-        return int(self.timeout_s * 1e9)
+    def timeout_us(self) -> int:
+        """The wait bound in µs, passed to kernels as a 32-bit int (a value that needed 64 bits
+        would select another kernel specialization, i.e. a compile while peers wait)."""
+        return max(1, min(int(self.timeout_s * 1e6), 2**31 - 1))
 
     # -- lifetime --------------------------------------------------------------------------------
     def _release_workspaces(self) -> None:

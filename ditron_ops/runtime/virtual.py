@@ -126,6 +126,9 @@ def _root_cause(errors: Sequence[Optional[BaseException]]) -> tuple[int, BaseExc
     for r, e in failed:
         if not isinstance(e, DitronTimeoutError):
             return r, e
+    for r, e in failed:  # a kernel-recorded error before the host-barrier timeouts it caused
+        if e.op != "host barrier":
+            return r, e
     return failed[0]
 
 

@@ -1,4 +1,6 @@
 """GPU tier (H200): collectives on a virtual world with the compiled kernels."""
+import threading
+
 import pytest
 import torch
 
@@ -6,6 +8,7 @@ import ditron_ops
 from ditron_ops.testing import check_collectives, make_input
 
 pytestmark = pytest.mark.gpu
+_CAPTURE_LOCK = threading.Lock()
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
@@ -33,8 +36,9 @@ def _graph_replay(group, replays):
     step()  # warm-up: allocates the workspace outside capture
     group.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=group.stream, capture_error_mode="thread_local"):
-        outs = step()
+    with _CAPTURE_LOCK:  # capture is host-only work; PyTorch's capture state is not thread-safe
+        with torch.cuda.graph(graph, stream=group.stream, capture_error_mode="thread_local"):
+            outs = step()
     group.barrier()
     for i in range(replays):
         static.copy_(make_input(static.shape, static.dtype, group.device, 100 * i + group.rank))

@@ -1,0 +1,398 @@
+"""Benchmark harness: bench registry, SPMD timing, result rows, CSV / PNG / table output.
+
+Timing inside a virtual world (every rank runs the same code)::
+
+    rank r:  warm-up call | estimate (max over ranks) -> iters per round
+             round i:  sync stream | host barrier | event/clock | iters x fn() | event/clock
+             all_gather_object(per-round times) -> per round: max over ranks -> median over rounds
+
+On CUDA the clock is a pair of CUDA events on the rank's current stream (the device time of the
+``iters`` calls, as in ``triton.testing.do_bench``); on CPU (Triton interpreter) it is
+``time.perf_counter``. The max across ranks is what a synchronous step of the model would see
+(flashinfer ``aggregate_gpu_time_across_ranks``). L2 is not flushed between calls: the
+collectives read each input once per call.
+
+Benches register with one decorator and are found by importing every module of this package::
+
+    @register("ag_gemm", help="all_gather + GEMM vs torch", world_sizes=(2, 4, 8))
+    def run(cfg: BenchConfig) -> list[Result]: ...
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import importlib
+import math
+import os
+import pkgutil
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+__all__ = ["Bench", "BenchConfig", "Result", "BENCHES", "register", "discover", "time_spmd",
+           "host_time_spmd", "machine_info", "write_csv", "plot_ratios", "format_table",
+           "finish", "DTYPES"]
+
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
+                                  "fp32": torch.float32}
+
+
+# -- configuration, rows, registry ---------------------------------------------------------------
+
+@dataclasses.dataclass
+class BenchConfig:
+    """What the CLI hands to a bench function.
+
+    Attributes
+    ----------
+    world_sizes : tuple of int
+        Virtual world sizes to run.
+    dtype : torch.dtype
+    dtype_name : str
+        ``"bf16"``, ``"fp16"`` or ``"fp32"`` (as written to the CSV).
+    quick : bool
+        Tiny sizes and few repetitions (CPU smoke run).
+    device : torch.device
+    out_dir : pathlib.Path
+    rounds, target_ms : int, float
+        Timed rounds per measurement (median reported) and the duration one round aims for.
+    """
+
+    world_sizes: tuple[int, ...]
+    dtype: torch.dtype
+    dtype_name: str
+    quick: bool
+    device: torch.device
+    out_dir: Path
+    rounds: int
+    target_ms: float
+
+
+@dataclasses.dataclass
+class Result:
+    """One CSV row: one (case, world size, implementation) measurement against its baseline.
+
+    Attributes
+    ----------
+    bench, case, impl : str
+        Bench name, case label (message size, model, ...), implementation measured.
+    world_size : int
+    dtype : str
+    time_us, baseline_us : float
+        Ours and the baseline, microseconds per call (max across ranks, median over rounds).
+    baseline : str
+        What ``baseline_us`` measures.
+    shape : str
+        Shape label such as ``"8192x4096"``; ``m, n, k`` the GEMM-style fields (collectives use
+        ``m`` rows x ``k`` columns), ``nbytes`` the message size, where they apply.
+    model : str
+        Models the case comes from (``shapes.LAYER_CONFIGS``), comma separated.
+    extra : dict
+        Further metrics (GB/s, errors, ...), one CSV column each.
+    """
+
+    bench: str
+    case: str
+    world_size: int
+    dtype: str
+    impl: str
+    time_us: float
+    baseline: str
+    baseline_us: float
+    shape: str = ""
+    m: Optional[int] = None
+    n: Optional[int] = None
+    k: Optional[int] = None
+    nbytes: Optional[int] = None
+    model: str = ""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        """``baseline_us / time_us``: above 1 means ours is faster."""
+        if self.time_us > 0 and self.baseline_us > 0:
+            return self.baseline_us / self.time_us
+        return math.nan
+
+
+@dataclasses.dataclass
+class Bench:
+    """A registered bench: ``fn(cfg) -> list[Result]``."""
+
+    name: str
+    fn: Callable[[BenchConfig], list[Result]]
+    help: str
+    world_sizes: tuple[int, ...]
+    quick_world_sizes: tuple[int, ...]
+
+
+BENCHES: dict[str, Bench] = {}
+IMPORT_ERRORS: dict[str, str] = {}
+_NOT_BENCHES = {"harness", "shapes"}
+
+
+def register(name: str, *, help: str, world_sizes: Sequence[int] = (1, 2, 4, 8),
+             quick_world_sizes: Sequence[int] = (1, 2)):
+    """Decorator: make ``fn(cfg) -> list[Result]`` runnable as ``python -m ditron_ops.bench name``.
+
+    ``name`` is the subcommand and the CSV ``bench`` column, ``help`` one line for ``list``;
+    ``world_sizes`` / ``quick_world_sizes`` are the defaults without ``--world-sizes``.
+    """
+    def wrap(fn):
+        old = BENCHES.get(name)
+        if old is not None and old.fn.__module__ != fn.__module__:
+            raise ValueError(f"ditron.bench: a bench named {name!r} is already registered")
+        BENCHES[name] = Bench(name, fn, help, tuple(world_sizes), tuple(quick_world_sizes))
+        return fn
+    return wrap
+
+
+def discover() -> dict[str, Bench]:
+    """Import every bench module of this package (each registers itself) and return ``BENCHES``.
+
+    A module that fails to import is recorded in ``IMPORT_ERRORS`` (shown by ``list``) instead of
+    breaking the other benches.
+    """
+    package = __name__.rsplit(".", 1)[0]
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if info.name.startswith("_") or info.name in _NOT_BENCHES:
+            continue
+        try:
+            importlib.import_module(f"{package}.{info.name}")
+        except Exception as exc:  # noqa: BLE001 - reported by ``list``
+            IMPORT_ERRORS[info.name] = f"{type(exc).__name__}: {exc}"
+    return BENCHES
+
+
+# -- timing ----------------------------------------------------------------------------------------
+
+def _timed_rounds(group, fn: Callable[[], Any], iters: int, rounds: int, device_clock: bool) -> float:
+    """``rounds`` x (sync, barrier, clock, ``iters`` calls, clock); max over ranks, median of rounds."""
+    per_round = []
+    for _ in range(rounds):
+        group.synchronize()
+        group.barrier()
+        if device_clock:
+            stream = torch.cuda.current_stream(group.device)
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
+            for _ in range(iters):
+                fn()
+            end.record(stream)
+            end.synchronize()
+            per_round.append(begin.elapsed_time(end) * 1e3 / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            group.synchronize()
+            per_round.append((time.perf_counter() - t0) * 1e6 / iters)
+    group.check()
+    gathered = group.all_gather_object(per_round)
+    return statistics.median(max(times[i] for times in gathered) for i in range(rounds))
+
+
+def time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms: float = 25.0,
+              max_iters: int = 1000) -> float:
+    """Time ``fn()`` on every rank of ``group``; call it on all ranks (collective).
+
+    Parameters
+    ----------
+    group : Group
+        This rank's group (inside ``ditron_ops.launch``).
+    fn : callable
+        One call of the measured operation on this rank's current stream.
+    rounds, target_ms, max_iters : int, float, int
+        Timed rounds (each starts with a stream sync and a host barrier), the duration one round
+        aims for (sets the iterations per round, the same on all ranks), and their cap.
+
+    Returns
+    -------
+    float
+        Microseconds per call: per round the max across ranks, then the median over rounds.
+        CUDA events on the current stream on a GPU, ``time.perf_counter`` on CPU.
+    """
+    fn()
+    group.synchronize()  # warm-up: compile, workspace growth
+    group.barrier()
+    start = time.perf_counter()
+    fn()
+    group.synchronize()
+    estimate = max(group.all_gather_object(time.perf_counter() - start))
+    iters = int(min(max_iters, max(1, target_ms * 1e-3 / max(estimate, 1e-9))))
+    return _timed_rounds(group, fn, iters, rounds, device_clock=group.device.type == "cuda")
+
+
+def host_time_spmd(group, fn: Callable[[], Any], *, iters: int, rounds: int = 5,
+                   warmup: int = 3) -> float:
+    """Host wall time per call of ``iters`` back-to-back calls, device-synced on both ends.
+
+    Same protocol as ``time_spmd`` but always with ``time.perf_counter``, so it includes Python,
+    dispatcher and launch overhead. Collective: call on all ranks. Returns microseconds per call.
+    """
+    for _ in range(warmup):
+        fn()
+    return _timed_rounds(group, fn, iters, rounds, device_clock=False)
+
+
+# -- output ------------------------------------------------------------------------------------------
+
+def _git_commit() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info(device: torch.device) -> dict[str, str]:
+    """Columns added to every CSV row: device, versions, git commit, UTC timestamp."""
+    import triton
+
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        detail = f"cuda {torch.version.cuda}, {torch.cuda.device_count()} visible GPU(s)"
+    else:
+        name = f"CPU {_cpu_model()}"
+        detail = f"cpu, {os.cpu_count()} cores, Triton interpreter"
+    return {"device": device.type, "device_name": name, "device_detail": detail,
+            "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "git_commit": _git_commit(),
+            "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+_BASE_COLUMNS = ["bench", "case", "model", "world_size", "dtype", "shape", "m", "n", "k", "nbytes",
+                 "impl", "time_us", "baseline", "baseline_us", "ratio"]
+
+
+def _fmt(value: Any) -> Any:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "" if value is None else value
+
+
+def _extra_keys(results: Sequence[Result]) -> list[str]:
+    return list(dict.fromkeys(k for r in results for k in r.extra))
+
+
+def write_csv(results: Sequence[Result], path: Path, machine: dict[str, str]) -> Path:
+    """Write one row per result: base columns, then every ``extra`` key, then ``machine``."""
+    columns = _BASE_COLUMNS + _extra_keys(results) + list(machine)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        for r in results:
+            row = {c: _fmt(getattr(r, c)) for c in _BASE_COLUMNS}
+            row.update({k: _fmt(v) for k, v in r.extra.items()})
+            row.update(machine)
+            writer.writerow(row)
+    return path
+
+
+def plot_ratios(results: Sequence[Result], path: Path, title: str) -> Optional[Path]:
+    """PNG of ``ratio`` per case, a panel per impl, a line per world size (None: no matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    impls = list(dict.fromkeys(r.impl for r in results))
+    cols = min(len(impls), 2) or 1
+    rows = math.ceil(len(impls) / cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.6 * rows), squeeze=False)
+    for ax, impl in zip(axes.flat, impls):
+        mine = [r for r in results if r.impl == impl]
+        cases = list(dict.fromkeys(r.case for r in mine))
+        for w in sorted({r.world_size for r in mine}):
+            pts = [(cases.index(r.case), r.ratio) for r in mine if r.world_size == w]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"W={w}")
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(cases)))
+        ax.set_xticklabels(cases, rotation=30, ha="right", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_title(impl, fontsize=9)
+        ax.set_ylabel("baseline / ours", fontsize=8)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(impls):]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _short(value: Any) -> str:
+    """Compact number for the printed table (the CSV keeps 6 significant digits)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "" if value is None else str(value)
+    if isinstance(value, int) or value == 0 or not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
+
+
+def format_table(results: Sequence[Result]) -> str:
+    """Aligned text table: case, W, impl, times, ratio and every extra metric."""
+    extras = _extra_keys(results)
+    header = ["case", "W", "impl", "ours_us", "base_us", "ratio"] + extras
+    body = [[r.case, str(r.world_size), r.impl, f"{r.time_us:.1f}", f"{r.baseline_us:.1f}",
+             _short(r.ratio)] + [_short(r.extra.get(k)) for k in extras] for r in results]
+    widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
+    left = {0, 2}
+    lines = ["  ".join(c.ljust(w) if i in left else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(row, widths))) for row in [header] + body]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def finish(bench: str, results: Sequence[Result], cfg: BenchConfig,
+           stream=None) -> tuple[Path, Optional[Path]]:
+    """Write ``<out>/<bench>-<dtype>-<device>[-quick].csv`` and ``.png``, print the table.
+
+    Returns ``(csv_path, png_path or None)``.
+    """
+    stream = sys.stdout if stream is None else stream
+    machine = machine_info(cfg.device)
+    stem = f"{bench}-{cfg.dtype_name}-{cfg.device.type}" + ("-quick" if cfg.quick else "")
+    csv_path = write_csv(results, cfg.out_dir / f"{stem}.csv", machine)
+    baselines = ", ".join(dict.fromkeys(r.baseline for r in results))
+    title = (f"{bench} ({cfg.dtype_name}, {machine['device_name']}): ratio = baseline / ours "
+             f"(>1: ours faster)\nbaseline: {baselines}")
+    png_path = plot_ratios(results, cfg.out_dir / f"{stem}.png", title) if results else None
+    print(f"\n== {bench}: {len(results)} rows, {machine['device_name']} ({machine['device_detail']}), "
+          f"torch {machine['torch']}, triton {machine['triton']}, commit {machine['git_commit']}",
+          file=stream)
+    print(f"   baseline: {baselines}", file=stream)
+    print(format_table(results), file=stream)
+    print(f"wrote {csv_path}" + (f" and {png_path}" if png_path else " (no matplotlib: no PNG)"),
+          file=stream)
+    return csv_path, png_path

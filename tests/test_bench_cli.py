@@ -1,0 +1,42 @@
+"""``python -m ditron_ops.bench``: the quick collectives bench writes a CSV and a PNG."""
+import csv
+
+import pytest
+
+from ditron_ops.bench import LAYER_CONFIGS, local_gemm_shape
+from ditron_ops.bench.__main__ import main
+
+
+def test_list_names_the_registered_benches(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "collectives" in out and "overhead" in out
+
+
+def test_local_gemm_shape():
+    assert local_gemm_shape("LLaMA-3.1-70B") == (8192, 28672 // 8, 8192)
+    assert len(LAYER_CONFIGS) == 7
+    with pytest.raises(ValueError, match="unknown model"):
+        local_gemm_shape("nope")
+
+
+def test_quick_collectives_writes_csv_and_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    argv = ["collectives", "--quick", "--world-sizes", "2", "--dtype", "fp32", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    csvs = list(tmp_path.glob("collectives-fp32-*-quick.csv"))
+    assert len(csvs) == 1
+    with open(csvs[0], newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    ops = {"all_gather", "reduce_scatter", "all_reduce/one_shot", "all_reduce/two_shot"}
+    assert {r["impl"] for r in rows} == ops
+    assert len(rows) == 3 * len(ops)  # three quick cases
+    for r in rows:
+        assert r["world_size"] == "2" and r["dtype"] == "fp32"
+        assert float(r["time_us"]) > 0 and float(r["baseline_us"]) > 0 and float(r["ratio"]) > 0
+        assert float(r["max_abs_err"]) < 1e-4
+        assert r["baseline"] == "torch reference (virtual world)"
+        assert r["torch"] and r["triton"] and r["timestamp"] and r["git_commit"]
+    png = csvs[0].with_suffix(".png")
+    assert png.exists() and png.stat().st_size > 0
+    assert "all_reduce/two_shot" in capsys.readouterr().out
