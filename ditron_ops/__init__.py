@@ -8,9 +8,10 @@ from .deterministic import deterministic, is_deterministic
 from .errors import DitronError, DitronSizeMismatchError, DitronTimeoutError
 from .runtime import (Group, TorchGroup, VirtualGroup, current_group, launch, set_default_group,
                       split_sizes)
+from .runtime.nvshmem_backend import finalize_nvshmem, init_nvshmem, nvshmem_available
 
 __version__ = "0.1.0"
 
 __all__ = ["all_gather", "reduce_scatter", "all_reduce", "launch", "Group", "VirtualGroup",
-           "TorchGroup", "current_group", "set_default_group", "split_sizes", "deterministic",
+           "TorchGroup", "init_nvshmem", "finalize_nvshmem", "nvshmem_available", "current_group", "set_default_group", "split_sizes", "deterministic",
            "is_deterministic", "DitronError", "DitronTimeoutError", "DitronSizeMismatchError"]
