@@ -46,6 +46,7 @@ def _stress(group, calls, max_rows):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # about 5 minutes in the CPU interpreter on a 2-core machine
 def test_ten_thousand_calls_varying_sizes():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     world = 4 if device == "cuda" else 2
