@@ -7,6 +7,7 @@
 | ``DITRON_SYNC_CHECK``| ``0``  | ``1``: every op synchronizes its stream and checks the error record. |
 | ``CUDA_DEVICE_MAX_CONNECTIONS`` | (CUDA's 8) | set to 32 by ``prepare_cuda_for_virtual_ranks`` (entry points). |
 | ``CUDA_MODULE_LOADING``| (CUDA's) | set to ``EAGER`` by ``prepare_cuda_for_virtual_ranks``.          |
+| ``DITRON_VIRTUAL_GATE``| ``1`` | GPU virtual ranks launch waiting kernels together (``VirtualGroup.waiting_launch``). |
 | ``NVSHMEM_LIB_DIR`` | unset   | directory of ``libnvshmem_device.bc`` (``language.nvshmem``).        |
 
 Without a CUDA device the interpreter is chosen automatically, so a CPU-only machine needs no
@@ -60,6 +61,11 @@ def prepare_cuda_for_virtual_ranks() -> None:
     if not torch.cuda.is_initialized():
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
         os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+
+
+def virtual_gate() -> bool:
+    """``DITRON_VIRTUAL_GATE`` (default on): GPU virtual ranks launch waiting kernels together."""
+    return os.environ.get("DITRON_VIRTUAL_GATE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def sync_check() -> bool:

@@ -57,8 +57,8 @@ def _failed_group_stays_failed(group):
     ditron_ops.all_gather(x)
     group.synchronize()
     if group.rank == 0:
-        ditron_ops.all_gather(x)
-        with pytest.raises(ditron_ops.DitronTimeoutError):
+        with pytest.raises(ditron_ops.DitronTimeoutError):  # from the call (GPU virtual gate)
+            ditron_ops.all_gather(x)                         # or from the synchronize
             group.synchronize()
         with pytest.raises(ditron_ops.DitronTimeoutError):
             ditron_ops.all_gather(x)  # raised before any launch

@@ -59,12 +59,14 @@ def push_combine(group: Group, src: torch.Tensor, out: torch.Tensor, *, op: str,
     half_elems = data.nbytes // 2 // elem
     slot_elems = half_elems // group.world_size // 16 * 16
     record, claim = group._error_tensors()
-    push_combine_kernel[(ws.programs,)](
-        src, out, data.local.view(src.dtype), data.ptr_table, ws.signal_pad(),
-        ws.signal.ptr_table, claim, record,
-        group.rank, group.world_size, src_rows, row_elems, out.numel(), half_elems, slot_elems,
-        group.timeout_us(), op_id(op),
-        SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), VEC=vec, num_warps=4)
+    ws.calls += 1
+    with group.waiting_launch(op, ws.calls):
+        push_combine_kernel[(ws.programs,)](
+            src, out, data.local.view(src.dtype), data.ptr_table, ws.signal_pad(),
+            ws.signal.ptr_table, claim, record,
+            group.rank, group.world_size, src_rows, row_elems, out.numel(), half_elems, slot_elems,
+            group.timeout_us(), op_id(op),
+            SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), VEC=vec, num_warps=4)
     if _env.sync_check():
         group.synchronize()
     return out

@@ -49,11 +49,15 @@ class SymmetricBuffer:
         from kernels of this rank (peer-mapped addresses on multi-GPU).
     handle : Any
         Backend bookkeeping for the collective free.
+    peers : list of torch.Tensor, optional
+        ``uint8 [nbytes]`` views of every rank's copy that this rank's streams can ``copy_``
+        into (copy-engine transfers); None where the backend has none.
     """
 
     local: torch.Tensor
     ptr_table: torch.Tensor
     handle: Any = None
+    peers: Optional[list] = None
 
     @property
     def nbytes(self) -> int:
@@ -168,6 +172,14 @@ class Group:
             err = DitronTimeoutError(name, values[ERR_RANK], values[ERR_PEER], values[ERR_EPOCH])
         self._failure = err
         raise err
+
+    def waiting_launch(self, op: str = "?", epoch: int = -1):
+        """Context manager around the launch of a kernel that waits on peers.
+
+        A no-op except in a GPU virtual world, where it keeps the ranks' launches together (see
+        ``VirtualGroup.waiting_launch``).
+        """
+        return contextlib.nullcontext()
 
     def synchronize(self) -> None:
         """Wait for this rank's current stream, then ``check``."""

@@ -204,10 +204,11 @@ class NvshmemGroup(Group):
             buf = SymmetricBuffer(local=local, ptr_table=None, handle=local)
             self._live.append(buf)  # freed by finalize_nvshmem even if the table fails below
             local.zero_()
-            addresses = []
+            addresses, peers = [], []
             for pe in range(self.world_size):
                 if pe == self.rank:
                     addresses.append(local.data_ptr())
+                    peers.append(local)
                     continue
                 cause: Optional[BaseException] = None
                 try:
@@ -222,7 +223,8 @@ class NvshmemGroup(Group):
                         "store to every peer directly; run the group inside one NVLink domain."
                     ) from cause
                 addresses.append(peer.data_ptr())
-                del peer
+                peers.append(peer)
+            buf.peers = peers
             buf.ptr_table = torch.tensor(addresses, dtype=torch.int64, device=self.device)
         self.barrier()  # every rank zeroed its copy before any rank writes into it
         return buf
@@ -235,7 +237,7 @@ class NvshmemGroup(Group):
         torch.cuda.current_stream(self.device).synchronize()
         self.barrier()  # peers may write into this rank's copy until they pass here
         self._live = [b for b in self._live if b is not buf]
-        buf.local = buf.ptr_table = buf.handle = None
+        buf.local = buf.ptr_table = buf.handle = buf.peers = None
         with torch.cuda.device(self.device):
             try:
                 self._nvs.free_tensor(tensor)

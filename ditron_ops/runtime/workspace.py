@@ -43,6 +43,7 @@ class Workspace:
         self.signal_words = 4 * w + 8
         self.signal: SymmetricBuffer = group.alloc_symmetric(self.signal_words * 8)
         self.data: Optional[SymmetricBuffer] = None
+        self.calls = 0  # host count of launches (error messages; graph replays do not count)
 
     @property
     def data_bytes(self) -> int:

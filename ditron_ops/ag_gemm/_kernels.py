@@ -1,0 +1,137 @@
+"""Kernels of ``ag_gemm``: a start barrier and a persistent GEMM consumer.
+
+The all-gather itself is copy-engine work (no SM): after the start barrier, a side stream copies
+this rank's shard into every rank's gathered buffer and then writes the call's epoch into that
+rank's flag for it. Overlap schedule (rank r of W=4)::
+
+    main stream   start barrier | GEMM tiles of chunk r | chunk r+1 | chunk r+2 | chunk r+3
+    side stream                 | copy A_r -> rank r, flag | -> rank r+1, flag | -> r+2 | -> r+3
+                                  (copy engines)             ^ a tile waits for the flags of the
+                                                               chunks its rows come from
+
+Signal pad words of the ``ag_gemm`` workspace (W = world size)::
+
+    [0, W)     flag[s]     epoch of the last call whose chunk from rank s has landed here
+    [W, 2W)    start[s]    calls rank s has started (cumulative, written by its start barrier)
+    [2W, 3W)   rows[s]     rows rank s sent in the last call (size check)
+    3W         epoch       calls started by this rank (the start barrier bumps it)
+    3W + 1     rows        this rank's rows for the current call (source of peers' rows[r])
+
+The start barrier makes a call wait until every rank has started it, i.e. has finished the
+previous call's GEMM (stream order), so one gathered buffer suffices: nobody overwrites rows a
+slow peer still reads. The flags hold epochs (set, never reset), so CUDA-graph replays work.
+
+Gather-mode swizzle: the persistent programs walk M tiles starting at the tile holding this
+rank's first row, so they begin with rows that are copied first (the local copy) and reach
+peers' chunks in the order the copy engines deliver them; a tile straddling chunks waits for
+each of them.
+"""
+from __future__ import annotations
+
+import triton.language as tl
+
+from .. import language as dl
+
+
+@dl.jit(do_not_specialize=("rank", "world_size", "rows", "timeout_us", "op_id"))
+def ag_start_kernel(sig_ptr, sig_table, err_claim, err_record, rank, world_size, rows,
+                    timeout_us, op_id):
+    """One program: bump this rank's epoch, tell every rank this call started, wait for all."""
+    epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64) + 1
+    tl.store(sig_ptr + 3 * world_size + 1, tl.cast(rows, tl.int64))
+    tl.store(sig_ptr + 3 * world_size, epoch)
+    for i in range(world_size):
+        peer = (rank + i) % world_size
+        dl.signal_add(dl.remote_ptr(sig_table, peer, sig_ptr) + world_size + rank, 1)
+    deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
+    for s in range(world_size):
+        dl.wait_at_least(sig_ptr + world_size + s, epoch, deadline, err_claim, err_record,
+                         op_id, rank, s, epoch)
+
+
+@dl.jit
+def _tile_coords(tile, tiles_m, group_tiles, shift, GROUP_M: tl.constexpr):
+    """Grouped (L2-friendly) tile order, M rotated by ``shift`` tiles (gather-mode swizzle)."""
+    first_m = (tile // group_tiles) * GROUP_M
+    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = (first_m + (tile % group_tiles) % size_m + shift) % tiles_m
+    pid_n = (tile % group_tiles) // size_m
+    return pid_m, pid_n
+
+
+@dl.jit
+def _wait_rows(sig_ptr, offsets_ptr, row_lo, row_hi, rank, world_size, epoch, deadline,
+               err_claim, err_record, op_id):
+    """Wait for every chunk that overlaps gathered rows ``[row_lo, row_hi)``; check its size."""
+    for s in range(world_size):
+        lo = tl.load(offsets_ptr + s)
+        hi = tl.load(offsets_ptr + s + 1)
+        if (lo < row_hi) & (hi > row_lo):
+            arrived = dl.wait_at_least(sig_ptr + s, epoch, deadline, err_claim, err_record,
+                                       op_id, rank, s, epoch)
+            got = tl.load(sig_ptr + 2 * world_size + s, volatile=True)
+            if arrived & (got != (hi - lo)):
+                dl.record_error(err_claim, err_record, op_id, rank, s, epoch, dl.SIZE_MISMATCH)
+
+
+@dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias", "rank",
+                           "world_size", "timeout_us", "op_id"))
+def ag_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr, err_claim,
+                   err_record, M, N, K, stride_cm, stride_cn, has_bias, rank, world_size,
+                   timeout_us, op_id,
+                   B_KN: tl.constexpr, C_TMA: tl.constexpr, WAIT: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr):
+    """Persistent GEMM ``C[M, N] = A[M, K] @ B[K, N] (+ bias)``; with ``WAIT`` A is the gathered
+    buffer and each tile first waits for the chunks its rows come from.
+
+    ``B_KN``: ``b_desc`` is over ``B [K, N]``, else over ``B^T [N, K]`` (a Linear weight).
+    ``C_TMA``: C is stored through ``c_desc`` in two ``BLOCK_N / 2`` halves (fewer live
+    registers), else with masked pointer stores (any strides).
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles = tiles_m * tiles_n
+    group_tiles = GROUP_M * tiles_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    shift = 0
+    epoch = tl.zeros((), tl.int64)
+    deadline = tl.zeros((), tl.int64)
+    if WAIT:
+        epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64)
+        shift = tl.load(offsets_ptr + rank) // BLOCK_M  # own rows first
+        deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    # (tl.range(..., flatten=True) measured 2x slower on the H200: not used)
+    for tile in range(pid, tiles, nprog):
+        pid_m, pid_n = _tile_coords(tile, tiles_m, group_tiles, shift, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        if WAIT:
+            _wait_rows(sig_ptr, offsets_ptr, off_m, tl.minimum(off_m + BLOCK_M, M), rank,
+                       world_size, epoch, deadline, err_claim, err_record, op_id)
+        # Bias seeds the accumulator (a masked load: zeros without bias), so no instruction other
+        # than the MMAs touches it inside the pipelined loop (that would serialize wgmma).
+        rn = off_n + offs_n
+        bias = tl.load(bias_ptr + rn, mask=(rn < N) & (has_bias != 0), other=0.0)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + bias.to(tl.float32)[None, :]
+        for ki in range(k_tiles):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            if B_KN:
+                b = b_desc.load([ki * BLOCK_K, off_n])
+            else:
+                b = b_desc.load([off_n, ki * BLOCK_K]).T
+            acc = tl.dot(a, b, acc)
+        if C_TMA:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            c0, c1 = tl.split(halves)
+            c_desc.store([off_m, off_n], c0.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], c1.to(c_desc.dtype))
+        else:
+            rm = off_m + offs_m
+            mask = (rm[:, None] < M) & (rn[None, :] < N)
+            c_offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+            tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,281 @@
+"""Host side of ag_gemm: tile configuration, TMA descriptors, grids, streams, warm-up.
+
+The tile configuration depends only on the dtype and the device kind, never on a rank's shapes,
+so every rank of a group uses the same one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Optional
+
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .. import _env
+from ..errors import DitronError
+from ..runtime.group import Group, op_id
+from ..runtime.warmup import register_warmup
+from ._kernels import ag_gemm_kernel, ag_start_kernel
+
+PURPOSE = "ag_gemm"
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+GPU_CONFIGS = {
+    "128x256x64/s3": TileConfig(128, 256, 64, 8, 8, 3),
+    "128x256x64/s4": TileConfig(128, 256, 64, 8, 8, 4),
+}
+"""Candidates the ``ag_gemm`` bench compares; ``GPU_CONFIG`` names the one used. Measured on the
+H200 (bf16, local model shapes M=8192): 128x256x64 with 3 stages reached 0.965x cuBLAS
+(geo-mean); the same tiles with ``tl.range(flatten=True)`` 0.45x, 128x128x64/4 stages (flattened) 0.31x."""
+GPU_CONFIG = "128x256x64/s3"
+_INTERPRETER_CONFIG = TileConfig(16, 16, 16, 4, 4, 1)
+
+
+def tile_config(device: torch.device) -> TileConfig:
+    """``GPU_CONFIGS[GPU_CONFIG]`` on the GPU (Hopper: TMA + wgmma); small tiles in the
+    interpreter (its cost is per element of every block, masked or not). Rank-independent."""
+    return GPU_CONFIGS[GPU_CONFIG] if device.type == "cuda" else _INTERPRETER_CONFIG
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _ranks_here(group: Optional[Group]) -> int:
+    return group.world_size if group is not None and group.backend == "virtual" else 1
+
+
+def consumer_programs(device: torch.device, group: Optional[Group], tiles: int) -> int:
+    """Persistent GEMM grid: every SM (the all-gather runs on copy engines), or this rank's
+    share of them in a virtual world (all ranks' waiting grids must be resident together)."""
+    if device.type != "cuda":
+        return 1
+    return max(1, min(tiles, _sm_count(device.index) // _ranks_here(group)))
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """``t`` (2-D) can back a TMA descriptor as is: last dim contiguous, 16-byte aligned."""
+    e = t.element_size()
+    return (t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * e) % 16 == 0
+            and t.shape[0] > 0 and t.shape[1] > 0)
+
+
+def _padded_copy(t: torch.Tensor) -> torch.Tensor:
+    """Row-major copy of ``t`` with a 16-byte aligned row pitch (viewed back to ``t``'s shape)."""
+    rows, cols = t.shape
+    pitch = -(-cols * t.element_size() // 16) * 16 // t.element_size()
+    buf = t.new_empty((rows, pitch))[:, :cols]
+    buf.copy_(t)
+    return buf
+
+
+def b_descriptor(b: torch.Tensor, cfg: TileConfig) -> tuple[TensorDescriptor, bool]:
+    """TMA descriptor for ``b [K, N]`` and whether it is over ``b`` (True) or ``b.T`` (False).
+
+    ``[K, N]`` row-major and ``w.t()`` of a row-major Linear weight ``w [N, K]`` are used as they
+    are; any other stride pattern is copied once into an aligned row-major buffer.
+    """
+    if _tma_ok(b):
+        return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, cfg.block_n]), True
+    bt = b.t()
+    if _tma_ok(bt):
+        return TensorDescriptor(bt, list(bt.shape), list(bt.stride()), [cfg.block_n, cfg.block_k]), False
+    b = _padded_copy(b)
+    return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, cfg.block_n]), True
+
+
+def _c_descriptor(out: torch.Tensor, cfg: TileConfig) -> Optional[TensorDescriptor]:
+    """TMA store descriptor (two ``block_n / 2`` halves per tile) when ``out`` allows it."""
+    if _tma_ok(out):
+        return TensorDescriptor(out, list(out.shape), list(out.stride()),
+                                [cfg.block_m, cfg.block_n // 2])
+    return None
+
+
+def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
+                    bias: Optional[torch.Tensor], *, group: Optional[Group], wait: bool,
+                    sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
+                    record: torch.Tensor, m: int, programs: Optional[int] = None) -> torch.Tensor:
+    """Launch the persistent GEMM (``wait=False``: a plain GEMM; the waiting arguments are unused)."""
+    cfg = tile_config(out.device)
+    b_desc, b_kn = b_descriptor(b, cfg)
+    c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
+    n, k = b.shape[1], b.shape[0]
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    grid = programs or consumer_programs(out.device, group, tiles)
+    rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
+    timeout_us = group.timeout_us() if group is not None else 1
+    ag_gemm_kernel[(grid,)](
+        a_desc, b_desc, c_desc, out, bias if bias is not None else out, sig, offsets, claim, record,
+        m, n, k, out.stride(0), out.stride(1), int(bias is not None),
+        rank, world, timeout_us, op_id("ag_gemm"),
+        B_KN=b_kn, C_TMA=c_desc is not None, WAIT=wait, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    return out
+
+
+_DUMMY: dict[str, tuple] = {}
+
+
+def _dummies(device: torch.device) -> tuple:
+    key = str(device)
+    if key not in _DUMMY:
+        sig = torch.zeros(16, dtype=torch.int64, device=device)
+        offsets = torch.zeros(2, dtype=torch.int32, device=device)
+        claim = torch.zeros(1, dtype=torch.int64, device=device)
+        _DUMMY[key] = (sig, offsets, claim, claim)
+    return _DUMMY[key]
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Our persistent Triton GEMM alone (the ag_gemm consumer without waits): ``a @ b + bias``.
+
+    ``a [M, K]``, ``b [K, N]`` (any strides; ``w.t()`` works without a copy), fp16/bf16 on GPU.
+    The core the benchmarks compare with cuBLAS.
+    """
+    m = a.shape[0]
+    out = a.new_empty((m, b.shape[1])) if out is None else out
+    if m == 0 or b.shape[1] == 0:
+        return out
+    if a.shape[1] == 0:
+        return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
+    cfg = tile_config(a.device)
+    if not _tma_ok(a):
+        a = _padded_copy(a)
+    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, cfg.block_k])
+    sig, offsets, claim, record = _dummies(a.device)
+    return launch_consumer(a_desc, b, out, bias, group=None, wait=False, sig=sig, offsets=offsets,
+                           claim=claim, record=record, m=m)
+
+
+def k_pitch(k: int, elem: int) -> int:
+    """Row pitch (elements) of the gathered buffer: ``k`` rounded up to 16 bytes."""
+    return -(-k * elem // 16) * 16 // elem
+
+
+def _offsets(ws, shard_sizes: list[int], device: torch.device) -> torch.Tensor:
+    """Device table of chunk start rows (cached per shard layout: no upload per call)."""
+    cache = ws.__dict__.setdefault("offsets", {})
+    key = tuple(shard_sizes)
+    if key not in cache:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise DitronError(f"ditron.ag_gemm: shard_sizes {list(key)} first seen during CUDA-graph "
+                              "capture; run the op once with them before capturing")
+        table = torch.tensor(list(itertools.accumulate((0,) + key)), dtype=torch.int32)
+        cache[key] = table.to(device)
+    return cache[key]
+
+
+def side_stream(group: Group) -> torch.cuda.Stream:
+    stream = getattr(group, "_ag_gemm_side_stream", None)
+    if stream is None:
+        stream = group._ag_gemm_side_stream = torch.cuda.Stream(group.device)
+    return stream
+
+
+def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
+          out: torch.Tensor, shard_sizes: list[int], gathered: Optional[torch.Tensor]) -> None:
+    """One fused call (schedule in ``_kernels``): start barrier, copy-engine all-gather on a side
+    stream with a flag per chunk, persistent GEMM over the gathered rows as chunks land."""
+    group.check()
+    ws = group.workspace(PURPOSE)
+    cfg = tile_config(a.device)
+    m, k = sum(shard_sizes), a.shape[1]
+    w, rank = group.world_size, group.rank
+    elem = a.element_size()
+    pitch = k_pitch(k, elem)
+    data = ws.ensure_data(m * pitch * elem)
+    if data.peers is None:
+        raise DitronError(f"ditron.ag_gemm: group {group.group_name!r} ({group.backend}) gives no "
+                          "peer tensors for copy-engine transfers")
+    buf = data.local.view(a.dtype)
+    a_desc = TensorDescriptor(buf, [m, k], [pitch, 1], [cfg.block_m, cfg.block_k])
+    offsets = _offsets(ws, shard_sizes, a.device)
+    rows, first = shard_sizes[rank], sum(shard_sizes[:rank])
+    src = a if a.is_contiguous() and pitch == k else _padded_rows(a, pitch)
+    record, claim = group._error_tensors()
+    sig = ws.signal_pad()
+    sig_peers = [p.view(torch.int64) for p in ws.signal.peers]
+
+    def copies() -> None:  # copy engines: contiguous D2D / peer copies, then the flag
+        for i in range(w):
+            dst = (rank + i) % w
+            if rows:
+                region = data.peers[dst].view(a.dtype)[first * pitch:(first + rows) * pitch]
+                region.copy_(src.reshape(-1)[:rows * pitch] if pitch == k else src.reshape(-1))
+            sig_peers[dst][2 * w + rank:2 * w + rank + 1].copy_(sig[3 * w + 1:3 * w + 2])
+            sig_peers[dst][rank:rank + 1].copy_(sig[3 * w:3 * w + 1])
+
+    ws.calls += 1
+    with group.waiting_launch("ag_gemm", ws.calls):
+        ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, rows,
+                              group.timeout_us(), op_id("ag_gemm"))
+        if a.is_cuda:
+            main = torch.cuda.current_stream(a.device)
+            side = side_stream(group)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                copies()
+            launch_consumer(a_desc, b, out, bias, group=group, wait=True, sig=sig,
+                            offsets=offsets, claim=claim, record=record, m=m)
+            main.wait_stream(side)
+        else:  # interpreter: kernels run synchronously; the copies never wait
+            copies()
+            launch_consumer(a_desc, b, out, bias, group=group, wait=True, sig=sig,
+                            offsets=offsets, claim=claim, record=record, m=m)
+    if gathered is not None:
+        gathered.copy_(buf[:m * pitch].view(m, pitch)[:, :k])
+    if _env.sync_check():
+        group.synchronize()
+
+
+def _padded_rows(a: torch.Tensor, pitch: int) -> torch.Tensor:
+    """``a`` copied into contiguous rows of ``pitch`` elements (so each chunk is one memcpy)."""
+    out = a.new_empty((a.shape[0], pitch))
+    out[:, :a.shape[1]] = a
+    return out
+
+
+def _warmup(device: torch.device) -> None:
+    """Compile and load every kernel variant (dtype x B layout x C store x wait) as a one-rank
+    call whose waits are already satisfied."""
+    cfg = tile_config(device)
+    sig = torch.zeros(16, dtype=torch.int64, device=device)
+    sig[0:4] = torch.tensor([1, 1, 64, 1])  # W=1: flag, start count, rows[0], epoch
+    sig_table = torch.tensor([sig.data_ptr()], dtype=torch.int64, device=device)
+    offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
+    claim = torch.zeros(1, dtype=torch.int64, device=device)
+    record = torch.zeros(8, dtype=torch.int64, pin_memory=True)
+    for dtype in (torch.float16, torch.bfloat16):
+        a = torch.ones(64, 64, dtype=dtype, device=device)
+        a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
+        variants = itertools.product((a.clone(), a.clone().t()), (False, True), (False, True))
+        for b, wait, c_tma in variants:
+            out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
+            launch_consumer(a_desc, b, out, None, group=None, wait=wait, sig=sig, offsets=offsets,
+                            claim=claim, record=record, m=64, programs=1)
+            torch.cuda.synchronize(device)
+            if int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64)):
+                raise RuntimeError(f"ditron: ag_gemm warm-up failed for {dtype} (kernel bug)")
+    ag_start_kernel[(1,)](sig, sig_table, claim, record, 0, 1, 64, 10**6, 0)
+    torch.cuda.synchronize(device)
+    if int(record[0]) != 0:
+        raise RuntimeError("ditron: ag_gemm start-barrier warm-up failed (kernel bug)")
+
+
+register_warmup(PURPOSE, _warmup)

@@ -1,0 +1,170 @@
+"""Bench ``ag_gemm``: our GEMM core vs cuBLAS, the fused op's overhead, host cost, fused vs baseline.
+
+Cases (one run, one GPU)::
+
+    P1  core      matmul(a, w.t()) (our persistent TMA GEMM) vs torch.matmul (cuBLAS)
+                  on the local shapes M=8192, N = model N / 8, K (shapes.LAYER_CONFIGS), per
+                  tile configuration of ``_launch.GPU_CONFIGS``
+    P2  present   the ag_gemm consumer with every chunk already present (flags pre-set, waits
+                  and swizzle active) vs the same kernel as a plain GEMM
+    host          eager ag_gemm at W=1 on a tiny problem vs the same call replayed in a CUDA graph
+    fused         ag_gemm(impl="fused") vs impl="baseline" (all_gather + torch.matmul) on the
+                  virtual world (W ranks share one GPU: the collective is HBM copies, and both
+                  paths pay the virtual world's launch gate), M sweep, LLaMA-3.1-8B layer
+
+The ``ratio`` column is baseline / ours (>1: ours faster). ``geo-mean`` rows summarise P1/P2.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ..ag_gemm import _launch, ag_gemm, matmul
+from ..runtime.virtual import launch
+from .harness import BenchConfig, Result, host_time_spmd, register, time_spmd
+from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS, get_model
+
+_SWEEP_M = (128, 512, 2048, 8192)
+
+
+def _local_shapes(quick: bool) -> dict[tuple[int, int, int], str]:
+    """Distinct local (M, N/8, K) shapes with the models that have them."""
+    shapes: dict[tuple[int, int, int], str] = {}
+    for name, s in LAYER_CONFIGS.items():
+        key = (64 if quick else DEFAULT_M, s.n // DEFAULT_WORLD_SIZE, s.k)
+        shapes[key] = f"{shapes[key]},{name}" if key in shapes else name
+        if quick:
+            break
+    return shapes
+
+
+def _inputs(m: int, n: int, k: int, dtype, device, seed: int = 0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    a = (torch.randn(m, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=device)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=device)
+    return a, w
+
+
+def _geo(results: list[Result], bench: str, case: str, impl: str, baseline: str) -> Result:
+    logs = [math.log(r.ratio) for r in results if r.ratio == r.ratio and r.ratio > 0]
+    ratio = math.exp(sum(logs) / len(logs)) if logs else math.nan
+    return Result(bench, case, 1, results[0].dtype, impl, 1.0, baseline, ratio, shape="geo-mean")
+
+
+def _core(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> None:
+    """P1: our GEMM per tile configuration vs cuBLAS, on the local model shapes."""
+    per_config: dict[str, list[Result]] = {c: [] for c in configs}
+    for (m, n, k), models in _local_shapes(cfg.quick).items():
+        a, w = _inputs(m, n, k, cfg.dtype, group.device)
+        b = w.t()
+        ref = torch.matmul(a, b)
+        t_cublas = time_spmd(group, lambda: torch.matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
+        for name in configs:
+            _launch.GPU_CONFIG = name
+            got = matmul(a, b)
+            err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+            t = time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
+            tflops = 2 * m * n * k / t / 1e6
+            r = Result("ag_gemm", f"P1 core {name}", 1, cfg.dtype_name, "triton persistent TMA", t,
+                       "cuBLAS torch.matmul", t_cublas, shape=f"{m}x{n}x{k}", m=m, n=n, k=k,
+                       model=models, extra={"tflops": round(tflops, 1), "rel_err": f"{err:.1e}"})
+            per_config[name].append(r)
+            out.append(r)
+    for name, rows in per_config.items():
+        out.append(_geo(rows, "ag_gemm", f"P1 core {name}", "triton persistent TMA", "cuBLAS torch.matmul"))
+
+
+def _present(group, cfg: BenchConfig, out: list[Result]) -> None:
+    """P2: consumer with all chunks present (W=1 pad pre-set) vs the same kernel without waits."""
+    rows: list[Result] = []
+    tc = _launch.tile_config(group.device)
+    for (m, n, k), models in _local_shapes(cfg.quick).items():
+        a, w = _inputs(m, n, k, cfg.dtype, group.device)
+        b = w.t()
+        a_desc = TensorDescriptor(a, [m, k], [k, 1], [tc.block_m, tc.block_k])
+        sig = torch.zeros(16, dtype=torch.int64, device=group.device)
+        sig[0], sig[2], sig[3] = 1, m, 1  # W=1 pad: flag[0] = epoch = 1, rows[0] = m
+        offsets = torch.tensor([0, m], dtype=torch.int32, device=group.device)
+        record, claim = group._error_tensors()
+        c = torch.empty(m, n, dtype=cfg.dtype, device=group.device)
+
+        def fused_present():
+            _launch.launch_consumer(a_desc, b, c, None, group=group, wait=True, sig=sig,
+                                    offsets=offsets, claim=claim, record=record, m=m)
+
+        fused_present()
+        group.synchronize()
+        ok = torch.equal(c, matmul(a, b))
+        t_plain = time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
+        t = time_spmd(group, fused_present, rounds=cfg.rounds, target_ms=cfg.target_ms)
+        r = Result("ag_gemm", "P2 chunks present", 1, cfg.dtype_name, "ag_gemm consumer (waits)", t,
+                   "our plain GEMM", t_plain, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
+                   extra={"overhead_pct": round(100 * (t / t_plain - 1), 2), "equal": ok})
+        rows.append(r)
+        out.append(r)
+    out.append(_geo(rows, "ag_gemm", "P2 chunks present", "ag_gemm consumer (waits)", "our plain GEMM"))
+
+
+def _host(group, cfg: BenchConfig, out: list[Result]) -> None:
+    """Eager call cost vs CUDA-graph replay of the same call (tiny problem, W=1)."""
+    a, w = _inputs(128, 256, 256, cfg.dtype, group.device)
+    b = w.t()
+    call = lambda: ag_gemm(a, b, impl="fused")  # noqa: E731
+    call()
+    group.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.current_stream(group.device)):
+        call()
+    eager = host_time_spmd(group, call, iters=200)
+    replay = host_time_spmd(group, graph.replay, iters=200)
+    baseline = host_time_spmd(group, lambda: ag_gemm(a, b, impl="baseline"), iters=200)
+    out.append(Result("ag_gemm", "host eager vs graph", 1, cfg.dtype_name, "eager ag_gemm fused",
+                      eager, "graph replay", replay, shape="128x256x256", m=128, n=256, k=256,
+                      extra={"host_overhead_us": round(eager - replay, 1),
+                             "eager_baseline_us": round(baseline, 1)}))
+
+
+def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
+    model = get_model("LLaMA-3.1-8B")
+    n, k = model.n // DEFAULT_WORLD_SIZE, model.k
+    sweep = (64,) if cfg.quick else _SWEEP_M
+
+    def body(group):
+        rows = []
+        for m in sweep:
+            a, w = _inputs(m // world, n, k, cfg.dtype, group.device, seed=group.rank)
+            b = w.t()
+            t_f = time_spmd(group, lambda: ag_gemm(a, b, impl="fused"), rounds=cfg.rounds,
+                            target_ms=cfg.target_ms)
+            t_b = time_spmd(group, lambda: ag_gemm(a, b, impl="baseline"), rounds=cfg.rounds,
+                            target_ms=cfg.target_ms)
+            rows.append(Result("ag_gemm", f"fused M={m}", world, cfg.dtype_name, "ag_gemm fused", t_f,
+                               "all_gather + torch.matmul", t_b, shape=f"{m}x{n}x{k}", m=m, n=n, k=k,
+                               model=model.name))
+        return rows
+
+    out.extend(launch(body, world, cfg.device)[0])
+
+
+@register("ag_gemm", help="ag_gemm: GEMM core vs cuBLAS (P1), fused overhead (P2), host cost, "
+                          "fused vs baseline", world_sizes=(4,), quick_world_sizes=(2,))
+def run(cfg: BenchConfig, configs: Optional[list[str]] = None) -> list[Result]:
+    if cfg.device.type != "cuda":
+        raise SystemExit("ditron.bench ag_gemm: needs a CUDA GPU (TMA GEMM)")
+    configs = configs or list(_launch.GPU_CONFIGS)
+    chosen = _launch.GPU_CONFIG
+    out: list[Result] = []
+
+    def single(group):
+        _core(group, cfg, out, configs)
+        _launch.GPU_CONFIG = chosen
+        _present(group, cfg, out)
+        _host(group, cfg, out)
+
+    launch(single, 1, cfg.device)
+    for world in cfg.world_sizes:
+        _fused_vs_baseline(cfg, out, world)
+    return out
