@@ -81,6 +81,31 @@ def _ag_gemm_check(group: Group, dtype: torch.dtype) -> tuple:
 register_check("ag_gemm (fused)", _ag_gemm_check)
 
 
+def _gemm_reduce_check(op: str, algorithm: str = "auto"):
+    def check(group: Group, dtype: torch.dtype) -> tuple:
+        from .gemm_rs import gemm_ar, gemm_rs
+        from .runtime.split import split_sizes
+        from .testing.gemm_rs_checks import gemm_rs_inputs, order_exact
+
+        gpu = group.device.type == "cuda"
+        m, n, k = (4096, 4096, 1792) if gpu else (13, 11, 9)  # GPU: LLaMA-3.1-8B GEMM-RS, N / 8
+        a, b = gemm_rs_inputs(group, m, n, k, dtype)
+        if op == "gemm_rs":
+            run = lambda: gemm_rs(a, b, group, deterministic=True)  # noqa: E731
+            start = sum(split_sizes(m, group.world_size)[:group.rank])
+            want = order_exact(a, b, group)[start:start + split_sizes(m, group.world_size)[group.rank]]
+        else:
+            run = lambda: gemm_ar(a, b, group, deterministic=True, algorithm=algorithm)  # noqa: E731
+            want = order_exact(a, b, group)
+        return run(), want, run
+    return check
+
+
+register_check("gemm_rs (determ.)", _gemm_reduce_check("gemm_rs"))
+register_check("gemm_ar one_shot", _gemm_reduce_check("gemm_ar", "one_shot"))
+register_check("gemm_ar two_shot", _gemm_reduce_check("gemm_ar", "two_shot"))
+
+
 def _time_us(group: Group, run: Callable[[], object], reps: int) -> float:
     times = []
     for _ in range(reps):

@@ -60,6 +60,20 @@ def _tile_coords(tile, tiles_m, group_tiles, shift, GROUP_M: tl.constexpr):
 
 
 @dl.jit
+def tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``acc += A[off_m:, :K] @ B[:K, off_n:]`` over fixed ``BLOCK_K`` steps (TMA loads; B as
+    ``[K, N]`` when ``B_KN`` else as ``[N, K]`` transposed). The K order never depends on M."""
+    for ki in range(tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_m, ki * BLOCK_K])
+        if B_KN:
+            b = b_desc.load([ki * BLOCK_K, off_n])
+        else:
+            b = b_desc.load([off_n, ki * BLOCK_K]).T
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@dl.jit
 def _wait_rows(sig_ptr, offsets_ptr, row_lo, row_hi, rank, world_size, epoch, deadline,
                err_claim, err_record, op_id):
     """Wait for every chunk that overlaps gathered rows ``[row_lo, row_hi)``; check its size."""
@@ -95,7 +109,6 @@ def ag_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles = tiles_m * tiles_n
     group_tiles = GROUP_M * tiles_n
-    k_tiles = tl.cdiv(K, BLOCK_K)
     shift = 0
     epoch = tl.zeros((), tl.int64)
     deadline = tl.zeros((), tl.int64)
@@ -118,13 +131,7 @@ def ag_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr
         rn = off_n + offs_n
         bias = tl.load(bias_ptr + rn, mask=(rn < N) & (has_bias != 0), other=0.0)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + bias.to(tl.float32)[None, :]
-        for ki in range(k_tiles):
-            a = a_desc.load([off_m, ki * BLOCK_K])
-            if B_KN:
-                b = b_desc.load([ki * BLOCK_K, off_n])
-            else:
-                b = b_desc.load([off_n, ki * BLOCK_K]).T
-            acc = tl.dot(a, b, acc)
+        acc = tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN, BLOCK_K)
         if C_TMA:
             halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
             c0, c1 = tl.split(halves)

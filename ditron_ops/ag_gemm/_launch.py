@@ -168,19 +168,6 @@ def k_pitch(k: int, elem: int) -> int:
     return -(-k * elem // 16) * 16 // elem
 
 
-def _offsets(ws, shard_sizes: list[int], device: torch.device) -> torch.Tensor:
-    """Device table of chunk start rows (cached per shard layout: no upload per call)."""
-    cache = ws.__dict__.setdefault("offsets", {})
-    key = tuple(shard_sizes)
-    if key not in cache:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise DitronError(f"ditron.ag_gemm: shard_sizes {list(key)} first seen during CUDA-graph "
-                              "capture; run the op once with them before capturing")
-        table = torch.tensor(list(itertools.accumulate((0,) + key)), dtype=torch.int32)
-        cache[key] = table.to(device)
-    return cache[key]
-
-
 def side_stream(group: Group) -> torch.cuda.Stream:
     stream = getattr(group, "_ag_gemm_side_stream", None)
     if stream is None:
@@ -205,7 +192,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
                           "peer tensors for copy-engine transfers")
     buf = data.local.view(a.dtype)
     a_desc = TensorDescriptor(buf, [m, k], [pitch, 1], [cfg.block_m, cfg.block_k])
-    offsets = _offsets(ws, shard_sizes, a.device)
+    offsets = ws.row_offsets(shard_sizes, "ag_gemm")
     rows, first = shard_sizes[rank], sum(shard_sizes[:rank])
     src = a if a.is_contiguous() and pitch == k else _padded_rows(a, pitch)
     record, claim = group._error_tensors()
@@ -272,6 +259,10 @@ def _warmup(device: torch.device) -> None:
             torch.cuda.synchronize(device)
             if int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64)):
                 raise RuntimeError(f"ditron: ag_gemm warm-up failed for {dtype} (kernel bug)")
+        for b in (a.clone(), a.clone().t()):  # fp32 products (gemm_rs references, baselines)
+            out = torch.empty(64, 64, dtype=torch.float32, device=device)
+            launch_consumer(a_desc, b, out, None, group=None, wait=False, sig=sig, offsets=offsets,
+                            claim=claim, record=record, m=64, programs=1)
     ag_start_kernel[(1,)](sig, sig_table, claim, record, 0, 1, 64, 10**6, 0)
     torch.cuda.synchronize(device)
     if int(record[0]) != 0:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .. import _env
-from ..errors import DitronError, DitronTimeoutError
+from ..errors import DitronTimeoutError
 from .group import Group, SymmetricBuffer, register_group, unregister_group, using_group
 from .warmup import warmup
 

@@ -15,10 +15,12 @@ waited for that peer's ``e + 1`` arrival, which the peer sends after it finished
 """
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import torch
 
+from ..errors import DitronError
 from .group import Group, SymmetricBuffer
 
 _MIN_DATA_BYTES = 1 << 20
@@ -73,6 +75,20 @@ class Workspace:
             self.data = None
         self.data = group.alloc_symmetric(grown)
         return self.data
+
+    def row_offsets(self, sizes, op: str) -> torch.Tensor:
+        """Device ``int32 [W+1]`` table of first rows (``[0, s0, s0+s1, ...]``), cached per
+        layout so no call uploads it; a new layout during CUDA-graph capture raises."""
+        cache = self.__dict__.setdefault("_offsets", {})
+        key = tuple(int(s) for s in sizes)
+        if key not in cache:
+            device = self.group.device
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise DitronError(f"ditron.{op}: row layout {list(key)} first seen during CUDA-graph "
+                                  "capture; run the op once with these sizes before capturing")
+            table = torch.tensor(list(itertools.accumulate((0,) + key)), dtype=torch.int32)
+            cache[key] = table.to(device)
+        return cache[key]
 
     def release(self) -> None:
         """Collective free of both buffers."""

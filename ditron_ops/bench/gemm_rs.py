@@ -1,0 +1,116 @@
+"""Bench ``gemm_rs``: deterministic cost, the batch-invariant GEMM vs cuBLAS, fused overhead.
+
+Cases (one run, one GPU)::
+
+    invariant   our fixed-configuration GEMM (the deterministic path's core; fp32 products as the
+                fused kernels make them) vs cuBLAS (bf16 out) for M in {1, 16, 128, 1024, 8192}
+                on the GEMM-RS local shapes [M, N/8] @ [N/8, K]
+    present     gemm_rs fused at W=1 (partials stored into the own buffer, rank-ordered finish)
+                vs our plain GEMM of the same shape: the fused path's own overhead
+    det         deterministic (fused, rank ordered) vs default (impl=auto: all_gather-free
+                baseline matmul + reduce_scatter / all_reduce) on the virtual world, W ranks
+    ar          gemm_ar one-shot vs two-shot on the virtual world, M sweep (the auto rule)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..ag_gemm import matmul
+from ..gemm_rs import gemm_ar, gemm_rs
+from ..runtime.virtual import launch
+from .harness import BenchConfig, Result, register, time_spmd
+from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
+
+_MS = (1, 16, 128, 1024, 8192)
+
+
+def _shapes(quick: bool) -> dict[tuple[int, int], str]:
+    """Distinct GEMM-RS local (K_r = N/8, N_out = K) pairs with their models."""
+    out: dict[tuple[int, int], str] = {}
+    for name, s in LAYER_CONFIGS.items():
+        key = (s.n // DEFAULT_WORLD_SIZE, s.k)
+        out[key] = f"{out[key]},{name}" if key in out else name
+        if quick:
+            break
+    return out
+
+
+def _inputs(m, k, n, dtype, device, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    a = (torch.randn(m, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=device)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=device)
+    return a, w.t()
+
+
+def _geo(rows: list[Result], case: str) -> Result:
+    logs = [math.log(r.ratio) for r in rows if r.ratio == r.ratio and r.ratio > 0]
+    return Result("gemm_rs", case, rows[0].world_size, rows[0].dtype, rows[0].impl, 1.0,
+                  rows[0].baseline, math.exp(sum(logs) / len(logs)) if logs else math.nan,
+                  shape="geo-mean")
+
+
+def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
+    inv, present = [], []
+    for (k, n), models in _shapes(cfg.quick).items():
+        for m in ((8, 64) if cfg.quick else _MS):
+            a, b = _inputs(m, k, n, cfg.dtype, group.device)
+            f32 = torch.empty(m, n, dtype=torch.float32, device=group.device)
+            t_ours = time_spmd(group, lambda: matmul(a, b, out=f32), rounds=cfg.rounds, target_ms=cfg.target_ms)
+            t_cublas = time_spmd(group, lambda: a @ b, rounds=cfg.rounds, target_ms=cfg.target_ms)
+            r = Result("gemm_rs", f"invariant M={m}", 1, cfg.dtype_name, "batch-invariant GEMM (fp32 out)",
+                       t_ours, "cuBLAS a @ b", t_cublas, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models)
+            inv.append(r)
+            out.append(r)
+        m = 64 if cfg.quick else DEFAULT_M
+        a, b = _inputs(m, k, n, cfg.dtype, group.device)
+        t_plain = time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
+        t_fused = time_spmd(group, lambda: gemm_rs(a, b, group, deterministic=True, impl="fused"),
+                            rounds=cfg.rounds, target_ms=cfg.target_ms)
+        r = Result("gemm_rs", "present W=1", 1, cfg.dtype_name, "gemm_rs fused", t_fused,
+                   "our plain GEMM", t_plain, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
+                   extra={"overhead_pct": round(100 * (t_fused / t_plain - 1), 2)})
+        present.append(r)
+        out.append(r)
+    out.append(_geo(inv, "invariant"))
+    out.append(_geo(present, "present W=1"))
+
+
+def _virtual(cfg: BenchConfig, out: list[Result], world: int) -> None:
+    (k, n), models = next(iter(_shapes(True).items()))  # LLaMA-7B GEMM-RS: [M, 1376] @ [1376, 4096]
+
+    def body(group):
+        rows = []
+        for m in ((64,) if cfg.quick else (128, 1024, 8192)):
+            a, b = _inputs(m, k, n, cfg.dtype, group.device, seed=group.rank)
+            for name, op in (("gemm_rs", gemm_rs), ("gemm_ar", gemm_ar)):
+                t_det = time_spmd(group, lambda: op(a, b, group, deterministic=True), rounds=cfg.rounds,
+                                  target_ms=cfg.target_ms)
+                t_def = time_spmd(group, lambda: op(a, b, group), rounds=cfg.rounds, target_ms=cfg.target_ms)
+                rows.append(Result("gemm_rs", f"det {name} M={m}", world, cfg.dtype_name,
+                                   f"{name} deterministic", t_det, f"{name} default (baseline)", t_def,
+                                   shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
+                                   extra={"det_cost": round(t_det / t_def, 3)}))
+            t1 = time_spmd(group, lambda: gemm_ar(a, b, group, deterministic=True, algorithm="one_shot"),
+                           rounds=cfg.rounds, target_ms=cfg.target_ms)
+            t2 = time_spmd(group, lambda: gemm_ar(a, b, group, deterministic=True, algorithm="two_shot"),
+                           rounds=cfg.rounds, target_ms=cfg.target_ms)
+            rows.append(Result("gemm_rs", f"ar one-shot M={m}", world, cfg.dtype_name, "gemm_ar one_shot",
+                               t1, "gemm_ar two_shot", t2, shape=f"{m}x{n}x{k}", m=m, n=n, k=k,
+                               model=models, extra={"product_bytes": m * n * 4}))
+        return rows
+
+    out.extend(launch(body, world, cfg.device)[0])
+
+
+@register("gemm_rs", help="gemm_rs/gemm_ar: batch-invariant GEMM vs cuBLAS, fused overhead, "
+                          "deterministic cost, one- vs two-shot", world_sizes=(4,), quick_world_sizes=(2,))
+def run(cfg: BenchConfig) -> list[Result]:
+    if cfg.device.type != "cuda":
+        raise SystemExit("ditron.bench gemm_rs: needs a CUDA GPU (TMA GEMM)")
+    out: list[Result] = []
+    launch(lambda g: _single(g, cfg, out), 1, cfg.device)
+    for world in cfg.world_sizes:
+        _virtual(cfg, out, world)
+    return out

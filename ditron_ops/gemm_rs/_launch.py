@@ -1,0 +1,100 @@
+"""Host side of gemm_rs / gemm_ar: workspace, descriptors, the three launches of one call."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .. import _env
+from ..ag_gemm._kernels import ag_start_kernel
+from ..ag_gemm._launch import (_padded_copy, _sm_count, _tma_ok, b_descriptor, consumer_programs,
+                               tile_config)
+from ..runtime.group import Group, op_id
+from ..runtime.warmup import register_warmup
+from ._kernels import gemm_scatter_kernel, reduce_finish_kernel
+
+PURPOSE = "gemm_reduce"
+_FINISH_BLOCK = dict(BLOCK_R=8, BLOCK_C=256)
+
+
+def finish_programs(group: Group) -> int:
+    """Programs of the finish kernel: this rank's share of the SMs (they wait, so all ranks'
+    programs must fit on the GPU together)."""
+    if group.device.type != "cuda":
+        return 1
+    ranks_here = group.world_size if group.backend == "virtual" else 1
+    return max(1, _sm_count(group.device.index) // ranks_here)
+
+
+def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows: list[int],
+          *, broadcast: bool, op: str) -> torch.Tensor:
+    """One call: start barrier, scattered partial GEMM, rank-ordered reduction into ``out``.
+
+    ``rows[s]``: rows of the product owned by rank s (reduce-scatter). ``broadcast``: every rank
+    receives every partial and reduces all rows (one-shot all-reduce; ``rows`` unused).
+    """
+    group.check()
+    ws = group.workspace(PURPOSE)
+    cfg = tile_config(a.device)
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    w, rank = group.world_size, group.rank
+    slot_rows = m if broadcast else max(rows)
+    data = ws.ensure_data(max(1, w * slot_rows * n * 4))
+    buf = data.local.view(torch.float32)
+    offsets = ws.row_offsets([m] * w if broadcast else rows, op)
+    if not _tma_ok(a):
+        a = _padded_copy(a)
+    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, cfg.block_k])
+    b_desc, b_kn = b_descriptor(b, cfg)
+    record, claim = group._error_tensors()
+    sig = ws.signal_pad()
+    my_rows = m if broadcast else rows[rank]
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    ws.calls += 1
+    with group.waiting_launch(op, ws.calls):
+        ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, my_rows,
+                              group.timeout_us(), op_id(op))
+        gemm_scatter_kernel[(consumer_programs(a.device, group, tiles),)](
+            a_desc, b_desc, buf, data.ptr_table, offsets, m, n, k, slot_rows, rank, w,
+            BROADCAST=broadcast, B_KN=b_kn, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
+        reduce_finish_kernel[(finish_programs(group),)](
+            buf, out, sig, ws.signal.ptr_table, claim, record, my_rows, n,
+            out.stride(0), slot_rows, rank, w, group.timeout_us(), op_id(op), **_FINISH_BLOCK)
+    if _env.sync_check():
+        group.synchronize()
+    return out
+
+
+def _warmup(device: torch.device) -> None:
+    """Compile every variant (dtype x B layout x broadcast, finish per dtype) as a one-rank call."""
+    cfg = tile_config(device)
+    sig = torch.zeros(16, dtype=torch.int64, device=device)
+    sig[0:4] = torch.tensor([1, 1, 0, 1])  # W=1: flag[0] = epoch = 1, start count 1
+    sig_table = torch.tensor([sig.data_ptr()], dtype=torch.int64, device=device)
+    offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
+    claim = torch.zeros(1, dtype=torch.int64, device=device)
+    record = torch.zeros(8, dtype=torch.int64, pin_memory=True)
+    buf = torch.zeros(64 * 64, dtype=torch.float32, device=device)
+    table = torch.tensor([buf.data_ptr()], dtype=torch.int64, device=device)
+    for dtype in (torch.float16, torch.bfloat16):
+        a = torch.ones(64, 64, dtype=dtype, device=device)
+        a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
+        for b, broadcast in itertools.product((a.clone(), a.clone().t()), (False, True)):
+            b_desc, b_kn = b_descriptor(b, cfg)
+            gemm_scatter_kernel[(1,)](a_desc, b_desc, buf, table, offsets, 64, 64, 64, 64, 0, 1,
+                                      BROADCAST=broadcast, B_KN=b_kn, BLOCK_M=cfg.block_m,
+                                      BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                      GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
+                                      num_stages=cfg.num_stages)
+        out = torch.empty(64, 64, dtype=dtype, device=device)
+        reduce_finish_kernel[(1,)](buf, out, sig, sig_table, claim, record, 64, 64, 64, 64, 0, 1,
+                                   10**6, 0, **_FINISH_BLOCK)
+        torch.cuda.synchronize(device)
+        if int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64)):
+            raise RuntimeError(f"ditron: gemm_rs warm-up failed for {dtype} (kernel bug)")
+
+
+register_warmup(PURPOSE, _warmup)

@@ -1,0 +1,50 @@
+"""Checks of ``gemm_rs`` / ``gemm_ar`` against the order-exact reference (CPU, GPU, self-check).
+
+The order-exact reference sums every rank's fp32 product from our fixed-configuration GEMM
+(``ag_gemm.matmul`` with an fp32 output) in rank order and rounds once, exactly what the fused
+kernels promise, so the comparison is ``torch.equal``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from .. import reference
+from ..ag_gemm import matmul
+from ..gemm_rs import gemm_ar, gemm_rs
+from ..runtime.group import Group
+from ..runtime.split import split_sizes
+
+
+def gemm_rs_inputs(group: Group, m: int, n: int, k: int, dtype: torch.dtype, weight_layout: bool = True,
+                   seed: int = 0):
+    """(a [M, K_r], b [K_r, N]) of this rank; ``b = w.t()`` of a ``[N, K_r]`` weight if asked."""
+    gen = torch.Generator(device="cpu").manual_seed(seed * 1000 + group.rank)
+    scale = max(k, 1) ** -0.25
+    a = (torch.randn(m, k, generator=gen) * scale).to(dtype=dtype, device=group.device)
+    shape = (n, k) if weight_layout else (k, n)
+    b = (torch.randn(shape, generator=gen) * scale).to(dtype=dtype, device=group.device)
+    return a, (b.t() if weight_layout else b)
+
+
+def order_exact(a: torch.Tensor, b: torch.Tensor, group: Group) -> torch.Tensor:
+    """``Σ_r a_r @ b_r``: fp32 products of our GEMM summed in rank order, rounded once."""
+    part = matmul(a, b, out=torch.empty(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device))
+    return reference.rank_ordered_sum(reference.gather_tensors(part, group), a.dtype)
+
+
+def check_gemm_reduce(group: Group, m: int, n: int, k: int, dtype: torch.dtype, *,
+                      weight_layout: bool = True, algorithm: str = "auto",
+                      shard_sizes: Optional[Sequence[int]] = None, seed: int = 0) -> bool:
+    """gemm_rs and gemm_ar (fused, deterministic) must equal the order-exact reference bitwise."""
+    a, b = gemm_rs_inputs(group, m, n, k, dtype, weight_layout, seed)
+    rows = list(shard_sizes) if shard_sizes is not None else split_sizes(m, group.world_size)
+    rs = gemm_rs(a, b, group, deterministic=True, impl="fused", shard_sizes=rows)
+    ar = gemm_ar(a, b, group, deterministic=True, impl="fused", algorithm=algorithm)
+    want = order_exact(a, b, group)
+    group.synchronize()
+    start = sum(rows[:group.rank])
+    assert torch.equal(rs, want[start:start + rows[group.rank]]), f"rank {group.rank}: gemm_rs differs"
+    assert torch.equal(ar, want), f"rank {group.rank}: gemm_ar ({algorithm}) differs"
+    return True

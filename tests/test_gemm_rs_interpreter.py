@@ -1,0 +1,147 @@
+"""gemm_rs / gemm_ar on the CPU virtual world (interpreter): order-exact results, determinism,
+batch invariance, arrival-order independence, torch integration and autograd."""
+import time
+
+import pytest
+import torch
+
+import ditron_ops
+from ditron_ops import reference
+from ditron_ops.testing.gemm_rs_checks import check_gemm_reduce, gemm_rs_inputs, order_exact
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("world_size,m,n,k", [(1, 7, 5, 9), (2, 9, 11, 7), (3, 17, 20, 33), (4, 3, 6, 5)])
+def test_order_exact(world_size, m, n, k, dtype):
+    for algorithm in ("one_shot", "two_shot"):
+        ditron_ops.launch(lambda g: check_gemm_reduce(g, m, n, k, dtype, algorithm=algorithm,
+                                                      weight_layout=world_size % 2 == 0), world_size)
+
+
+def test_custom_shard_sizes():
+    ditron_ops.launch(lambda g: check_gemm_reduce(g, 10, 6, 8, torch.float32, shard_sizes=[7, 0, 3]), 3)
+
+
+def test_baseline_matches_reference():
+    def body(group):
+        a, b = gemm_rs_inputs(group, 12, 9, 10, torch.float32)
+        want = reference.all_reduce(a @ b, group)
+        rs = ditron_ops.gemm_rs(a, b, group, impl="baseline")
+        ar = ditron_ops.gemm_ar(a, b, group, impl="baseline")
+        torch.testing.assert_close(ar, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rs, want[6 * group.rank:6 * group.rank + 6], rtol=1e-5, atol=1e-5)
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+def test_run_to_run_bitwise_100_repeats():
+    def body(group):
+        a, b = gemm_rs_inputs(group, 6, 5, 7, torch.float32, seed=3)
+        with ditron_ops.deterministic():
+            first_rs, first_ar = ditron_ops.gemm_rs(a, b, group), ditron_ops.gemm_ar(a, b, group)
+            for _ in range(100):
+                assert torch.equal(ditron_ops.gemm_rs(a, b, group), first_rs)
+                assert torch.equal(ditron_ops.gemm_ar(a, b, group), first_ar)
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+def test_batch_invariance():
+    """Row i of the result depends only on row i of a: op(a[:k]) == op(a)[:k]."""
+    def body(group):
+        a, b = gemm_rs_inputs(group, 23, 9, 13, torch.float32, seed=5)
+        full = ditron_ops.gemm_ar(a, b, group, deterministic=True)
+        for k in (1, 2, 3, 5, 8, 13, 17, 23):
+            assert torch.equal(ditron_ops.gemm_ar(a[:k], b, group, deterministic=True), full[:k]), k
+            rows = ditron_ops.gemm_rs(a[:k], b, group, deterministic=True)
+            start = sum(ditron_ops.split_sizes(k, group.world_size)[:group.rank])
+            assert torch.equal(rows, full[start:start + rows.shape[0]]), k
+        return True
+    assert ditron_ops.launch(body, 3) == [True] * 3
+
+
+def test_arrival_order_independence():
+    def body(group, delays):
+        a, b = gemm_rs_inputs(group, 11, 7, 9, torch.float32, seed=9)
+        time.sleep(delays[group.rank])
+        return ditron_ops.gemm_ar(a, b, group, deterministic=True)
+    quick = ditron_ops.launch(body, 3, args=([0.0, 0.0, 0.0],))
+    skewed = ditron_ops.launch(body, 3, args=([0.3, 0.0, 0.15],))
+    reversed_ = ditron_ops.launch(body, 3, args=([0.0, 0.15, 0.3],))
+    for got in (skewed, reversed_):
+        assert all(torch.equal(x, y) for x, y in zip(got, quick))
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (dict(a=torch.zeros(4, 3, dtype=torch.int64)), TypeError, "dtype"),
+    (dict(b=torch.zeros(5, 6)), ValueError, "K_r must match"),
+    (dict(impl="x"), ValueError, "impl must be"),
+    (dict(shard_sizes=[1, 1]), ValueError, "must sum to M"),
+    (dict(deterministic="yes"), TypeError, "deterministic"),
+])
+def test_validation(bad, exc, match):
+    def body(group):
+        args = dict(a=torch.zeros(4, 3), b=torch.zeros(3, 6), impl="fused", shard_sizes=None,
+                    deterministic=None)
+        args.update(bad)
+        with pytest.raises(exc, match=match):
+            ditron_ops.gemm_rs(args.pop("a"), args.pop("b"), group, **args)
+        assert group._workspaces == {}
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+def _opcheck(group):
+    a, b = torch.randn(6, 5), torch.randn(5, 4)
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(torch.ops.ditron.gemm_rs.default, (a, b, group.group_name, [6], True, "fused"),
+                          test_utils=utils)
+    torch.library.opcheck(torch.ops.ditron.gemm_ar.default,
+                          (a, b, group.group_name, False, "fused", "one_shot"), test_utils=utils)
+    return True
+
+
+def test_opcheck():
+    assert ditron_ops.launch(_opcheck, 1) == [True]
+
+
+def test_compile_fullgraph():
+    def body(group):
+        a, b = torch.randn(6, 5), torch.randn(5, 4)
+
+        def step(x):
+            return ditron_ops.gemm_ar(x.relu(), b, group, deterministic=True, impl="fused") * 2
+
+        torch._dynamo.reset()
+        return torch.equal(torch.compile(step, fullgraph=True)(a), step(a))
+    assert ditron_ops.launch(body, 1) == [True]
+
+
+def test_autograd_tensor_parallel_mlp():
+    """y = gemm_rs(ag_gemm(x, w1), w2): gradients vs the single-process reference."""
+    def body(group):
+        w, r = group.world_size, group.rank
+        sizes = [3, 5, 4][:w]
+        gen = torch.Generator().manual_seed(7)
+        x_full = torch.randn(sum(sizes), 6, generator=gen)
+        w1_full = torch.randn(6, 4 * w, generator=gen)   # column shards
+        w2_full = torch.randn(4 * w, 6, generator=gen)   # row shards
+        g_full = torch.randn(sum(sizes), 6, generator=gen)
+        start = sum(sizes[:r])
+        x = x_full[start:start + sizes[r]].clone().requires_grad_()
+        w1 = w1_full[:, 4 * r:4 * r + 4].clone().requires_grad_()
+        w2 = w2_full[4 * r:4 * r + 4].clone().requires_grad_()
+        h = ditron_ops.ag_gemm(x, w1, group, impl="fused", shard_sizes=sizes)
+        y = ditron_ops.gemm_rs(h, w2, group, impl="fused", shard_sizes=sizes)
+        (y * g_full[start:start + sizes[r]]).sum().backward()
+        xr = x_full.clone().requires_grad_()
+        w1r, w2r = w1_full.clone().requires_grad_(), w2_full.clone().requires_grad_()
+        ((xr @ w1r @ w2r) * g_full).sum().backward()
+        close = lambda p, q: torch.allclose(p, q, rtol=1e-4, atol=1e-4)  # noqa: E731
+        return (close(y, (x_full @ w1_full @ w2_full)[start:start + sizes[r]]),
+                close(x.grad, xr.grad[start:start + sizes[r]]),
+                close(w1.grad, w1r.grad[:, 4 * r:4 * r + 4]),
+                close(w2.grad, w2r.grad[4 * r:4 * r + 4]))
+    assert ditron_ops.launch(body, 3) == [(True, True, True, True)] * 3
