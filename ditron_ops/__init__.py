@@ -5,6 +5,7 @@ Importing registers the ``torch.ops.ditron.*`` ops; nothing else happens at impo
 from . import reference
 from .ag_gemm import ag_gemm
 from .gemm_rs import gemm_ar, gemm_rs
+from .flash_decode import flash_decode
 from .collectives import all_gather, all_reduce, reduce_scatter
 from .deterministic import deterministic, is_deterministic
 from .errors import DitronError, DitronSizeMismatchError, DitronTimeoutError
@@ -14,6 +15,6 @@ from .runtime.nvshmem_backend import finalize_nvshmem, init_nvshmem, nvshmem_ava
 
 __version__ = "0.1.0"
 
-__all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "all_gather", "reduce_scatter", "all_reduce", "launch", "Group", "VirtualGroup",
+__all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode", "all_gather", "reduce_scatter", "all_reduce", "launch", "Group", "VirtualGroup",
            "TorchGroup", "init_nvshmem", "finalize_nvshmem", "nvshmem_available", "current_group", "set_default_group", "split_sizes", "deterministic",
            "is_deterministic", "DitronError", "DitronTimeoutError", "DitronSizeMismatchError"]

@@ -101,6 +101,24 @@ def _gemm_reduce_check(op: str, algorithm: str = "auto"):
     return check
 
 
+def _flash_decode_check(group: Group, dtype: torch.dtype) -> tuple:
+    from .flash_decode import flash_decode
+    from .reference import flash_decode as reference_decode
+
+    gpu = group.device.type == "cuda"
+    b, hq, hkv, d, s_max = (4, 32, 8, 128, 4096) if gpu else (2, 4, 2, 64, 40)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, hq, d, generator=gen).to(dtype=dtype, device=group.device)
+    gen = torch.Generator().manual_seed(1 + group.rank)
+    k = torch.randn(b, s_max, hkv, d, generator=gen).to(dtype=dtype, device=group.device)
+    v = torch.randn(b, s_max, hkv, d, generator=gen).to(dtype=dtype, device=group.device)
+    lens = torch.tensor([(s_max - 13 * (i + group.rank)) * ((i + group.rank) % 3 != 2) for i in range(b)],
+                        dtype=torch.int32, device=group.device)
+    run = lambda: flash_decode(q, k, v, lens, group, deterministic=True)  # noqa: E731
+    return run(), reference_decode(q, k, v, lens, group), run, 2e-2 if gpu else 1e-5
+
+
+register_check("flash_decode", _flash_decode_check)
 register_check("gemm_rs (determ.)", _gemm_reduce_check("gemm_rs"))
 register_check("gemm_ar one_shot", _gemm_reduce_check("gemm_ar", "one_shot"))
 register_check("gemm_ar two_shot", _gemm_reduce_check("gemm_ar", "two_shot"))

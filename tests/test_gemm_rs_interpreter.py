@@ -7,7 +7,7 @@ import torch
 
 import ditron_ops
 from ditron_ops import reference
-from ditron_ops.testing.gemm_rs_checks import check_gemm_reduce, gemm_rs_inputs, order_exact
+from ditron_ops.testing.gemm_rs_checks import check_gemm_reduce, gemm_rs_inputs
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
 

@@ -84,3 +84,4 @@ def dist_all_reduce(x: torch.Tensor, group: Group) -> torch.Tensor:
     out = x.clone()
     dist.all_reduce(out, group=group.pg)
     return out
+

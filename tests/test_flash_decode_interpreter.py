@@ -1,0 +1,86 @@
+"""flash_decode on the CPU virtual world (interpreter) vs attention over the gathered KV."""
+import pytest
+import torch
+
+import ditron_ops
+from ditron_ops import reference
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+def _inputs(group, b, hq, hkv, d, s_max, dtype, lens, seed=0):
+    gen_q = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, d, generator=gen_q).to(dtype)
+    gen = torch.Generator().manual_seed(seed * 100 + group.rank)
+    k = torch.randn(b, s_max, hkv, d, generator=gen).to(dtype)
+    v = torch.randn(b, s_max, hkv, d, generator=gen).to(dtype)
+    return q, k, v, torch.tensor([lens(i, group.rank) for i in range(b)], dtype=torch.int32)
+
+
+def _check(group, b, hq, hkv, d, s_max, dtype, lens):
+    q, k, v, kv_lens = _inputs(group, b, hq, hkv, d, s_max, dtype, lens)
+    out = ditron_ops.flash_decode(q, k, v, kv_lens, group, deterministic=True)
+    want = reference.flash_decode(q, k, v, kv_lens, group)
+    err = (out.float() - want.float()).abs().max().item()
+    assert err <= TOL[dtype] * max(1.0, want.float().abs().max().item()), err
+    return err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("world_size,b,hq,hkv,d", [(1, 1, 2, 2, 64), (2, 2, 4, 1, 64), (3, 3, 8, 2, 128),
+                                                   (4, 2, 4, 4, 64)])
+def test_matches_reference_uneven_lens(world_size, b, hq, hkv, d, dtype):
+    lens = lambda i, r: (5 * i + 11 * r) % 23 if (i + r) % 3 else 0  # noqa: E731  (0 on some ranks)
+    ditron_ops.launch(_check, world_size, args=(b, hq, hkv, d, 24, dtype, lens))
+
+
+def test_long_cache_several_chunks():
+    ditron_ops.launch(_check, 2, args=(1, 2, 1, 64, 1100, torch.float32, lambda i, r: 1100 - 77 * r))
+
+
+def test_batch_invariance_and_run_to_run():
+    def body(group):
+        q, k, v, lens = _inputs(group, 4, 4, 2, 64, 40, torch.float32, lambda i, r: 9 + 7 * i + r, seed=3)
+        full = ditron_ops.flash_decode(q, k, v, lens, group, deterministic=True)
+        for _ in range(3):
+            assert torch.equal(ditron_ops.flash_decode(q, k, v, lens, group, deterministic=True), full)
+        for sel in ([0], [2], [1, 3], [3, 0]):
+            part = ditron_ops.flash_decode(q[sel], k[sel], v[sel], lens[sel], group, deterministic=True)
+            assert torch.equal(part, full[sel]), sel
+        # a longer cache (more empty chunks) changes nothing
+        pad = torch.cat([k, torch.randn(4, 600, 2, 64)], dim=1), torch.cat([v, torch.randn(4, 600, 2, 64)], dim=1)
+        assert torch.equal(ditron_ops.flash_decode(q, *pad, lens, group, deterministic=True), full)
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (dict(q=torch.zeros(2, 4, 32)), ValueError, "head_dim"),
+    (dict(q=torch.zeros(2, 3, 64)), ValueError, "multiple of Hkv"),
+    (dict(kv_lens=torch.zeros(2)), TypeError, "dtype"),
+    (dict(kv_lens=torch.zeros(3, dtype=torch.int32)), ValueError, "disagree"),
+    (dict(q=torch.zeros(2, 4, 64, dtype=torch.int32)), TypeError, "dtype"),
+])
+def test_validation(bad, exc, match):
+    def body(group):
+        args = dict(q=torch.zeros(2, 4, 64), k=torch.zeros(2, 8, 2, 64), v=torch.zeros(2, 8, 2, 64),
+                    kv_lens=torch.zeros(2, dtype=torch.int32))
+        args.update(bad)
+        with pytest.raises(exc, match=match):
+            ditron_ops.flash_decode(args["q"], args["k"], args["v"], args["kv_lens"], group)
+        assert group._workspaces == {}
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+def test_opcheck_and_compile():
+    def body(group):
+        q, k, v, lens = _inputs(group, 2, 4, 2, 64, 16, torch.float32, lambda i, r: 10 + i)
+        utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+        torch.library.opcheck(torch.ops.ditron.flash_decode.default,
+                              (q, k, v, lens, group.group_name, 0.125, True), test_utils=utils)
+        step = lambda x: ditron_ops.flash_decode(x * 1.0, k, v, lens, group, deterministic=True)  # noqa: E731
+        torch._dynamo.reset()
+        return torch.equal(torch.compile(step, fullgraph=True)(q), step(q))
+    assert ditron_ops.launch(body, 1) == [True]
