@@ -2,10 +2,17 @@
 
 Default: a virtual world of 4 ranks on the GPU if there is one, else 2 ranks on the CPU with the
 kernels in the Triton interpreter (plus the torch reference path they are compared with).
+
+Under ``torchrun`` (``WORLD_SIZE > 1``) every process is one rank instead: on GPUs the nvshmem
+backend (when nvshmem4py is installed, else the torch backend over NCCL), on CPUs the torch
+backend over gloo; rank 0 prints the table::
+
+    torchrun --nproc-per-node 8 -m ditron_ops
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -24,6 +31,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default bf16 on GPU, fp32 on CPU")
     args = parser.parse_args(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _distributed(args)
     _env.prepare_cuda_for_virtual_ranks()
     gpu = torch.cuda.is_available() and not _env.use_interpreter()
     device = "cuda" if gpu else "cpu"
@@ -34,6 +43,10 @@ def main(argv=None) -> int:
     print(f"ditron_ops self-check: {where}; torch {torch.__version__}, triton {triton.__version__}")
     print(f"virtual world of {world} ranks, dtype {str(dtype).replace('torch.', '')}\n")
     rows = launch(run_checks, world, device=device, args=(dtype, 5 if gpu else 2))[0]
+    return _report(rows, world)
+
+
+def _report(rows, world: int) -> int:
     print(f"{'op':<22} {'world':>5} {'max |err|':>10} {'ok':>6} {'time/call':>12}")
     for name, err, t_us, exact in rows:
         print(f"{name:<22} {world:>5} {err:>10.3g} {str(exact):>6} {t_us:>10.1f}us")
@@ -41,6 +54,34 @@ def main(argv=None) -> int:
     print("\nall ops match the reference (collectives bitwise, GEMMs within their dtype's tolerance)"
           if ok else "\nMISMATCH against the reference")
     return 0 if ok else 1
+
+
+def _distributed(args) -> int:
+    """One rank per process (torchrun): nvshmem on GPUs when available, else torch.distributed."""
+    import torch.distributed as dist
+
+    from .runtime.nvshmem_backend import finalize_nvshmem, init_nvshmem, nvshmem_available
+    from .runtime.torch_backend import TorchGroup
+
+    gpu = torch.cuda.is_available() and not _env.use_interpreter()
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if gpu else "gloo")
+    use_nvshmem = gpu and nvshmem_available()
+    group = init_nvshmem() if use_nvshmem else TorchGroup()
+    dtype = DTYPES[args.dtype or ("bf16" if gpu else "fp32")]
+    if group.rank == 0:
+        print(f"ditron_ops self-check: {group.world_size} processes, {group.backend} backend, "
+              f"{'GPU ' + torch.cuda.get_device_name() if gpu else 'CPU'}; torch {torch.__version__}, "
+              f"triton {triton.__version__}; dtype {str(dtype).replace('torch.', '')}\n")
+    try:
+        rows = run_checks(group, dtype, 5 if gpu else 2)
+    finally:
+        if use_nvshmem:
+            finalize_nvshmem(group)
+    code = _report(rows, group.world_size) if group.rank == 0 else 0
+    dist.destroy_process_group()
+    return code
 
 
 if __name__ == "__main__":

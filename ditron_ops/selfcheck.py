@@ -78,7 +78,7 @@ def _ag_gemm_check(group: Group, dtype: torch.dtype) -> tuple:
     return run(), ref, run, REL_TOL[dtype]
 
 
-register_check("ag_gemm (fused)", _ag_gemm_check)
+register_check("ag_gemm", _ag_gemm_check)
 
 
 def _gemm_reduce_check(op: str, algorithm: str = "auto"):

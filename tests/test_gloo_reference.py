@@ -31,3 +31,17 @@ def test_torch_backend_over_gloo(world_size):
     results = run_gloo(_ops_on_torch_group, world_size, args=(7, 5))
     for rank, checks in enumerate(results):
         assert all(checks.values()), (rank, checks)
+
+
+def _self_checks(group):
+    from ditron_ops.selfcheck import run_checks
+
+    return [(name, ok) for name, _, _, ok in run_checks(group, torch.float32, 1)]
+
+
+def test_every_op_over_gloo():
+    """Every registered self-check (ag_gemm, gemm_rs/ar, flash_decode, collectives) on the
+    torch backend: the paths a torchrun job without symmetric memory takes."""
+    results = run_gloo(_self_checks, 2)
+    for rank, rows in enumerate(results):
+        assert rows and all(ok for _, ok in rows), (rank, rows)

@@ -139,7 +139,7 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
     lse_part = torch.empty(b * hq * num_chunks, dtype=torch.float32, device=q.device)
     _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, chunk, num_chunks)
     if not group.has_symmetric_memory:
-        raise NotImplementedError("ditron.flash_decode needs symmetric memory (virtual or nvshmem group)")
+        return _merge_over_process_group(group, o_part, lse_part, b, hq, d, num_chunks).to(q.dtype)
     group.check()
     ws = group.workspace(PURPOSE)
     w, rank = group.world_size, group.rank
@@ -158,6 +158,35 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
     if _env.sync_check():
         group.synchronize()
     return out
+
+
+def _fold(o_acc: torch.Tensor, lse_acc: torch.Tensor, o_new: torch.Tensor, lse_new: torch.Tensor):
+    """The kernels' merge of two partials (fp32), vectorised over (batch, head) pairs."""
+    top = torch.maximum(lse_acc, lse_new)
+    safe = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    lse = safe + torch.log(torch.exp(lse_acc - safe) + torch.exp(lse_new - safe))
+    merged = o_acc * torch.exp(lse_acc - lse)[:, None] + o_new * torch.exp(lse_new - lse)[:, None]
+    empty_new, empty_acc = torch.isneginf(lse_new), torch.isneginf(lse_acc)
+    o = torch.where(empty_new[:, None], o_acc, torch.where(empty_acc[:, None], o_new, merged))
+    return o, torch.where(empty_new, lse_acc, torch.where(empty_acc, lse_new, lse))
+
+
+def _merge_over_process_group(group: Group, o_part, lse_part, b, hq, d, num_chunks) -> torch.Tensor:
+    """Groups without symmetric memory (torch backend): the same merge order in torch, the
+    per-rank partials exchanged with ``gather_tensors``."""
+    from ..reference import gather_tensors
+
+    o_part, lse_part = o_part.view(b * hq, num_chunks, d), lse_part.view(b * hq, num_chunks)
+    o = torch.zeros(b * hq, d, dtype=torch.float32, device=o_part.device)
+    lse = torch.full((b * hq,), float("-inf"), dtype=torch.float32, device=o_part.device)
+    for c in range(num_chunks):
+        o, lse = _fold(o, lse, o_part[:, c], lse_part[:, c])
+    parts = gather_tensors(torch.cat([o, lse[:, None]], dim=1), group)
+    o = torch.zeros_like(o)
+    lse = torch.full_like(lse, float("-inf"))
+    for part in parts:
+        o, lse = _fold(o, lse, part[:, :d], part[:, d])
+    return o.view(b, hq, d)
 
 
 def _fake(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic):

@@ -3,9 +3,10 @@
 The choice is made once per process (``_env.use_interpreter``) without touching Triton's global
 knobs, so importing ditron_ops changes nothing for other Triton users. In interpreter mode the
 virtual world runs ranks as threads, each interpreting its own kernel; Triton's interpreter keeps
-the program id in a process-global builder and patches ``triton.language`` per launch, so
-``_make_interpreter_thread_safe`` (applied on the first interpreted launch, only in a process
-that interprets) makes the grid index thread-local and the language patch reference-counted.
+the program id in a process-global builder, patches ``triton.language`` per launch and parses
+kernel sources on first use, so ``_make_interpreter_thread_safe`` (applied on the first
+interpreted launch, only in a process that interprets) makes the grid index thread-local, the
+language patch reference-counted and the source rewrite serialized.
 """
 from __future__ import annotations
 
@@ -76,6 +77,18 @@ def _make_interpreter_thread_safe() -> None:
             return fn(*args, **kw)
 
         JITFunction.__call__ = _call_interpreted
+
+        # The first call of each kernel parses its source (ast.parse). CPython 3.11's parser is
+        # not thread-safe ("AST constructor recursion depth mismatch", seen in CI when two
+        # virtual ranks started the same kernel together): parse one kernel at a time.
+        original_rewrite = interp.InterpretedFunction.rewrite
+        rewrite_lock = threading.RLock()
+
+        def locked_rewrite(self):
+            with rewrite_lock:
+                return original_rewrite(self)
+
+        interp.InterpretedFunction.rewrite = locked_rewrite
         _shim_installed = True
 
 
