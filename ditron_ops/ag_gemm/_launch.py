@@ -204,7 +204,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
             dst = (rank + i) % w
             if rows:
                 region = data.peers[dst].view(a.dtype)[first * pitch:(first + rows) * pitch]
-                region.copy_(src.reshape(-1)[:rows * pitch] if pitch == k else src.reshape(-1))
+                region.copy_(src.reshape(-1))  # src is [rows, pitch], contiguous
             sig_peers[dst][2 * w + rank:2 * w + rank + 1].copy_(sig[3 * w + 1:3 * w + 2])
             sig_peers[dst][rank:rank + 1].copy_(sig[3 * w:3 * w + 1])
 
