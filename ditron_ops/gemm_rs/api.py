@@ -39,8 +39,10 @@ CPU_DTYPES = (torch.float16, torch.float32)
 ONE_SHOT_MAX_BYTES = 32 << 20
 """``gemm_ar(algorithm="auto")`` is one-shot while the fp32 product ``M·N·4`` bytes is at most
 this (every rank receives W partials of it), two-shot (gemm_rs + all_gather) above. Measured on
-the H200 (virtual world W=4, [M, 1376] @ [1376, 4096]): one-shot 1.53x faster at 2 MiB, 2.03x at
-16 MiB, two-shot 1.19x faster at 128 MiB."""
+the H200 (virtual world W=4, [M, 1376] @ [1376, 4096]), final kernels: one-shot 1.84x, 1.49x and
+1.13x faster than two-shot at 2, 16 and 128 MiB (before the finish kernel was tiled, two-shot
+was 1.19x faster at 128 MiB). On one GPU both move HBM bytes; the bound keeps one-shot's W-fold
+buffer and traffic small until multi-GPU runs measure the crossover on NVLink."""
 
 
 def _check(op: str, a, b, group: Group, impl: str) -> None:
