@@ -32,8 +32,7 @@ import torch
 
 from .. import reference
 from ..collectives import all_gather, all_reduce, reduce_scatter
-from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, register, time_spmd
+from .harness import BenchConfig, Result, register, rows_over_worlds, time_spmd
 from .shapes import DEFAULT_M, hidden_sizes
 
 BASELINE = "torch reference (virtual world)"
@@ -162,11 +161,4 @@ def run(cfg: BenchConfig) -> list[Result]:
         extras ``algbw_GBps``, ``busbw_GBps``, ``base_busbw_GBps`` and ``max_abs_err`` (ours vs
         the reference, max over ranks; a sanity check, the tests check exactness).
     """
-    case_list = cases(cfg.dtype, cfg.quick)
-    results: list[Result] = []
-    for w in cfg.world_sizes:
-        per_rank = launch(_rank_body, w, cfg.device, args=(cfg, case_list))
-        results += per_rank[0]
-        if cfg.device.type == "cuda":
-            torch.cuda.empty_cache()
-    return results
+    return rows_over_worlds(cfg, _rank_body, cfg, cases(cfg.dtype, cfg.quick))

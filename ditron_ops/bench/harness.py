@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 __all__ = ["Bench", "BenchConfig", "Result", "BENCHES", "register", "discover", "time_spmd",
-           "host_time_spmd", "machine_info", "write_csv", "plot_ratios", "format_table",
+           "host_time_spmd", "rows_over_worlds", "machine_info", "write_csv", "plot_ratios", "format_table",
            "finish", "DTYPES"]
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
@@ -240,6 +240,18 @@ def host_time_spmd(group, fn: Callable[[], Any], *, iters: int, rounds: int = 5,
     for _ in range(warmup):
         fn()
     return _timed_rounds(group, fn, iters, rounds, device_clock=False)
+
+
+def rows_over_worlds(cfg: BenchConfig, body: Callable[..., list], *args) -> list:
+    """``launch(body, W, cfg.device, args=args)`` for every W of ``cfg``; rank 0's rows, in order."""
+    from ..runtime.virtual import launch
+
+    rows: list = []
+    for world in cfg.world_sizes:
+        rows += launch(body, world, cfg.device, args=args)[0]
+        if cfg.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
 
 
 # -- output ------------------------------------------------------------------------------------------

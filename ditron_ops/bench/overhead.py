@@ -23,8 +23,7 @@ from typing import Callable, Optional
 import torch
 
 from ..collectives import all_gather, all_reduce, reduce_scatter
-from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, host_time_spmd, register
+from .harness import BenchConfig, Result, host_time_spmd, register, rows_over_worlds
 
 BASELINE = "torch.empty_like + copy_"
 ROWS, COLS = 8, 32  # fp32: 1 KiB; rows >= 8 so reduce_scatter has a row for every rank up to W=8
@@ -100,7 +99,4 @@ def run(cfg: BenchConfig) -> list[Result]:
         iters = 20 if cfg.quick else 200
     else:
         iters = 2 if cfg.quick else 10  # the Triton interpreter is slow per launch
-    results: list[Result] = []
-    for w in cfg.world_sizes:
-        results += launch(_rank_body, w, cfg.device, args=(cfg, iters))[0]
-    return results
+    return rows_over_worlds(cfg, _rank_body, cfg, iters)
