@@ -6,7 +6,6 @@ so every rank of a group uses the same one.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 from typing import Optional
 
@@ -15,7 +14,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _env
 from ..errors import DitronError
-from ..runtime.group import Group, op_id
+from ..runtime.group import Group, op_id, sm_count
 from ..runtime.warmup import register_warmup
 from ._kernels import ag_gemm_kernel, ag_start_kernel
 
@@ -49,21 +48,12 @@ def tile_config(device: torch.device) -> TileConfig:
     return GPU_CONFIGS[GPU_CONFIG] if device.type == "cuda" else _INTERPRETER_CONFIG
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _ranks_here(group: Optional[Group]) -> int:
-    return group.world_size if group is not None and group.backend == "virtual" else 1
-
-
 def consumer_programs(device: torch.device, group: Optional[Group], tiles: int) -> int:
     """Persistent GEMM grid: every SM (the all-gather runs on copy engines), or this rank's
     share of them in a virtual world (all ranks' waiting grids must be resident together)."""
     if device.type != "cuda":
         return 1
-    return max(1, min(tiles, _sm_count(device.index) // _ranks_here(group)))
+    return max(1, min(tiles, group.sm_share() if group is not None else sm_count(device)))
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -197,7 +187,9 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
     src = a if a.is_contiguous() and pitch == k else _padded_rows(a, pitch)
     record, claim = group._error_tensors()
     sig = ws.signal_pad()
-    sig_peers = [p.view(torch.int64) for p in ws.signal.peers]
+    if not hasattr(ws, "signal_peers"):  # the signal pad never moves: view it once
+        ws.signal_peers = [p.view(torch.int64) for p in ws.signal.peers]
+    sig_peers = ws.signal_peers
 
     def copies() -> None:  # copy engines: contiguous D2D / peer copies, then the flag
         for i in range(w):

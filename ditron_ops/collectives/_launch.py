@@ -1,7 +1,6 @@
 """Host side of the push/combine collective kernel: workspace, sizes, grid, error checks."""
 from __future__ import annotations
 
-import functools
 import itertools
 
 import torch
@@ -15,18 +14,12 @@ PURPOSE = "collectives"
 _MAX_PROGRAMS = 32
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def programs_per_rank(group: Group) -> int:
     """Programs per rank, fixed per workspace; all ranks of a virtual world share one GPU's SMs,
     so their persistent grids together must stay co-resident."""
     if group.device.type != "cuda":
         return 1  # the interpreter runs programs one after another: one program per rank
-    ranks_here = group.world_size if group.backend == "virtual" else 1
-    return max(4, min(_MAX_PROGRAMS, 2 * _sm_count(group.device.index) // ranks_here))
+    return max(4, min(_MAX_PROGRAMS, 2 * group.sm_share()))
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,6 @@ with signals, merged by log-sum-exp (schedule in ``_kernels``).
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional
 
@@ -15,7 +14,7 @@ from .._library import define_op
 from .._validation import check_tensor
 from ..ag_gemm._kernels import ag_start_kernel
 from ..deterministic import resolve_deterministic
-from ..runtime.group import Group, current_group, op_id, resolve_group
+from ..runtime.group import Group, current_group, op_id, resolve_group, sm_count
 from ..runtime.warmup import register_warmup
 from ._kernels import decode_merge_kernel, split_kv_kernel
 
@@ -94,23 +93,15 @@ def chunk_size(group: Group, batch: int, kv_heads: int, s_max: int, deterministi
     chunk = DETERMINISTIC_CHUNK
     if deterministic or group.device.type != "cuda":
         return chunk
-    sms = torch.cuda.get_device_properties(group.device).multi_processor_count
+    sms = sm_count(group.device)
     while chunk > 128 and batch * kv_heads * -(-max(s_max, 1) // chunk) < 2 * sms:
         chunk //= 2
     return chunk
 
 
-@functools.cache
-def _merge_programs(device_type: str, sms: int, ranks_here: int) -> int:
-    return 1 if device_type != "cuda" else max(1, min(64, sms // ranks_here))
-
-
 def merge_programs(group: Group) -> int:
     """Programs of the merge kernel (they wait: all ranks' must be resident together)."""
-    if group.device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(group.device).multi_processor_count
-    return _merge_programs("cuda", sms, group.world_size if group.backend == "virtual" else 1)
+    return max(1, min(64, group.sm_share())) if group.device.type == "cuda" else 1
 
 
 def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, chunk, num_chunks) -> None:

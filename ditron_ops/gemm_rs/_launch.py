@@ -8,8 +8,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _env
 from ..ag_gemm._kernels import ag_start_kernel
-from ..ag_gemm._launch import (_padded_copy, _sm_count, _tma_ok, b_descriptor, consumer_programs,
-                               tile_config)
+from ..ag_gemm._launch import _padded_copy, _tma_ok, b_descriptor, consumer_programs, tile_config
 from ..runtime.group import Group, op_id
 from ..runtime.warmup import register_warmup
 from ._kernels import gemm_scatter_kernel, reduce_finish_kernel
@@ -21,10 +20,7 @@ _FINISH_BLOCK = dict(BLOCK_R=8, BLOCK_C=256)
 def finish_programs(group: Group) -> int:
     """Programs of the finish kernel: this rank's share of the SMs (they wait, so all ranks'
     programs must fit on the GPU together)."""
-    if group.device.type != "cuda":
-        return 1
-    ranks_here = group.world_size if group.backend == "virtual" else 1
-    return max(1, _sm_count(group.device.index) // ranks_here)
+    return group.sm_share() if group.device.type == "cuda" else 1
 
 
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows: list[int],

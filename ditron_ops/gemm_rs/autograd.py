@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..collectives import all_gather
+from ..runtime.group import resolve_group
 
 
 def _ag_setup(ctx, inputs, output):
@@ -28,8 +29,6 @@ def _ag_setup(ctx, inputs, output):
 
 def _ag_backward(ctx, grad_out, grad_gathered):
     a, b, gathered = ctx.saved_tensors
-    from ..runtime.group import resolve_group
-
     group = resolve_group(ctx.group_name)
     grad_a = grad_b = grad_bias = None
     if ctx.needs_input_grad[0]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import threading
 from typing import Any, Optional
 
@@ -122,12 +123,26 @@ class Group:
 
         Raises ``DitronError`` during CUDA-graph capture (allocate by warming up first).
         """
+        self.refuse_during_capture(f"needs {nbytes} bytes of new symmetric memory")
+        return self._alloc_symmetric(int(nbytes))
+
+    def refuse_during_capture(self, what: str) -> None:
+        """Raise ``DitronError`` if this rank's stream is capturing a CUDA graph: ``what`` is
+        one-time set-up (an allocation, an upload) that a replay could not repeat."""
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise DitronError(
-                f"ditron: group {self.group_name!r} needs {nbytes} bytes of new symmetric memory "
-                "during CUDA-graph capture; run the op once with the same (or larger) sizes "
-                "before capturing so the workspace is allocated.")
-        return self._alloc_symmetric(int(nbytes))
+                f"ditron: group {self.group_name!r} {what} during CUDA-graph capture; run the op "
+                "once with the same (or larger) sizes before capturing so it is set up.")
+
+    @property
+    def ranks_per_device(self) -> int:
+        """Ranks of this group sharing this rank's device (W in a virtual world, else 1)."""
+        return 1
+
+    def sm_share(self) -> int:
+        """This rank's share of its GPU's SMs: kernels that wait on peers size their grids to
+        it, so every rank's waiting programs are resident together."""
+        return max(1, sm_count(self.device) // self.ranks_per_device)
 
     def free_symmetric(self, buf: SymmetricBuffer) -> None:
         """Collective free (every rank, same order)."""
@@ -201,6 +216,17 @@ class Group:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size}, "
                 f"device={self.device}, name={self.group_name!r})")
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached)."""
+    device = torch.device(device)
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def register_group(group: Group) -> None:

@@ -91,6 +91,10 @@ class VirtualGroup(Group):
         self.world = world
 
     @property
+    def ranks_per_device(self) -> int:
+        return self.world_size
+
+    @property
     def stream(self) -> Optional[torch.cuda.Stream]:
         return self.world.streams[self.rank]
 

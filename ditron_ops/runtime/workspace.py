@@ -20,7 +20,6 @@ from typing import Optional
 
 import torch
 
-from ..errors import DitronError
 from .group import Group, SymmetricBuffer
 
 _MIN_DATA_BYTES = 1 << 20
@@ -65,9 +64,8 @@ class Workspace:
         grown = max(int(nbytes), 2 * self.data_bytes, _MIN_DATA_BYTES)
         grown = (grown + 255) // 256 * 256
         group = self.group
+        group.refuse_during_capture(f"needs {grown} bytes of new symmetric memory")
         if group.device.type == "cuda":
-            if torch.cuda.is_current_stream_capturing():
-                group.alloc_symmetric(grown)  # raises the capture error
             torch.cuda.current_stream(group.device).synchronize()
         group.barrier()  # every rank's kernels using the old buffer have finished
         if self.data is not None:
@@ -82,12 +80,9 @@ class Workspace:
         cache = self.__dict__.setdefault("_offsets", {})
         key = tuple(int(s) for s in sizes)
         if key not in cache:
-            device = self.group.device
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise DitronError(f"ditron.{op}: row layout {list(key)} first seen during CUDA-graph "
-                                  "capture; run the op once with these sizes before capturing")
+            self.group.refuse_during_capture(f"sees the row layout {list(key)} of {op} first")
             table = torch.tensor(list(itertools.accumulate((0,) + key)), dtype=torch.int32)
-            cache[key] = table.to(device)
+            cache[key] = table.to(self.group.device)
         return cache[key]
 
     def release(self) -> None:
