@@ -5,7 +5,7 @@
 | ``TRITON_INTERPRET``| unset   | ``1`` runs every ditron kernel in the Triton interpreter (CPU).      |
 | ``DITRON_TIMEOUT_S``| ``10``  | bound of every device-side wait, seconds (``Group.timeout_s``).      |
 | ``DITRON_SYNC_CHECK``| ``0``  | ``1``: every op synchronizes its stream and checks the error record. |
-| ``CUDA_DEVICE_MAX_CONNECTIONS`` | (CUDA's 8) | set to 32 by ``prepare_cuda_for_virtual_ranks`` (entry points). |
+| ``CUDA_DEVICE_MAX_CONNECTIONS`` | (CUDA's 8) | set to 32 by ``prepare_cuda_for_virtual_ranks`` (entry points; no measured effect). |
 | ``CUDA_MODULE_LOADING``| (CUDA's) | set to ``EAGER`` by ``prepare_cuda_for_virtual_ranks``.          |
 | ``DITRON_VIRTUAL_GATE``| ``1`` | GPU virtual ranks launch waiting kernels together (``VirtualGroup.waiting_launch``). |
 | ``NVSHMEM_LIB_DIR`` | unset   | directory of ``libnvshmem_device.bc`` (``language.nvshmem``).        |
@@ -47,9 +47,10 @@ def default_timeout_s() -> float:
 def prepare_cuda_for_virtual_ranks() -> None:
     """Set the CUDA variables virtual ranks need, before CUDA starts (no-op afterwards or if set).
 
-    * ``CUDA_DEVICE_MAX_CONNECTIONS=32``: CUDA multiplexes streams onto 8 hardware queues by
-      default, so two ranks' streams can share a queue and a rank's kernel then waits behind a
-      peer's kernel that is spinning on it (measured: timeouts at W=4 and W=8 on the H200).
+    * ``CUDA_DEVICE_MAX_CONNECTIONS=32``: more hardware queues for the ranks' streams. It was
+      meant to stop one rank's kernel queuing behind a peer's spinning kernel, but on the H200
+      stalls were as frequent with 8 as with 32 queues; ``VirtualGroup.waiting_launch`` is what
+      fixed them. Kept because more queues cost nothing.
     * ``CUDA_MODULE_LOADING=EAGER``: with lazy loading the first use of a kernel loads its module,
       which can wait for running kernels, i.e. for peers spinning on this rank.
 

@@ -15,7 +15,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .. import _env
 from ..errors import DitronError
 from ..runtime.group import Group, op_id, sm_count
-from ..runtime.warmup import register_warmup
+from ..runtime.warmup import one_rank_pad, register_warmup
 from ._kernels import ag_gemm_kernel, ag_start_kernel
 
 PURPOSE = "ag_gemm"
@@ -234,12 +234,9 @@ def _warmup(device: torch.device) -> None:
     """Compile and load every kernel variant (dtype x B layout x C store x wait) as a one-rank
     call whose waits are already satisfied."""
     cfg = tile_config(device)
-    sig = torch.zeros(16, dtype=torch.int64, device=device)
-    sig[0:4] = torch.tensor([1, 1, 64, 1])  # W=1: flag, start count, rows[0], epoch
-    sig_table = torch.tensor([sig.data_ptr()], dtype=torch.int64, device=device)
+    # W=1 pad: flag[0] = 1, start count 1, rows[0] = 64, epoch 1
+    sig, sig_table, claim, record = one_rank_pad(device, (1, 1, 64, 1))
     offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
-    claim = torch.zeros(1, dtype=torch.int64, device=device)
-    record = torch.zeros(8, dtype=torch.int64, pin_memory=True)
     for dtype in (torch.float16, torch.bfloat16):
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])

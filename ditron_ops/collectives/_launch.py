@@ -7,7 +7,7 @@ import torch
 
 from .. import _env
 from ..runtime.group import Group, op_id
-from ..runtime.warmup import register_warmup
+from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
 from ._kernels import push_combine_kernel
 
 PURPOSE = "collectives"
@@ -77,13 +77,10 @@ def _warmup(device: torch.device) -> None:
     """Launch every (dtype, variant, VEC) once as a one-rank world: nothing waits on a peer."""
     gpu = device.type == "cuda"
     programs = _MAX_PROGRAMS if gpu else 1
-    sig = torch.zeros(16, dtype=torch.int64, device=device)
-    sig_table = torch.tensor([sig.data_ptr()], dtype=torch.int64, device=device)
-    record = torch.zeros(8, dtype=torch.int64, pin_memory=gpu)
-    claim = torch.zeros(1, dtype=torch.int64, device=device)
+    sig, sig_table, claim, record = one_rank_pad(device)
     for dtype in DTYPES:
         buf = torch.zeros(4096, dtype=dtype, device=device)
-        buf_table = torch.tensor([buf.data_ptr()], dtype=torch.int64, device=device)
+        buf_table = pointer_table(buf)
         src = torch.ones(64, dtype=dtype, device=device)
         out = torch.empty_like(src)
         for (split_src, reduce), vec in itertools.product(VARIANTS, (1, 16 // src.element_size())):

@@ -15,7 +15,7 @@ from .._validation import check_tensor
 from ..ag_gemm._kernels import ag_start_kernel
 from ..deterministic import resolve_deterministic
 from ..runtime.group import Group, current_group, op_id, resolve_group, sm_count
-from ..runtime.warmup import register_warmup
+from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
 from ._kernels import decode_merge_kernel, split_kv_kernel
 
 PURPOSE = "flash_decode"
@@ -190,11 +190,8 @@ define_op("flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens
 
 def _warmup(device: torch.device) -> None:
     """Compile split-KV (dtype x head_dim x common GQA groups) and the merge kernel (one rank)."""
-    sig = torch.zeros(16, dtype=torch.int64, device=device)
-    sig[0:4] = torch.tensor([0, 1, 0, 1])  # W=1: start count 1, epoch 1 (arrivals come from the merge)
-    sig_table = torch.tensor([sig.data_ptr()], dtype=torch.int64, device=device)
-    claim = torch.zeros(1, dtype=torch.int64, device=device)
-    record = torch.zeros(8, dtype=torch.int64, pin_memory=True)
+    # W=1 pad: start count 1, epoch 1 (the arrival comes from the merge itself)
+    sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
     lens = torch.full((1,), 64, dtype=torch.int32, device=device)
     for dtype in GPU_DTYPES:
         for d in HEAD_DIMS:
@@ -205,7 +202,7 @@ def _warmup(device: torch.device) -> None:
                 lse_part = torch.empty(g, dtype=torch.float32, device=device)
                 _launch_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, DETERMINISTIC_CHUNK, 1)
             buf = torch.zeros(d + 1, dtype=torch.float32, device=device)
-            table = torch.tensor([buf.data_ptr()], dtype=torch.int64, device=device)
+            table = pointer_table(buf)
             out = torch.empty(1, 1, d, dtype=dtype, device=device)
             sig[0] = 0
             sig[3] = 1

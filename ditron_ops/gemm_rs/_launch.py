@@ -10,7 +10,7 @@ from .. import _env
 from ..ag_gemm._kernels import ag_start_kernel
 from ..ag_gemm._launch import _padded_copy, _tma_ok, b_descriptor, consumer_programs, tile_config
 from ..runtime.group import Group, op_id
-from ..runtime.warmup import register_warmup
+from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
 from ._kernels import gemm_scatter_kernel, reduce_finish_kernel
 
 PURPOSE = "gemm_reduce"
@@ -67,14 +67,10 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
 def _warmup(device: torch.device) -> None:
     """Compile every variant (dtype x B layout x broadcast, finish per dtype) as a one-rank call."""
     cfg = tile_config(device)
-    sig = torch.zeros(16, dtype=torch.int64, device=device)
-    sig[0:4] = torch.tensor([1, 1, 0, 1])  # W=1: flag[0] = epoch = 1, start count 1
-    sig_table = torch.tensor([sig.data_ptr()], dtype=torch.int64, device=device)
+    sig, sig_table, claim, record = one_rank_pad(device, (1, 1, 0, 1))  # flag[0] = epoch = 1
     offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
-    claim = torch.zeros(1, dtype=torch.int64, device=device)
-    record = torch.zeros(8, dtype=torch.int64, pin_memory=True)
     buf = torch.zeros(64 * 64, dtype=torch.float32, device=device)
-    table = torch.tensor([buf.data_ptr()], dtype=torch.int64, device=device)
+    table = pointer_table(buf)
     for dtype in (torch.float16, torch.bfloat16):
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])

@@ -17,6 +17,25 @@ _done: set[tuple[str, str]] = set()
 _lock = threading.Lock()
 
 
+def pointer_table(*tensors: torch.Tensor) -> torch.Tensor:
+    """``int64`` device table of the tensors' base addresses (a one-rank symmetric buffer)."""
+    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=tensors[0].device)
+
+
+def one_rank_pad(device: torch.device, preset=()) -> tuple:
+    """What a warm-up launch needs as a one-rank world, where no wait can block: a signal pad
+    (``int64 [16]``, first words ``preset``), its pointer table, the error claim word and the
+    host-readable error record (pinned on CUDA)."""
+    from ..language.signals import ERR_WORDS
+
+    sig = torch.zeros(16, dtype=torch.int64, device=device)
+    if preset:
+        sig[:len(preset)] = torch.tensor(list(preset), dtype=torch.int64)
+    claim = torch.zeros(1, dtype=torch.int64, device=device)
+    record = torch.zeros(ERR_WORDS, dtype=torch.int64, pin_memory=device.type == "cuda")
+    return sig, pointer_table(sig), claim, record
+
+
 def register_warmup(name: str, fn: Callable[[torch.device], None]) -> None:
     """Register ``fn(device)`` that launches every kernel variant of an op family once."""
     _registry[name] = fn
