@@ -84,3 +84,25 @@ def test_opcheck_and_compile():
         torch._dynamo.reset()
         return torch.equal(torch.compile(step, fullgraph=True)(q), step(q))
     assert ditron_ops.launch(body, 1) == [True]
+
+
+def test_programs_per_chunk_never_change_deterministic_bits(monkeypatch):
+    """Deterministic partials are fixed 512-key chunks; how many chunks one program takes
+    (chosen from the batch and the GPU) must not change a bit. A default-mode plan (one partial
+    per program, uneven last split) matches the reference."""
+    from ditron_ops.flash_decode import api
+
+    def body(group, plans):
+        q, k, v, lens = _inputs(group, 2, 2, 1, 64, 1100, torch.float32, lambda i, r: 1100 - 300 * i - 77 * r)
+        outs = []
+        for plan in plans:
+            monkeypatch.setattr(api, "partition", lambda *a, plan=plan: plan)
+            outs.append(ditron_ops.flash_decode(q, k, v, lens, group, deterministic=True))
+        return outs, reference.flash_decode(q, k, v, lens, group)
+
+    det = [(512, 512, 3, 3), (512, 1024, 3, 2), (512, 1536, 3, 1)]
+    for outs, want in ditron_ops.launch(body, 2, args=(det,)):
+        assert all(torch.equal(o, outs[0]) for o in outs[1:])
+        assert (outs[0] - want).abs().max().item() < 1e-5
+    for (out,), want in ditron_ops.launch(body, 2, args=([(400, 400, 3, 3)],)):
+        assert (out - want).abs().max().item() < 1e-5

@@ -8,6 +8,8 @@ merge sees one partial per head)::
     hbm        achieved bytes (K and V read once) / time, and as a fraction of the measured
                device-to-device copy bandwidth (a ``copy_`` of 1 GiB)
 
+Both are timed replaying CUDA graphs (decode loops run in graphs: device time only) and eagerly
+(``eager_*`` columns: includes Python and launch overhead, which dominates small problems).
 Rows for deterministic=True and False give the deterministic cost.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch.nn.functional as F
 
 from ..flash_decode import flash_decode
 from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, register, time_spmd
+from .harness import BenchConfig, Result, graph_time_spmd, register, time_spmd
 
 
 def _copy_bandwidth(group, cfg: BenchConfig) -> float:
@@ -42,18 +44,22 @@ def _run(group, cfg: BenchConfig) -> list[Result]:
         v = torch.randn_like(k)
         lens = torch.full((b,), kv, dtype=torch.int32, device=group.device)
         qs, ks, vs = q[:, :, None], k.transpose(1, 2), v.transpose(1, 2)  # SDPA: [B, H, S, D]
-        t_sdpa = time_spmd(group, lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True),
-                           rounds=cfg.rounds, target_ms=cfg.target_ms)
+        sdpa = lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)  # noqa: E731
+        t_sdpa = graph_time_spmd(group, sdpa, rounds=cfg.rounds, target_ms=cfg.target_ms)
+        e_sdpa = time_spmd(group, sdpa, rounds=cfg.rounds, target_ms=cfg.target_ms)
         nbytes = 2 * k.numel() * k.element_size()
         for det in (True, False):
-            t = time_spmd(group, lambda: flash_decode(q, k, v, lens, group, deterministic=det),
-                          rounds=cfg.rounds, target_ms=cfg.target_ms)
+            ours = lambda: flash_decode(q, k, v, lens, group, deterministic=det)  # noqa: E731
+            t = graph_time_spmd(group, ours, rounds=cfg.rounds, target_ms=cfg.target_ms)
+            e = time_spmd(group, ours, rounds=cfg.rounds, target_ms=cfg.target_ms)
             gbs = nbytes / t / 1e3
             rows.append(Result("flash_decode", f"B={b} KV={kv} {hq}/{hkv}", 1, cfg.dtype_name,
                                f"flash_decode det={det}", t, "SDPA enable_gqa", t_sdpa,
                                shape=f"{b}x{kv}x{hq}/{hkv}x{d}", m=b, n=kv, k=d, nbytes=nbytes,
                                extra={"GB_s": round(gbs, 1), "frac_copy_bw": round(gbs / copy_gbs, 3),
-                                      "copy_GB_s": round(copy_gbs, 1)}))
+                                      "copy_GB_s": round(copy_gbs, 1), "eager_us": round(e, 1),
+                                      "eager_base_us": round(e_sdpa, 1),
+                                      "eager_ratio": round(e_sdpa / e, 3)}))
     return rows
 
 

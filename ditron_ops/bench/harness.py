@@ -230,6 +230,28 @@ def time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms: floa
     return _timed_rounds(group, fn, iters, rounds, device_clock=group.device.type == "cuda")
 
 
+def graph_time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms: float = 25.0,
+                    max_iters: int = 1000) -> float:
+    """Microseconds per call of ``fn()`` replayed from one CUDA graph of back-to-back calls: the
+    device time a decode loop run in graphs sees (no Python, dispatcher or launch overhead).
+
+    Same protocol and result as ``time_spmd`` (which it is on CPU). ``fn`` must be capturable
+    after one eager call; with several ranks per device each rank captures its own graph.
+    """
+    if group.device.type != "cuda":
+        return time_spmd(group, fn, rounds=rounds, target_ms=target_ms, max_iters=max_iters)
+    fn()
+    group.synchronize()
+    estimate = max(group.all_gather_object(_timed_rounds(group, fn, 3, 1, device_clock=True)))
+    iters = int(min(max_iters, max(1, target_ms * 1e3 / max(estimate, 1e-3))))
+    iters = max(group.all_gather_object(iters))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(iters):
+            fn()
+    return _timed_rounds(group, graph.replay, 1, rounds, device_clock=True) / iters
+
+
 def host_time_spmd(group, fn: Callable[[], Any], *, iters: int, rounds: int = 5,
                    warmup: int = 3) -> float:
     """Host wall time per call of ``iters`` back-to-back calls, device-synced on both ends.

@@ -1,22 +1,27 @@
-"""Kernels of ``flash_decode``: local split-KV attention, then a rank-ordered LSE merge.
+"""Kernels of ``flash_decode``: local split-KV attention, a chunk combine, a rank-ordered merge.
 
-Schedule of one call (rank r; ``ag_start_kernel`` is the start barrier)::
+Schedule of one call (rank r)::
 
-    start barrier | split-KV: one program per (batch b, KV head, chunk of `chunk` keys)     | merge:
-                  |   q of the G = Hq/Hkv query heads x this chunk's keys -> (o, lse)      |  chunks of r in order
-                  |   (online softmax in fp32; a chunk past kv_lens[b] gives lse = -inf) |  -> (o_r, lse_r), pushed
-                  |                                                                       |  to slot r of every rank;
-                  |                                                                       |  wait; ranks 0..W-1 in order
+    split-KV: one program per (batch b,   | combine: per (b, head) pair,   | merge (W > 1 only):
+    KV head, chunk of `chunk` keys): the  |   this rank's chunks -> (o_r,  |   signal every rank, wait for
+    G = Hq/Hkv query heads x the chunk's  |   lse_r); one rank: write out; |   all, merge ranks 0..W-1
+    keys -> (o, lse) (online softmax in   |   else push to slot r of every |   -> out
+    fp32; no keys -> lse = -inf)          |   rank's exchange buffer       |
 
-Merge of two partials (fp32): ``lse = max + log(e^(lse_a - max) + e^(lse_b - max))``,
-``o = o_a e^(lse_a - lse) + o_b e^(lse_b - lse)``; a partial with ``lse = -inf`` (no keys) is
-skipped, so empty chunks and ranks change nothing, bit for bit. The merge order is fixed
-(a rank's chunks left to right, then ranks 0..W-1), and the chunk size never depends on the
-batch or the GPU, so with ``deterministic`` the output is bitwise reproducible and each query's
-result is independent of the other queries in the batch.
+With W > 1 the start barrier (``ag_start_kernel``) precedes the push: a slot is rewritten only
+after every rank has entered this call, so nobody still reads the previous call's partials.
 
-Signal pad (``ag_gemm`` layout): ``arrivals[s]`` at ``s`` counts merge programs of rank s that
-pushed here (cumulative, ``epoch * programs`` per call); start counts at ``[W, 2W)``; epoch ``3W``.
+Merge of n partials (fp32, used for chunks and for ranks): ``top = max lse_i``,
+``w_i = e^(lse_i - top)`` (exactly 0 for an empty partial), ``o = sum w_i o_i / sum w_i``,
+``lse = top + log(sum w_i)``. The sums run in a fixed order (chunks in fixed blocks of
+``BLOCK_C`` positions, blocks left to right; ranks 0..W-1) and empty partials add exact zeros, so
+a longer cache or an empty rank changes nothing. The chunk size never depends on the batch or the
+GPU in deterministic mode, so the output is bitwise reproducible and each query's result is
+independent of the other queries in the batch.
+
+Signal pad (``ag_gemm`` layout): ``arrivals[s]`` at ``s`` counts calls whose partials rank s
+pushed here (one signal per call, after the push kernel completed); start counts at ``[W, 2W)``;
+epoch ``3W``.
 """
 from __future__ import annotations
 
@@ -27,34 +32,46 @@ from .. import language as dl
 NEG_INF = tl.constexpr(float("-inf"))
 
 
-@dl.jit(do_not_specialize=("chunk", "num_chunks", "stride_qb", "stride_qh", "stride_kb", "stride_ks",
-                           "stride_kh", "stride_vb", "stride_vs", "stride_vh"))
-def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, chunk, num_chunks,
-                    stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
+@dl.jit
+def _flush(o_part, lse_part, acc, m, l, pair, num_parts, part, g_ok, D: tl.constexpr):
+    """Store one partial ``(o, lse)`` of the program's query heads (``lse = -inf``: no keys)."""
+    has = l > 0
+    o = tl.where(has[:, None], acc / tl.where(has, l, 1.0)[:, None], 0.0)
+    lse = tl.where(has, m + tl.log(tl.where(has, l, 1.0)), NEG_INF)
+    row = pair * num_parts + part
+    tl.store(o_part + row[:, None] * D + tl.arange(0, D)[None, :], o, mask=g_ok[:, None])
+    tl.store(lse_part + row, lse, mask=g_ok)
+
+
+@dl.jit(do_not_specialize=("heads", "part_len", "prog_len", "num_parts"))  # strides specialise
+def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, heads, part_len, prog_len,
+                    num_parts, stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
                     stride_vb, stride_vs, stride_vh,
-                    HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
-    """Partial attention of the G query heads of KV head ``program_id(1)`` over one chunk."""
+                    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
+                    BLOCK_N: tl.constexpr, FLUSH: tl.constexpr):
+    """Attention of the G query heads of KV head ``program_id(1)`` over keys
+    ``[s * prog_len, (s + 1) * prog_len)`` of batch ``program_id(0)`` (``s = program_id(2)``),
+    one partial per ``part_len`` keys (``FLUSH``: several per program; else ``part_len ==
+    prog_len``). A partial's value never depends on which program computed it."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    c = tl.program_id(2)
-    length = tl.load(lens_ptr + b).to(tl.int32)
-    start = c * chunk
-    end = tl.minimum(start + chunk, length)
+    lo = tl.program_id(2) * prog_len
+    hi = tl.minimum(lo + prog_len, tl.load(lens_ptr + b).to(tl.int32))
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, D)
-    heads = kvh * G + offs_g
+    head = kvh * G + offs_g
     g_ok = offs_g < G
-    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+    pair = (b * heads + head).to(tl.int64)
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh + offs_d[None, :],
                 mask=g_ok[:, None], other=0.0)
     m = tl.full((BLOCK_G,), NEG_INF, tl.float32)
     l = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, D), tl.float32)
     k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh * stride_vh
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < end
+        n_ok = offs_n < hi
         k = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :],
                     mask=n_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * sm_scale
@@ -67,67 +84,112 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, c
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m = m_new
-    has = l > 0
-    o = tl.where(has[:, None], acc / tl.where(has, l, 1.0)[:, None], 0.0)
-    lse = tl.where(has, m + tl.log(tl.where(has, l, 1.0)), NEG_INF)
-    pair = (b * HQ + heads).to(tl.int64)
-    tl.store(o_part + (pair * num_chunks + c)[:, None] * D + offs_d[None, :], o, mask=g_ok[:, None])
-    tl.store(lse_part + pair * num_chunks + c, lse, mask=g_ok)
+        if FLUSH:
+            if ((n0 + BLOCK_N) % part_len == 0) | (n0 + BLOCK_N >= hi):
+                _flush(o_part, lse_part, acc, m, l, pair, num_parts, n0 // part_len, g_ok, D)
+                m = tl.full((BLOCK_G,), NEG_INF, tl.float32)
+                l = tl.zeros((BLOCK_G,), tl.float32)
+                acc = tl.zeros((BLOCK_G, D), tl.float32)
+    if not FLUSH:
+        if lo < hi:
+            _flush(o_part, lse_part, acc, m, l, pair, num_parts, lo // part_len, g_ok, D)
 
 
 @dl.jit
-def _merge(o_acc, lse_acc, o_new, lse_new):
-    """Fold partial ``(o_new, lse_new)`` into the running ``(o_acc, lse_acc)`` (fp32)."""
-    if lse_new != NEG_INF:
-        if lse_acc == NEG_INF:
-            o_acc = o_new
-            lse_acc = lse_new
-        else:
-            top = tl.maximum(lse_acc, lse_new)
-            lse = top + tl.log(tl.exp(lse_acc - top) + tl.exp(lse_new - top))
-            o_acc = o_acc * tl.exp(lse_acc - lse) + o_new * tl.exp(lse_new - lse)
-            lse_acc = lse
-    return o_acc, lse_acc
+def _weights(lse, top):
+    """``exp(lse - top)`` with empty partials (``lse = -inf``) weighing exactly 0."""
+    safe = tl.where(top == NEG_INF, 0.0, top)
+    return tl.where(lse == NEG_INF, 0.0, tl.exp(lse - safe))
 
 
-@dl.jit(do_not_specialize=("pairs", "num_chunks", "rank", "world_size", "timeout_us", "op_id"))
-def decode_merge_kernel(o_part, lse_part, out_ptr, buf_ptr, buf_table, sig_ptr, sig_table,
-                        err_claim, err_record, pairs, num_chunks, rank, world_size, timeout_us,
-                        op_id, D: tl.constexpr):
-    """Merge this rank's chunks per (b, head), push to every rank, wait, merge ranks in order."""
+@dl.jit
+def _finish(acc, total, top):
+    """``(o, lse)`` of a merge from its weighted sum ``acc``, weight ``total`` and max ``top``."""
+    has = total > 0
+    o = acc / tl.where(has, total, 1.0)[:, None]
+    return o, tl.where(has, top + tl.log(tl.where(has, total, 1.0)), NEG_INF)
+
+
+@dl.jit(do_not_specialize=("pairs", "heads", "part_len", "num_parts", "rank", "world_size"))
+def chunk_combine_kernel(o_part, lse_part, lens_ptr, out_ptr, buf_ptr, buf_table, pairs, heads,
+                         part_len, num_parts, rank, world_size, D: tl.constexpr,
+                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, FINAL: tl.constexpr):
+    """Merge this rank's partials (``part_len`` keys each; only those below ``kv_lens`` exist) of
+    ``BLOCK_P`` (batch, head) pairs; FINAL (one rank): write the output, else push ``(o, lse)``
+    to slot ``rank`` of every rank's exchange buffer.
+
+    Max first, then the weighted sum in blocks of ``BLOCK_C`` partials (a fixed tree inside a
+    block, blocks left to right), so the result depends only on the partials' values and positions.
+    """
+    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_ok = offs_p < pairs
+    length = tl.load(lens_ptr + offs_p // heads, mask=p_ok, other=0).to(tl.int32)
+    valid = (length + part_len - 1) // part_len
+    base = offs_p.to(tl.int64) * num_parts
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_d = tl.arange(0, D)
+    top = tl.full((BLOCK_P,), NEG_INF, tl.float32)
+    for c0 in range(0, num_parts, BLOCK_C):
+        ok = p_ok[:, None] & (c0 + offs_c[None, :] < valid[:, None])
+        lse = tl.load(lse_part + base[:, None] + c0 + offs_c[None, :], mask=ok, other=NEG_INF)
+        top = tl.maximum(top, tl.max(lse, axis=1))
+    acc = tl.zeros((BLOCK_P, D), tl.float32)
+    total = tl.zeros((BLOCK_P,), tl.float32)
+    for c0 in range(0, num_parts, BLOCK_C):
+        ok = p_ok[:, None] & (c0 + offs_c[None, :] < valid[:, None])
+        rows = base[:, None] + c0 + offs_c[None, :]
+        w = _weights(tl.load(lse_part + rows, mask=ok, other=NEG_INF), top[:, None])
+        o = tl.load(o_part + rows[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
+        acc += tl.sum(o * w[:, :, None], axis=1)
+        total += tl.sum(w, axis=1)
+    o, lse = _finish(acc, total, top)
+    if FINAL:
+        tl.store(out_ptr + offs_p.to(tl.int64)[:, None] * D + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=p_ok[:, None])
+    else:
+        row = D + 1  # o, then lse
+        at = rank * pairs.to(tl.int64) * row + offs_p.to(tl.int64) * row
+        for i in range(world_size):
+            dst = dl.remote_ptr(buf_table, (rank + i) % world_size, buf_ptr) + at
+            tl.store(dst[:, None] + offs_d[None, :], o, mask=p_ok[:, None])
+            tl.store(dst + D, lse, mask=p_ok)
+
+
+@dl.jit(do_not_specialize=("pairs", "rank", "world_size", "timeout_us", "op_id"))
+def decode_merge_kernel(out_ptr, buf_ptr, sig_ptr, sig_table, err_claim, err_record, pairs, rank,
+                        world_size, timeout_us, op_id, D: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Signal every rank that this rank's partials landed, wait for all ranks', merge them in
+    rank order (max first, then the weighted sum over ranks 0..W-1, fp32)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64)
-    offs_d = tl.arange(0, D)
-    row = D + 1  # o, then lse
-    slot = pairs.to(tl.int64) * row
-    for p in range(pid, pairs, nprog):
-        o_acc = tl.zeros((D,), tl.float32)
-        lse_acc = tl.full((), NEG_INF, tl.float32)
-        base = tl.cast(p, tl.int64) * num_chunks
-        for c in range(num_chunks):
-            lse_c = tl.load(lse_part + base + c)
-            o_c = tl.load(o_part + (base + c) * D + offs_d)
-            o_acc, lse_acc = _merge(o_acc, lse_acc, o_c, lse_c)
+    if pid == 0:
         for i in range(world_size):
-            dst = (rank + i) % world_size
-            at = dl.remote_ptr(buf_table, dst, buf_ptr) + rank * slot + p * row
-            tl.store(at + offs_d, o_acc)
-            tl.store(at + D, lse_acc)
-    for i in range(world_size):
-        dl.signal_add(dl.remote_ptr(sig_table, (rank + i) % world_size, sig_ptr) + rank, 1)
+            dl.signal_add(dl.remote_ptr(sig_table, (rank + i) % world_size, sig_ptr) + rank, 1)
     deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
     ok = pid >= 0
     for s in range(world_size):
-        ok = ok & dl.wait_at_least(sig_ptr + s, epoch * nprog, deadline, err_claim, err_record,
-                                   op_id, rank, s, epoch)
+        ok = ok & dl.wait_at_least(sig_ptr + s, epoch, deadline, err_claim, err_record, op_id,
+                                   rank, s, epoch)
     if ok:
-        for p in range(pid, pairs, nprog):
-            o_acc = tl.zeros((D,), tl.float32)
-            lse_acc = tl.full((), NEG_INF, tl.float32)
+        offs_d = tl.arange(0, D)
+        row = D + 1
+        slot = pairs.to(tl.int64) * row
+        for p0 in range(pid * BLOCK_P, pairs, nprog * BLOCK_P):
+            offs_p = p0 + tl.arange(0, BLOCK_P)
+            p_ok = offs_p < pairs
+            at = buf_ptr + offs_p.to(tl.int64) * row
+            top = tl.full((BLOCK_P,), NEG_INF, tl.float32)
+            for s in range(world_size):
+                top = tl.maximum(top, tl.load(at + s * slot + D, mask=p_ok, other=NEG_INF, volatile=True))
+            acc = tl.zeros((BLOCK_P, D), tl.float32)
+            total = tl.zeros((BLOCK_P,), tl.float32)
             for s in range(world_size):  # rank order
-                at = buf_ptr + s * slot + p * row
-                lse_s = tl.load(at + D, volatile=True)
-                o_s = tl.load(at + offs_d, volatile=True)
-                o_acc, lse_acc = _merge(o_acc, lse_acc, o_s, lse_s)
-            tl.store(out_ptr + tl.cast(p, tl.int64) * D + offs_d, o_acc.to(out_ptr.dtype.element_ty))
+                w = _weights(tl.load(at + s * slot + D, mask=p_ok, other=NEG_INF, volatile=True), top)
+                o = tl.load((at + s * slot)[:, None] + offs_d[None, :], mask=p_ok[:, None], other=0.0,
+                            volatile=True)
+                acc += o * w[:, None]
+                total += w
+            o, _ = _finish(acc, total, top)
+            tl.store(out_ptr + offs_p.to(tl.int64)[:, None] * D + offs_d[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=p_ok[:, None])

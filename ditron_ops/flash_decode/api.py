@@ -16,7 +16,7 @@ from ..ag_gemm._kernels import ag_start_kernel
 from ..deterministic import resolve_deterministic
 from ..runtime.group import Group, current_group, op_id, resolve_group, sm_count
 from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
-from ._kernels import decode_merge_kernel, split_kv_kernel
+from ._kernels import chunk_combine_kernel, decode_merge_kernel, split_kv_kernel
 
 PURPOSE = "flash_decode"
 GPU_DTYPES = (torch.float16, torch.bfloat16)
@@ -87,35 +87,76 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     return torch.ops.ditron.flash_decode(q, k_cache, v_cache, kv_lens, group.group_name, scale, flag)
 
 
-def chunk_size(group: Group, batch: int, kv_heads: int, s_max: int, deterministic: bool) -> int:
-    """Keys per split-KV program: fixed when deterministic; otherwise halved (down to 128)
-    while the grid would not give every SM two programs."""
-    chunk = DETERMINISTIC_CHUNK
-    if deterministic or group.device.type != "cuda":
-        return chunk
-    sms = sm_count(group.device)
-    while chunk > 128 and batch * kv_heads * -(-max(s_max, 1) // chunk) < 2 * sms:
-        chunk //= 2
-    return chunk
+SPLIT_CONFIG = {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+CTAS_PER_SM = 1
+"""Split-KV kernel on the GPU and its programs resident per SM (shared memory bound). Picked on
+the H200 from BLOCK_N x warps x stages x waves (CUDA-graph replay, six problem shapes, bf16):
+geo-mean 3454 GB/s vs 3295 for (64, 4 warps, 2 stages, 3 per SM), the runner-up."""
+SPLIT_WAVES = 1
+"""Aim for at most this many waves of split-KV programs (1 beat 2 and 3 for every config)."""
+MIN_PART = 256
+"""Default mode: fewest keys per partial (more partials cost combine traffic)."""
+COMBINE_CONFIG = {"BLOCK_P": 1, "BLOCK_C": 32, "num_warps": 4}
+"""Chunk combine: pairs per program and partials per block (BLOCK_C fixes the summation tree)."""
+MERGE_BLOCK_P = 4
 
 
-def merge_programs(group: Group) -> int:
+def _block_n(device: torch.device) -> int:
+    return SPLIT_CONFIG["BLOCK_N"] if device.type == "cuda" else 16
+
+
+def partition(group: Group, batch: int, kv_heads: int, s_max: int, deterministic: bool):
+    """How keys are split: ``(part_len, prog_len, num_parts, splits)``.
+
+    A partial covers ``part_len`` keys (partial ``i`` = keys ``[i part_len, (i+1) part_len)``), a
+    split-KV program ``prog_len`` keys (a multiple of ``part_len``); ``num_parts`` partials and
+    ``splits`` programs per (batch, KV head). Deterministic: ``part_len = DETERMINISTIC_CHUNK``
+    (fixed, so results never depend on the batch or the GPU) and each program takes as many
+    whole chunks as keep ``CTAS_PER_SM x SMs`` programs busy. Default: one partial per program,
+    balanced key ranges for ``SPLIT_WAVES`` waves, at least ``MIN_PART`` keys.
+    """
+    s_max = max(s_max, 1)
+    slots = CTAS_PER_SM * sm_count(group.device) if group.device.type == "cuda" else 1
+    if deterministic:
+        part = DETERMINISTIC_CHUNK
+        num_parts = -(-s_max // part)
+        per_prog = max(1, -(-batch * kv_heads * num_parts // (SPLIT_WAVES * slots)))
+        splits = -(-num_parts // per_prog)
+        return part, part * per_prog, num_parts, splits
+    block_n = _block_n(group.device)
+    want = max(1, SPLIT_WAVES * slots // max(1, batch * kv_heads))  # programs <= waves x slots
+    part = max(MIN_PART, -(-(-(-s_max // want)) // block_n) * block_n)
+    num_parts = -(-s_max // part)
+    return part, part, num_parts, num_parts
+
+
+def merge_programs(group: Group, pairs: int) -> int:
     """Programs of the merge kernel (they wait: all ranks' must be resident together)."""
-    return max(1, min(64, group.sm_share())) if group.device.type == "cuda" else 1
+    if group.device.type != "cuda":
+        return 1
+    return max(1, min(-(-pairs // MERGE_BLOCK_P), 64, group.sm_share()))
 
 
-def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, chunk, num_chunks) -> None:
+def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan) -> None:
     b, hq, d = q.shape
     hkv = k.shape[2]
     g = hq // hkv
-    interp = q.device.type != "cuda"
-    split_kv_kernel[(b, hkv, num_chunks)](
-        q, k, v, lens, o_part, lse_part, scale, chunk, num_chunks,
+    part, prog, num_parts, splits = plan
+    cfg = SPLIT_CONFIG if q.device.type == "cuda" else {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    split_kv_kernel[(b, hkv, splits)](
+        q, k, v, lens, o_part, lse_part, scale, hq, part, prog, num_parts,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        HQ=hq, G=g, D=d, BLOCK_G=max(16, 1 << (g - 1).bit_length()),
-        BLOCK_N=16 if interp else 64, num_warps=4 if interp else 8,
-        num_stages=1 if interp else 3)  # 8 warps: no register spills at D=128 (ptxas, sm_90a)
+        G=g, D=d, BLOCK_G=max(16, 1 << (g - 1).bit_length()), FLUSH=prog != part, **cfg)
+
+
+def _launch_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size) -> None:
+    """Combine this rank's partials; one rank writes ``out``, more push into ``buf`` (see kernel)."""
+    cfg = COMBINE_CONFIG
+    b, hq, d = out.shape
+    chunk_combine_kernel[(-(-b * hq // cfg["BLOCK_P"]),)](
+        o_part, lse_part, lens, out, buf, buf_table, b * hq, hq, plan[0], plan[2], rank, world_size,
+        D=d, FINAL=world_size == 1, **cfg)
 
 
 def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic):
@@ -124,17 +165,19 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
     out = q.new_empty((b, hq, d))
     if b == 0:
         return out
-    chunk = chunk_size(group, b, k_cache.shape[2], k_cache.shape[1], deterministic)
-    num_chunks = max(1, -(-k_cache.shape[1] // chunk))
-    o_part = torch.empty(b * hq * num_chunks * d, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(b * hq * num_chunks, dtype=torch.float32, device=q.device)
-    _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, chunk, num_chunks)
+    plan = partition(group, b, k_cache.shape[2], k_cache.shape[1], deterministic)
+    pairs = b * hq
+    o_part = torch.empty(pairs * plan[2] * d, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(pairs * plan[2], dtype=torch.float32, device=q.device)
+    _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, plan)
     if not group.has_symmetric_memory:
-        return _merge_over_process_group(group, o_part, lse_part, b, hq, d, num_chunks).to(q.dtype)
+        return _merge_over_process_group(group, o_part, lse_part, kv_lens, plan, b, hq, d).to(q.dtype)
+    w, rank = group.world_size, group.rank
+    if w == 1:  # nothing to exchange: the combine writes the output
+        _launch_combine(o_part, lse_part, kv_lens, out, o_part, o_part, plan, 0, 1)
+        return out
     group.check()
     ws = group.workspace(PURPOSE)
-    w, rank = group.world_size, group.rank
-    pairs = b * hq
     data = ws.ensure_data(w * pairs * (d + 1) * 4)
     record, claim = group._error_tensors()
     sig = ws.signal_pad()
@@ -142,42 +185,44 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
     with group.waiting_launch("flash_decode", ws.calls):
         ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, 0,
                               group.timeout_us(), op_id("flash_decode"))
-        decode_merge_kernel[(merge_programs(group),)](
-            o_part, lse_part, out, data.local.view(torch.float32), data.ptr_table, sig,
-            ws.signal.ptr_table, claim, record, pairs, num_chunks, rank, w, group.timeout_us(),
-            op_id("flash_decode"), D=d, num_warps=4)
+        buf = data.local.view(torch.float32)
+        _launch_combine(o_part, lse_part, kv_lens, out, buf, data.ptr_table, plan, rank, w)
+        decode_merge_kernel[(merge_programs(group, pairs),)](
+            out, buf, sig, ws.signal.ptr_table, claim, record, pairs, rank, w, group.timeout_us(),
+            op_id("flash_decode"), D=d, BLOCK_P=MERGE_BLOCK_P, num_warps=4)
     if _env.sync_check():
         group.synchronize()
     return out
 
 
-def _fold(o_acc: torch.Tensor, lse_acc: torch.Tensor, o_new: torch.Tensor, lse_new: torch.Tensor):
-    """The kernels' merge of two partials (fp32), vectorised over (batch, head) pairs."""
-    top = torch.maximum(lse_acc, lse_new)
-    safe = torch.where(torch.isinf(top), torch.zeros_like(top), top)
-    lse = safe + torch.log(torch.exp(lse_acc - safe) + torch.exp(lse_new - safe))
-    merged = o_acc * torch.exp(lse_acc - lse)[:, None] + o_new * torch.exp(lse_new - lse)[:, None]
-    empty_new, empty_acc = torch.isneginf(lse_new), torch.isneginf(lse_acc)
-    o = torch.where(empty_new[:, None], o_acc, torch.where(empty_acc[:, None], o_new, merged))
-    return o, torch.where(empty_new, lse_acc, torch.where(empty_acc, lse_new, lse))
+def _combine(o: torch.Tensor, lse: torch.Tensor):
+    """The kernels' merge of ``n`` partials per pair (``o [P, n, D]``, ``lse [P, n]``; fp32):
+    max first, weights ``e^(lse - max)`` (0 when empty), weighted mean; returns ``(o, lse)``."""
+    top = lse.max(dim=1).values
+    safe = torch.where(torch.isneginf(top), torch.zeros_like(top), top)
+    w = torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - safe[:, None]))
+    total = w.sum(dim=1)
+    has = total > 0
+    out = (o * w[:, :, None]).sum(dim=1) / torch.where(has, total, torch.ones_like(total))[:, None]
+    return out, torch.where(has, top + torch.log(torch.where(has, total, torch.ones_like(total))),
+                            torch.full_like(top, float("-inf")))
 
 
-def _merge_over_process_group(group: Group, o_part, lse_part, b, hq, d, num_chunks) -> torch.Tensor:
-    """Groups without symmetric memory (torch backend): the same merge order in torch, the
-    per-rank partials exchanged with ``gather_tensors``."""
+def _merge_over_process_group(group: Group, o_part, lse_part, kv_lens, plan, b, hq, d) -> torch.Tensor:
+    """Groups without symmetric memory (torch backend): the same merge in torch (the sums may
+    associate differently from the kernels'), the per-rank partials exchanged with
+    ``gather_tensors``."""
     from ..reference import gather_tensors
 
-    o_part, lse_part = o_part.view(b * hq, num_chunks, d), lse_part.view(b * hq, num_chunks)
-    o = torch.zeros(b * hq, d, dtype=torch.float32, device=o_part.device)
-    lse = torch.full((b * hq,), float("-inf"), dtype=torch.float32, device=o_part.device)
-    for c in range(num_chunks):
-        o, lse = _fold(o, lse, o_part[:, c], lse_part[:, c])
+    part, num_parts = plan[0], plan[2]
+    valid = (kv_lens.to(torch.int64).repeat_interleave(hq) + part - 1) // part  # [B * Hq]
+    written = torch.arange(num_parts, device=o_part.device)[None, :] < valid[:, None]
+    lse = torch.where(written, lse_part.view(b * hq, num_parts), float("-inf"))
+    o = torch.where(written[:, :, None], o_part.view(b * hq, num_parts, d), 0.0)
+    o, lse = _combine(o, lse)
     parts = gather_tensors(torch.cat([o, lse[:, None]], dim=1), group)
-    o = torch.zeros_like(o)
-    lse = torch.full_like(lse, float("-inf"))
-    for part in parts:
-        o, lse = _fold(o, lse, part[:, :d], part[:, d])
-    return o.view(b, hq, d)
+    stacked = torch.stack(parts, dim=1)  # [P, W, D + 1], ranks in order
+    return _combine(stacked[:, :, :d], stacked[:, :, d])[0].view(b, hq, d)
 
 
 def _fake(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic):
@@ -189,27 +234,34 @@ define_op("flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens
 
 
 def _warmup(device: torch.device) -> None:
-    """Compile split-KV (dtype x head_dim x common GQA groups) and the merge kernel (one rank)."""
+    """Compile split-KV (dtype x head_dim x common GQA groups), the combine (final and pushing)
+    and the merge kernel on a one-rank world; check the merged output."""
     # W=1 pad: start count 1, epoch 1 (the arrival comes from the merge itself)
     sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
     lens = torch.full((1,), 64, dtype=torch.int32, device=device)
+    one_part, two_parts = (64, 64, 1, 1), (64, 128, 2, 1)  # FLUSH off / on (keys 64..127 unused)
     for dtype in GPU_DTYPES:
         for d in HEAD_DIMS:
             for g in (1, 4, 8):
                 q = torch.ones(1, g, d, dtype=dtype, device=device)
                 kv = torch.ones(1, 64, 1, d, dtype=dtype, device=device)
-                o_part = torch.empty(g * d, dtype=torch.float32, device=device)
-                lse_part = torch.empty(g, dtype=torch.float32, device=device)
-                _launch_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, DETERMINISTIC_CHUNK, 1)
+                o_part = torch.empty(2 * g * d, dtype=torch.float32, device=device)
+                lse_part = torch.empty(2 * g, dtype=torch.float32, device=device)
+                for plan in (one_part, two_parts):
+                    _launch_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, plan)
             buf = torch.zeros(d + 1, dtype=torch.float32, device=device)
             table = pointer_table(buf)
-            out = torch.empty(1, 1, d, dtype=dtype, device=device)
+            outs = [torch.empty(1, 1, d, dtype=dtype, device=device) for _ in range(2)]
+            _launch_combine(o_part[:2 * d], lse_part[:2], lens, outs[0], buf, table, two_parts, 0, 1)
             sig[0] = 0
             sig[3] = 1
-            decode_merge_kernel[(1,)](o_part[:d], lse_part[:1], out, buf, table, sig, sig_table,
-                                      claim, record, 1, 1, 0, 1, 10**6, 0, D=d, num_warps=4)
+            chunk_combine_kernel[(1,)](o_part[:2 * d], lse_part[:2], lens, outs[1], buf, table, 1, 1, 64,
+                                       2, 0, 1, D=d, FINAL=False, **COMBINE_CONFIG)  # pushing variant
+            decode_merge_kernel[(1,)](outs[1], buf, sig, sig_table, claim, record, 1, 0, 1, 10**6, 0,
+                                      D=d, BLOCK_P=MERGE_BLOCK_P, num_warps=4)
             torch.cuda.synchronize(device)
-            if int(record[0]) != 0 or not torch.allclose(out.float(), torch.ones_like(out.float()), atol=1e-2):
+            ones = torch.ones(1, 1, d, device=device)
+            if int(record[0]) != 0 or not all(torch.allclose(o.float(), ones, atol=1e-2) for o in outs):
                 raise RuntimeError(f"ditron: flash_decode warm-up failed for {dtype}, D={d} (kernel bug)")
 
 
