@@ -12,6 +12,7 @@ Cases (one run, one GPU)::
                   virtual world (W ranks share one GPU: the collective is HBM copies, and both
                   paths pay the virtual world's launch gate), M sweep, LLaMA-3.1-8B layer
 
+P1 and P2 time CUDA-graph replays (device time; the host row measures the eager call's cost).
 The ``ratio`` column is baseline / ours (>1: ours faster). ``geo-mean`` rows summarise P1/P2.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..ag_gemm import _launch, ag_gemm, matmul
 from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, host_time_spmd, register, time_spmd
+from .harness import BenchConfig, Result, graph_time_spmd, host_time_spmd, register, time_spmd
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS, get_model
 
 _SWEEP_M = (128, 512, 2048, 8192)
@@ -61,12 +62,13 @@ def _core(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> Non
         a, w = _inputs(m, n, k, cfg.dtype, group.device)
         b = w.t()
         ref = torch.matmul(a, b)
-        t_cublas = time_spmd(group, lambda: torch.matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
+        t_cublas = graph_time_spmd(group, lambda: torch.matmul(a, b), rounds=cfg.rounds,
+                                   target_ms=cfg.target_ms)
         for name in configs:
             _launch.GPU_CONFIG = name
             got = matmul(a, b)
             err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-            t = time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
+            t = graph_time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
             tflops = 2 * m * n * k / t / 1e6
             r = Result("ag_gemm", f"P1 core {name}", 1, cfg.dtype_name, "triton persistent TMA", t,
                        "cuBLAS torch.matmul", t_cublas, shape=f"{m}x{n}x{k}", m=m, n=n, k=k,
@@ -98,8 +100,8 @@ def _present(group, cfg: BenchConfig, out: list[Result]) -> None:
         fused_present()
         group.synchronize()
         ok = torch.equal(c, matmul(a, b))
-        t_plain = time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
-        t = time_spmd(group, fused_present, rounds=cfg.rounds, target_ms=cfg.target_ms)
+        t_plain = graph_time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
+        t = graph_time_spmd(group, fused_present, rounds=cfg.rounds, target_ms=cfg.target_ms)
         r = Result("ag_gemm", "P2 chunks present", 1, cfg.dtype_name, "ag_gemm consumer (waits)", t,
                    "our plain GEMM", t_plain, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
                    extra={"overhead_pct": round(100 * (t / t_plain - 1), 2), "equal": ok})

@@ -5,8 +5,11 @@ Cases (one run, one GPU)::
     invariant   our fixed-configuration GEMM (the deterministic path's core; fp32 products as the
                 fused kernels make them) vs cuBLAS (bf16 out) for M in {1, 16, 128, 1024, 8192}
                 on the GEMM-RS local shapes [M, N/8] @ [N/8, K]
-    present     gemm_rs fused at W=1 (partials stored into the own buffer, rank-ordered finish)
+    present     gemm_rs fused at W=1 (start barrier, ticket, flags, reduction in the epilogue)
                 vs our plain GEMM of the same shape: the fused path's own overhead
+
+``invariant`` and ``present`` time CUDA-graph replays (device time: at small M an eager call
+is bound by Python and launch cost, which the ``ag_gemm`` bench's host row measures).
     det         deterministic (fused, rank ordered) vs default (impl=auto: all_gather-free
                 baseline matmul + reduce_scatter / all_reduce) on the virtual world, W ranks
     ar          gemm_ar one-shot vs two-shot on the virtual world, M sweep (the auto rule)
@@ -20,7 +23,7 @@ import torch
 from ..ag_gemm import matmul
 from ..gemm_rs import gemm_ar, gemm_rs
 from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, register, time_spmd
+from .harness import BenchConfig, Result, graph_time_spmd, register, time_spmd
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
 
 _MS = (1, 16, 128, 1024, 8192)
@@ -57,17 +60,18 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
         for m in ((8, 64) if cfg.quick else _MS):
             a, b = _inputs(m, k, n, cfg.dtype, group.device)
             f32 = torch.empty(m, n, dtype=torch.float32, device=group.device)
-            t_ours = time_spmd(group, lambda: matmul(a, b, out=f32), rounds=cfg.rounds, target_ms=cfg.target_ms)
-            t_cublas = time_spmd(group, lambda: a @ b, rounds=cfg.rounds, target_ms=cfg.target_ms)
+            t_ours = graph_time_spmd(group, lambda: matmul(a, b, out=f32), rounds=cfg.rounds,
+                                     target_ms=cfg.target_ms)
+            t_cublas = graph_time_spmd(group, lambda: a @ b, rounds=cfg.rounds, target_ms=cfg.target_ms)
             r = Result("gemm_rs", f"invariant M={m}", 1, cfg.dtype_name, "batch-invariant GEMM (fp32 out)",
                        t_ours, "cuBLAS a @ b", t_cublas, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models)
             inv.append(r)
             out.append(r)
         m = 64 if cfg.quick else DEFAULT_M
         a, b = _inputs(m, k, n, cfg.dtype, group.device)
-        t_plain = time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
-        t_fused = time_spmd(group, lambda: gemm_rs(a, b, group, deterministic=True, impl="fused"),
-                            rounds=cfg.rounds, target_ms=cfg.target_ms)
+        t_plain = graph_time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
+        t_fused = graph_time_spmd(group, lambda: gemm_rs(a, b, group, deterministic=True, impl="fused"),
+                                  rounds=cfg.rounds, target_ms=cfg.target_ms)
         r = Result("gemm_rs", "present W=1", 1, cfg.dtype_name, "gemm_rs fused", t_fused,
                    "our plain GEMM", t_plain, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
                    extra={"overhead_pct": round(100 * (t_fused / t_plain - 1), 2)})

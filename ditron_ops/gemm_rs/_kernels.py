@@ -1,21 +1,29 @@
-"""Kernels of ``gemm_rs`` / ``gemm_ar``: partial GEMM with scattered epilogue stores, then a
-rank-ordered reduction.
+"""Kernels of ``gemm_rs`` / ``gemm_ar``: partial GEMM whose tiles go to the ranks that own their
+rows, reduced in rank order.
 
-Schedule of one call (rank r, one stream; ``ag_start_kernel`` is the start barrier)::
+Reduce-scatter (``gemm_rs_kernel``; rank r owns rows ``[lo, hi)``), one kernel after the start
+barrier (``ag_start_kernel``)::
 
-    start barrier | GEMM a_r @ b_r, tiles of rank r+1's rows first ... own rows last;  | finish:
-                  | each fp32 tile stored into slot r of its owner's buffer            | flag owners,
-                  | (one-shot all-reduce: into slot r of every rank)                   | wait all flags,
-                  |                                                                    | out = slot 0 + slot 1 + ...
+    phase 1: every row tile except r's whole ones,  | ticket: the last | phase 2: r's whole row tiles:
+      peers' rows first (right after r's rows);     | program of r     |   GEMM, wait for all flags,
+      fp32 tiles stored into slot r of the owner    | flags every rank |   out = slot 0 + .. + acc (at
+      (r's rows of a boundary tile: its own slot)   | (flag[r] = epoch)|   position r) + .. slot W-1;
+                                                    |                  | then r's boundary rows from
+                                                    |                  |   the slots alone
 
-Scatter-mode swizzle: a rank computes first the tiles its peers need and its own rows last, so
-the stores to peers (NVLink on multi-GPU) overlap the rest of its GEMM. The partials stay fp32
-and the owner adds them in rank order 0..W-1 and rounds once: the result does not depend on
-arrival order, and with the fixed tile configuration each output row depends only on its own
-input row (batch invariance).
+No program waits before every program of its rank has finished phase 1, so every rank's
+contributions land whatever the others do (with all ranks' programs resident). r's own partial of
+a whole tile never leaves the registers: no fp32 round trip and no second kernel, which makes the
+one-rank call a plain GEMM plus a ticket. One-shot all-reduce (``gemm_broadcast_kernel``): every
+tile to slot r of every rank, then ``reduce_finish_kernel`` flags, waits and sums.
+
+The partials stay fp32 and every owner adds them in rank order 0..W-1 from zero and rounds once:
+the result does not depend on arrival order, and with the fixed tile configuration each output
+row depends only on its own input row (batch invariance).
 
 Signal pad (the ``ag_gemm`` layout): ``flag[s]`` at ``s`` = epoch of the last call whose
-partials from rank s have landed; start counts at ``[W, 2W)``; epoch at ``3W``.
+partials from rank s have landed; start counts at ``[W, 2W)``; epoch at ``3W``; the phase-1
+ticket at ``3W + 2`` (back to 0 after every call).
 """
 from __future__ import annotations
 
@@ -26,34 +34,150 @@ from ..ag_gemm._kernels import _tile_coords, tile_matmul
 
 
 @dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "rank", "world_size"))
-def gemm_scatter_kernel(a_desc, b_desc, buf_ptr, buf_table, offsets_ptr, M, N, K, slot_rows,
-                        rank, world_size,
-                        BROADCAST: tl.constexpr, B_KN: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """``a [M, K] @ b [K, N]`` in fp32 tiles; rows ``offsets[s]..offsets[s+1]`` go to slot
-    ``rank`` of rank s (``BROADCAST``: every row to slot ``rank`` of every rank)."""
+def gemm_broadcast_kernel(a_desc, b_desc, buf_ptr, buf_table, M, N, K, slot_rows, rank, world_size,
+                          B_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """``a [M, K] @ b [K, N]`` in fp32 tiles, each stored into slot ``rank`` of every rank."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(pid, tiles_m * tiles_n, tl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, tiles_m, GROUP_M * tiles_n, 0, GROUP_M)
+        acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
+                          pid_m * BLOCK_M, pid_n * BLOCK_N, K, B_KN, BLOCK_K)
+        _store_halves(acc, buf_ptr, buf_table, buf_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N,
+                      slot_rows, rank, world_size, True, BLOCK_M, BLOCK_N)
+
+
+@dl.jit
+def _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slot_rows, rank,
+                  world_size, BROADCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``_store_partial`` in two ``BLOCK_N / 2`` halves: half the live address registers."""
+    acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    _store_partial(acc0, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slot_rows, rank,
+                   world_size, BROADCAST, BLOCK_M, BLOCK_N // 2)
+    _store_partial(acc1, buf_ptr, buf_table, offsets_ptr, off_m, off_n + BLOCK_N // 2, M, N,
+                   slot_rows, rank, world_size, BROADCAST, BLOCK_M, BLOCK_N // 2)
+
+
+@dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "stride_om", "rank", "world_size",
+                           "timeout_us", "op_id"))
+def gemm_rs_kernel(a_desc, b_desc, buf_ptr, buf_table, offsets_ptr, out_ptr, sig_ptr, sig_table,
+                   err_claim, err_record, M, N, K, slot_rows, stride_om, rank, world_size,
+                   timeout_us, op_id, B_KN: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Reduce-scatter GEMM (schedule in the module docstring): ``out = (Σ_s a_s @ b_s)[lo:hi]``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     group_tiles = GROUP_M * tiles_n
-    if BROADCAST:
-        shift = 0
-    else:
-        shift = tl.load(offsets_ptr + (rank + 1) % world_size) // BLOCK_M  # peers' rows first
+    lo = tl.load(offsets_ptr + rank)
+    hi = tl.load(offsets_ptr + rank + 1)
+    full_first = tl.cdiv(lo, BLOCK_M)  # r's whole row tiles: [full_first, full_end)
+    full_end = tl.where(hi == M, tiles_m, hi // BLOCK_M)
+    n_full = tl.maximum(full_end - full_first, 0)
+    epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64)
+    deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
+    rest = (tiles_m - n_full) * tiles_n  # phase-1 tiles, then r's whole tiles: one GEMM loop
+    ticketed = pid < 0
     for tile in range(pid, tiles_m * tiles_n, nprog):
-        pid_m, pid_n = _tile_coords(tile, tiles_m, group_tiles, shift, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
+        own = tile >= rest
+        if own:
+            pm, pid_n = _tile_coords(tile - rest, n_full, group_tiles, 0, GROUP_M)
+            off_m = (full_first + pm) * BLOCK_M
+        else:
+            pm, pid_n = _tile_coords(tile, tiles_m - n_full, group_tiles, 0, GROUP_M)
+            off_m = ((pm + full_end) % tiles_m) * BLOCK_M
         acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
-                          off_m, off_n, K, B_KN, BLOCK_K)
-        # Store in two BLOCK_N/2 halves: half the live address registers (no spills).
-        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-        acc0, acc1 = tl.split(halves)
-        _store_partial(acc0, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slot_rows, rank,
-                       world_size, BROADCAST, BLOCK_M, BLOCK_N // 2)
-        _store_partial(acc1, buf_ptr, buf_table, offsets_ptr, off_m, off_n + BLOCK_N // 2, M, N,
-                       slot_rows, rank, world_size, BROADCAST, BLOCK_M, BLOCK_N // 2)
+                          off_m, pid_n * BLOCK_N, K, B_KN, BLOCK_K)
+        if own:
+            if not ticketed:  # this program's phase 1 is over
+                _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
+                ticketed = pid >= 0
+            if _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size):
+                _reduce_halves(acc, True, buf_ptr, out_ptr, off_m, pid_n * BLOCK_N, lo, hi, N,
+                               slot_rows, stride_om, rank, world_size, BLOCK_M, BLOCK_N)
+        else:
+            _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, pid_n * BLOCK_N, M, N,
+                          slot_rows, rank, world_size, False, BLOCK_M, BLOCK_N)
+    if not ticketed:
+        _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
+    has_top = (hi > lo) & (lo % BLOCK_M != 0)  # boundary tiles: r's rows came from the slots
+    has_bottom = (hi > lo) & (full_end * BLOCK_M < hi) & ((full_end != lo // BLOCK_M) | ~has_top)
+    n_edge = has_top.to(tl.int32) + has_bottom.to(tl.int32)
+    for tile in range(pid, n_edge * tiles_n, nprog):
+        top = (tile < tiles_n) & has_top
+        off_m = tl.where(top, lo // BLOCK_M, full_end) * BLOCK_M
+        if _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size):
+            _reduce_halves(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), False, buf_ptr, out_ptr,
+                           off_m, (tile % tiles_n) * BLOCK_N, lo, hi, N, slot_rows, stride_om,
+                           rank, world_size, BLOCK_M, BLOCK_N)
+
+
+@dl.jit
+def _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog):
+    """Count this program out of phase 1; the last of the rank's programs flags every rank."""
+    ticket = sig_ptr + 3 * world_size + 2
+    tl.debug_barrier()
+    if tl.atomic_add(ticket, 1, sem="acq_rel", scope="sys") == nprog - 1:
+        tl.store(ticket, 0)
+        dl.fence_sys()
+        for i in range(world_size):
+            dst = (rank + i) % world_size
+            dl.signal_set(dl.remote_ptr(sig_table, dst, sig_ptr) + rank, epoch)
+
+
+@dl.jit
+def _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size):
+    """Every rank's partials for this rank have landed (bounded waits; False on timeout)."""
+    ok = epoch >= 0
+    for s in range(world_size):
+        ok = ok & dl.wait_at_least(sig_ptr + s, epoch, deadline, err_claim, err_record, op_id,
+                                   rank, s, epoch)
+    return ok
+
+
+@dl.jit
+def _reduce_halves(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, off_m, off_n, lo, hi, N,
+                   slot_rows, stride_om, rank, world_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``_reduce_store`` in four ``BLOCK_N / 4`` quarters (fewer live registers: no spills)."""
+    Q: tl.constexpr = BLOCK_N // 4
+    h0, h1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    q0, q1 = tl.split(tl.permute(tl.reshape(h0, (BLOCK_M, 2, Q)), (0, 2, 1)))
+    _reduce_store(q0, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n, lo, hi, N, slot_rows, stride_om,
+                  rank, world_size, BLOCK_M, Q)
+    _reduce_store(q1, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + Q, lo, hi, N, slot_rows,
+                  stride_om, rank, world_size, BLOCK_M, Q)
+    q2, q3 = tl.split(tl.permute(tl.reshape(h1, (BLOCK_M, 2, Q)), (0, 2, 1)))
+    _reduce_store(q2, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + 2 * Q, lo, hi, N, slot_rows,
+                  stride_om, rank, world_size, BLOCK_M, Q)
+    _reduce_store(q3, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + 3 * Q, lo, hi, N, slot_rows,
+                  stride_om, rank, world_size, BLOCK_M, Q)
+
+
+@dl.jit
+def _reduce_store(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, off_m, off_n, lo, hi, N,
+                  slot_rows, stride_om, rank, world_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``out[rows - lo] = slot 0 + slot 1 + ...`` (fp32 from zero, rank order, one rounding) for
+    this rank's rows of the tile; slot ``rank`` is ``acc`` when ``OWN_IN_ACC``."""
+    rm = off_m + tl.arange(0, BLOCK_M)
+    rn = off_n + tl.arange(0, BLOCK_N)
+    mask = ((rm >= lo) & (rm < hi))[:, None] & (rn < N)[None, :]
+    local = (rm - lo).to(tl.int64)
+    at = buf_ptr + local[:, None] * N + rn[None, :]
+    slot = slot_rows.to(tl.int64) * N
+    total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for s in range(world_size):
+        if OWN_IN_ACC:
+            if s == rank:
+                total += acc
+            else:
+                total += tl.load(at + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
+        else:
+            total += tl.load(at + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
+    tl.store(out_ptr + local[:, None] * stride_om + rn[None, :], total.to(out_ptr.dtype.element_ty),
+             mask=mask)
 
 
 @dl.jit

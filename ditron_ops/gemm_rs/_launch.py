@@ -1,7 +1,6 @@
-"""Host side of gemm_rs / gemm_ar: workspace, descriptors, the three launches of one call."""
+"""Host side of gemm_rs / gemm_ar: workspace, descriptors, the launches of one call (start
+barrier + reduce-scatter GEMM; or start barrier + broadcast GEMM + finish for one-shot)."""
 from __future__ import annotations
-
-import itertools
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -11,7 +10,7 @@ from ..ag_gemm._kernels import ag_start_kernel
 from ..ag_gemm._launch import _padded_copy, _tma_ok, b_descriptor, consumer_programs, tile_config
 from ..runtime.group import Group, op_id
 from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
-from ._kernels import gemm_scatter_kernel, reduce_finish_kernel
+from ._kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
 
 PURPOSE = "gemm_reduce"
 _FINISH_BLOCK = dict(BLOCK_R=8, BLOCK_C=256)
@@ -38,7 +37,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     slot_rows = m if broadcast else max(rows)
     data = ws.ensure_data(max(1, w * slot_rows * n * 4))
     buf = data.local.view(torch.float32)
-    offsets = ws.row_offsets([m] * w if broadcast else rows, op)
+    offsets = None if broadcast else ws.row_offsets(rows, op)  # (uploads before any wait)
     if not _tma_ok(a):
         a = _padded_copy(a)
     a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, cfg.block_k])
@@ -51,41 +50,55 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     with group.waiting_launch(op, ws.calls):
         ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, my_rows,
                               group.timeout_us(), op_id(op))
-        gemm_scatter_kernel[(consumer_programs(a.device, group, tiles),)](
-            a_desc, b_desc, buf, data.ptr_table, offsets, m, n, k, slot_rows, rank, w,
-            BROADCAST=broadcast, B_KN=b_kn, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
-        reduce_finish_kernel[(finish_programs(group),)](
-            buf, out, sig, ws.signal.ptr_table, claim, record, my_rows, n,
-            out.stride(0), slot_rows, rank, w, group.timeout_us(), op_id(op), **_FINISH_BLOCK)
+        programs = consumer_programs(a.device, group, tiles)
+        tiles_cfg = dict(B_KN=b_kn, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                         GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if broadcast:
+            gemm_broadcast_kernel[(programs,)](a_desc, b_desc, buf, data.ptr_table, m, n, k,
+                                               slot_rows, rank, w, **tiles_cfg)
+            reduce_finish_kernel[(finish_programs(group),)](
+                buf, out, sig, ws.signal.ptr_table, claim, record, my_rows, n,
+                out.stride(0), slot_rows, rank, w, group.timeout_us(), op_id(op), **_FINISH_BLOCK)
+        else:
+            gemm_rs_kernel[(programs,)](a_desc, b_desc, buf, data.ptr_table, offsets, out, sig,
+                                        ws.signal.ptr_table, claim, record, m, n, k, slot_rows,
+                                        out.stride(0), rank, w, group.timeout_us(), op_id(op),
+                                        **tiles_cfg)
     if _env.sync_check():
         group.synchronize()
     return out
 
 
 def _warmup(device: torch.device) -> None:
-    """Compile every variant (dtype x B layout x broadcast, finish per dtype) as a one-rank call."""
+    """Compile every variant (dtype x B layout; reduce-scatter and broadcast + finish) as
+    one-rank calls and check them."""
     cfg = tile_config(device)
-    sig, sig_table, claim, record = one_rank_pad(device, (1, 1, 0, 1))  # flag[0] = epoch = 1
     offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
     buf = torch.zeros(64 * 64, dtype=torch.float32, device=device)
     table = pointer_table(buf)
+    tiles_cfg = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                     GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     for dtype in (torch.float16, torch.bfloat16):
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
-        for b, broadcast in itertools.product((a.clone(), a.clone().t()), (False, True)):
+        outs = []
+        for b in (a.clone(), a.clone().t()):
             b_desc, b_kn = b_descriptor(b, cfg)
-            gemm_scatter_kernel[(1,)](a_desc, b_desc, buf, table, offsets, 64, 64, 64, 64, 0, 1,
-                                      BROADCAST=broadcast, B_KN=b_kn, BLOCK_M=cfg.block_m,
-                                      BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                      GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
-                                      num_stages=cfg.num_stages)
-        out = torch.empty(64, 64, dtype=dtype, device=device)
-        reduce_finish_kernel[(1,)](buf, out, sig, sig_table, claim, record, 64, 64, 64, 64, 0, 1,
-                                   10**6, 0, **_FINISH_BLOCK)
-        torch.cuda.synchronize(device)
-        if int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64)):
+            # reduce-scatter: the ticket sets flag[0] = epoch = 1 itself
+            sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
+            outs.append(torch.empty(64, 64, dtype=dtype, device=device))
+            gemm_rs_kernel[(1,)](a_desc, b_desc, buf, table, offsets, outs[-1], sig, sig_table, claim,
+                                 record, 64, 64, 64, 64, 64, 0, 1, 10**6, 0, B_KN=b_kn, **tiles_cfg)
+            gemm_broadcast_kernel[(1,)](a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1,
+                                        B_KN=b_kn, **tiles_cfg)
+            sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
+            outs.append(torch.empty(64, 64, dtype=dtype, device=device))
+            reduce_finish_kernel[(1,)](buf, outs[-1], sig, sig_table, claim, record, 64, 64, 64, 64,
+                                       0, 1, 10**6, 0, **_FINISH_BLOCK)
+            torch.cuda.synchronize(device)
+            if int(record[0]) != 0:
+                raise RuntimeError(f"ditron: gemm_rs warm-up timed out for {dtype} (kernel bug)")
+        if not all(torch.equal(o, torch.full_like(o, 64)) for o in outs):
             raise RuntimeError(f"ditron: gemm_rs warm-up failed for {dtype} (kernel bug)")
 
 
