@@ -46,10 +46,11 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     softmax_scale : float, optional
         Default ``1 / sqrt(D)``.
     deterministic : bool, optional
-        Defaults to the ``ditron_ops.deterministic()`` mode. True: fixed chunk of
-        ``DETERMINISTIC_CHUNK`` keys and a fixed merge order (a rank's chunks in order, then
-        ranks 0..W-1) in fp32: bitwise identical run to run and batch invariant. False: the
-        chunk shrinks when the batch is too small to fill the GPU (faster, not batch invariant).
+        Defaults to the ``ditron_ops.deterministic()`` mode. True: one partial per fixed chunk
+        of ``DETERMINISTIC_CHUNK`` keys and a fixed merge (chunks by position, then ranks
+        0..W-1) in fp32: bitwise identical run to run and batch invariant. False: one partial
+        per split-KV program, the key ranges sized from the batch and the GPU (faster; not
+        batch invariant).
 
     Returns
     -------
