@@ -24,12 +24,13 @@ def test_custom_shard_sizes():
     ditron_ops.launch(lambda g: check_gemm_reduce(g, 10, 6, 8, torch.float32, shard_sizes=[7, 0, 3]), 3)
 
 
-@pytest.mark.parametrize("world_size,m,shard_sizes", [(2, 40, None), (2, 64, None), (3, 48, [5, 40, 3]),
-                                                     (4, 70, [0, 33, 16, 21])])
-def test_whole_and_boundary_tiles(world_size, m, shard_sizes):
+@pytest.mark.parametrize("world_size,m,n,shard_sizes", [(2, 40, 20, None), (2, 64, 32, None),
+                                                       (3, 48, 20, [5, 40, 3]), (4, 70, 48, [0, 33, 16, 21])])
+def test_whole_and_boundary_tiles(world_size, m, n, shard_sizes):
     """Shards spanning whole row tiles (reduced in the GEMM epilogue from registers) and tiles
-    shared with a neighbour (own rows through the own slot), aligned or not, with an empty rank."""
-    ditron_ops.launch(lambda g: check_gemm_reduce(g, m, 20, 12, torch.float32, shard_sizes=shard_sizes),
+    shared with a neighbour (own rows through the own slot), tile-aligned or not, with an empty
+    rank; N a multiple of 16 or not (the kernels' vector-store variant)."""
+    ditron_ops.launch(lambda g: check_gemm_reduce(g, m, n, 12, torch.float32, shard_sizes=shard_sizes),
                       world_size)
 
 

@@ -2,6 +2,8 @@
 barrier + reduce-scatter GEMM; or start barrier + broadcast GEMM + finish for one-shot)."""
 from __future__ import annotations
 
+import itertools
+
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -46,19 +48,22 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     sig = ws.signal_pad()
     my_rows = m if broadcast else rows[rank]
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    aligned = n % 16 == 0 and out.stride(0) % 16 == 0  # vector loads/stores of the fp32 slots and out
     ws.calls += 1
     with group.waiting_launch(op, ws.calls):
         ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, my_rows,
                               group.timeout_us(), op_id(op))
         programs = consumer_programs(a.device, group, tiles)
         tiles_cfg = dict(B_KN=b_kn, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                         GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                         GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                         ALIGNED=aligned)
         if broadcast:
             gemm_broadcast_kernel[(programs,)](a_desc, b_desc, buf, data.ptr_table, m, n, k,
                                                slot_rows, rank, w, **tiles_cfg)
             reduce_finish_kernel[(finish_programs(group),)](
                 buf, out, sig, ws.signal.ptr_table, claim, record, my_rows, n,
-                out.stride(0), slot_rows, rank, w, group.timeout_us(), op_id(op), **_FINISH_BLOCK)
+                out.stride(0), slot_rows, rank, w, group.timeout_us(), op_id(op), ALIGNED=aligned,
+                **_FINISH_BLOCK)
         else:
             gemm_rs_kernel[(programs,)](a_desc, b_desc, buf, data.ptr_table, offsets, out, sig,
                                         ws.signal.ptr_table, claim, record, m, n, k, slot_rows,
@@ -78,7 +83,7 @@ def _warmup(device: torch.device) -> None:
     table = pointer_table(buf)
     tiles_cfg = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                      GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    for dtype in (torch.float16, torch.bfloat16):
+    for dtype, aligned in itertools.product((torch.float16, torch.bfloat16), (True, False)):
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
         outs = []
@@ -88,13 +93,14 @@ def _warmup(device: torch.device) -> None:
             sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
             outs.append(torch.empty(64, 64, dtype=dtype, device=device))
             gemm_rs_kernel[(1,)](a_desc, b_desc, buf, table, offsets, outs[-1], sig, sig_table, claim,
-                                 record, 64, 64, 64, 64, 64, 0, 1, 10**6, 0, B_KN=b_kn, **tiles_cfg)
+                                 record, 64, 64, 64, 64, 64, 0, 1, 10**6, 0, B_KN=b_kn,
+                                 ALIGNED=aligned, **tiles_cfg)
             gemm_broadcast_kernel[(1,)](a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1,
-                                        B_KN=b_kn, **tiles_cfg)
+                                        B_KN=b_kn, ALIGNED=aligned, **tiles_cfg)
             sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
             outs.append(torch.empty(64, 64, dtype=dtype, device=device))
             reduce_finish_kernel[(1,)](buf, outs[-1], sig, sig_table, claim, record, 64, 64, 64, 64,
-                                       0, 1, 10**6, 0, **_FINISH_BLOCK)
+                                       0, 1, 10**6, 0, ALIGNED=aligned, **_FINISH_BLOCK)
             torch.cuda.synchronize(device)
             if int(record[0]) != 0:
                 raise RuntimeError(f"ditron: gemm_rs warm-up timed out for {dtype} (kernel bug)")
