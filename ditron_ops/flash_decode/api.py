@@ -119,7 +119,8 @@ def partition(group: Group, batch: int, kv_heads: int, s_max: int, deterministic
     s_max = max(s_max, 1)
     slots = CTAS_PER_SM * sm_count(group.device) if group.device.type == "cuda" else 1
     if deterministic:
-        part = DETERMINISTIC_CHUNK
+        part = DETERMINISTIC_CHUNK  # a multiple of BLOCK_N: partials end on key-block boundaries
+        assert part % _block_n(group.device) == 0, (part, SPLIT_CONFIG)
         num_parts = -(-s_max // part)
         per_prog = max(1, -(-batch * kv_heads * num_parts // (SPLIT_WAVES * slots)))
         splits = -(-num_parts // per_prog)
