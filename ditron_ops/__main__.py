@@ -12,13 +12,13 @@ backend over gloo; rank 0 prints the table::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 import triton
 
 from . import _env
+from .runtime.torchrun import under_torchrun
 from .runtime.virtual import launch
 from .selfcheck import run_checks
 
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default bf16 on GPU, fp32 on CPU")
     args = parser.parse_args(argv)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if under_torchrun():
         return _distributed(args)
     _env.prepare_cuda_for_virtual_ranks()
     gpu = torch.cuda.is_available() and not _env.use_interpreter()
@@ -58,30 +58,17 @@ def _report(rows, world: int) -> int:
 
 def _distributed(args) -> int:
     """One rank per process (torchrun): nvshmem on GPUs when available, else torch.distributed."""
-    import torch.distributed as dist
+    from .runtime.torchrun import torchrun_group
 
-    from .runtime.nvshmem_backend import finalize_nvshmem, init_nvshmem, nvshmem_available
-    from .runtime.torch_backend import TorchGroup
-
-    gpu = torch.cuda.is_available() and not _env.use_interpreter()
-    if gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if gpu else "gloo")
-    use_nvshmem = gpu and nvshmem_available()
-    group = init_nvshmem() if use_nvshmem else TorchGroup()
-    dtype = DTYPES[args.dtype or ("bf16" if gpu else "fp32")]
-    if group.rank == 0:
-        print(f"ditron_ops self-check: {group.world_size} processes, {group.backend} backend, "
-              f"{'GPU ' + torch.cuda.get_device_name() if gpu else 'CPU'}; torch {torch.__version__}, "
-              f"triton {triton.__version__}; dtype {str(dtype).replace('torch.', '')}\n")
-    try:
+    with torchrun_group() as group:
+        gpu = group.device.type == "cuda"
+        dtype = DTYPES[args.dtype or ("bf16" if gpu else "fp32")]
+        if group.rank == 0:
+            print(f"ditron_ops self-check: {group.world_size} processes, {group.backend} backend, "
+                  f"{'GPU ' + torch.cuda.get_device_name() if gpu else 'CPU'}; torch {torch.__version__}, "
+                  f"triton {triton.__version__}; dtype {str(dtype).replace('torch.', '')}\n")
         rows = run_checks(group, dtype, 5 if gpu else 2)
-    finally:
-        if use_nvshmem:
-            finalize_nvshmem(group)
-    code = _report(rows, group.world_size) if group.rank == 0 else 0
-    dist.destroy_process_group()
-    return code
+    return _report(rows, group.world_size) if group.rank == 0 else 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 import csv
 
 import pytest
+import torch
 
 from ditron_ops.bench import LAYER_CONFIGS, local_gemm_shape
 from ditron_ops.bench.__main__ import main
@@ -40,3 +41,19 @@ def test_quick_collectives_writes_csv_and_png(tmp_path, capsys):
     png = csvs[0].with_suffix(".png")
     assert png.exists() and png.stat().st_size > 0
     assert "all_reduce/two_shot" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier (gloo processes)")
+def test_tp_bench_under_torchrun_gloo(tmp_path):
+    """The multi-GPU bench runs end to end under torchrun (2 CPU processes, torch backend over
+    gloo, tiny shapes) and rank 0 alone writes the per-world-size CSV."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+           "ditron_ops.bench", "tp", "--quick", "--dtype", "fp32", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader(open(tmp_path / "tp-w2-fp32-cpu-quick.csv")))
+    assert [r["case"].split()[0] for r in rows] == ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode"]
+    assert all(r["world_size"] == "2" and float(r["time_us"]) > 0 for r in rows)

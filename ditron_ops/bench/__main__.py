@@ -14,6 +14,7 @@ repetitions: a CPU smoke run), ``--device`` (cuda or cpu; default cuda when a GP
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -100,7 +101,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("note: CPU run without --quick; the Triton interpreter makes full sizes very slow",
               file=sys.stderr)
     results = benches[args.bench].fn(cfg)
-    finish(args.bench, results, cfg)
+    if int(os.environ.get("RANK", "0")) == 0:  # torchrun benches: every rank measures, rank 0 writes
+        finish(args.bench, results, cfg)
     return 0
 
 

@@ -416,7 +416,9 @@ def finish(bench: str, results: Sequence[Result], cfg: BenchConfig,
     """
     stream = sys.stdout if stream is None else stream
     machine = machine_info(cfg.device)
-    stem = f"{bench}-{cfg.dtype_name}-{cfg.device.type}" + ("-quick" if cfg.quick else "")
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun benches: one file per world size
+    stem = (f"{bench}" + (f"-w{world}" if world > 1 else "") + f"-{cfg.dtype_name}-{cfg.device.type}"
+            + ("-quick" if cfg.quick else ""))
     csv_path = write_csv(results, cfg.out_dir / f"{stem}.csv", machine)
     baselines = ", ".join(dict.fromkeys(r.baseline for r in results))
     title = (f"{bench} ({cfg.dtype_name}, {machine['device_name']}): ratio = baseline / ours "

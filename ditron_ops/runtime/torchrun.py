@@ -1,0 +1,70 @@
+"""One rank per process under ``torchrun``: device, process group and ditron group in one place.
+
+``python -m ditron_ops`` and the multi-GPU benches use it::
+
+    with torchrun_group() as group:   # nvshmem on GPUs when nvshmem4py is installed
+        ...
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator, Optional
+
+import torch
+
+from .. import _env
+from .group import Group
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1",
+                "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+"""NVLink multicast stays off (the lent machines require it): set unless already set."""
+
+
+def under_torchrun() -> bool:
+    """True in a process that ``torchrun`` started with more than one rank."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+@contextlib.contextmanager
+def torchrun_group(backend: Optional[str] = None) -> Iterator[Group]:
+    """This process as one rank of the torchrun job, as a ditron ``Group``.
+
+    Parameters
+    ----------
+    backend : {"nvshmem", "torch"}, optional
+        Default: ``"nvshmem"`` on a GPU when nvshmem4py imports, else ``"torch"`` (NCCL on GPUs,
+        gloo on CPUs). ``"torch"`` on a GPU leaves NVSHMEM to whoever else wants it (for example
+        PyTorch's symmetric memory).
+
+    Yields
+    ------
+    Group
+        The rank's group (default group while the block runs). On exit NVSHMEM is finalized
+        (collective) and the process group destroyed.
+    """
+    import torch.distributed as dist
+
+    from .nvshmem_backend import finalize_nvshmem, init_nvshmem, nvshmem_available
+    from .torch_backend import TorchGroup
+
+    for key, value in NO_MULTICAST.items():
+        os.environ.setdefault(key, value)
+    gpu = torch.cuda.is_available() and not _env.use_interpreter()
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if backend is None:
+        backend = "nvshmem" if gpu and nvshmem_available() else "torch"
+    if backend not in ("nvshmem", "torch"):
+        raise ValueError(f"ditron: torchrun backend must be 'nvshmem' or 'torch', got {backend!r}")
+    owns_pg = not dist.is_initialized()
+    if owns_pg:
+        dist.init_process_group("nccl" if gpu else "gloo")
+    group = init_nvshmem() if backend == "nvshmem" else TorchGroup()
+    try:
+        yield group
+    finally:
+        if backend == "nvshmem":
+            finalize_nvshmem(group)
+        if owns_pg:
+            dist.destroy_process_group()
