@@ -279,6 +279,11 @@ def rows_over_worlds(cfg: BenchConfig, body: Callable[..., list], *args) -> list
 # -- output ------------------------------------------------------------------------------------------
 
 def _git_commit() -> str:
+    """Short commit of the source (``-dirty`` with local changes). ``DITRON_GIT_COMMIT`` overrides
+    it for copies whose git metadata is not the source's (the lent GPU machine's checkout showed
+    a stale commit for every run)."""
+    if os.environ.get("DITRON_GIT_COMMIT"):
+        return os.environ["DITRON_GIT_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
