@@ -200,7 +200,7 @@ def _store_partial(acc, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slo
     if BROADCAST:
         for i in range(world_size):
             dst = (rank + 1 + i) % world_size
-            base = dl.remote_ptr(buf_table, dst, buf_ptr) + slot + off_m.to(tl.int64) * N
+            base = dl.peer_base(buf_table, dst, rank, buf_ptr) + slot + off_m.to(tl.int64) * N
             tl.store(base + (rm - off_m)[:, None] * N + rn[None, :], acc,
                      mask=(rm < M)[:, None] & col_ok)
     else:
@@ -208,7 +208,7 @@ def _store_partial(acc, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slo
             lo = tl.load(offsets_ptr + s)
             hi = tl.load(offsets_ptr + s + 1)
             if (lo < off_m + BLOCK_M) & (hi > off_m):
-                base = dl.remote_ptr(buf_table, s, buf_ptr) + slot + (off_m - lo).to(tl.int64) * N
+                base = dl.peer_base(buf_table, s, rank, buf_ptr) + slot + (off_m - lo).to(tl.int64) * N
                 mine = (rm >= lo) & (rm < hi)
                 tl.store(base + (rm - off_m)[:, None] * N + rn[None, :], acc,
                          mask=mine[:, None] & col_ok)

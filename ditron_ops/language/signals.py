@@ -124,3 +124,13 @@ def remote_ptr(table_ptr, peer, like_ptr):
     bases are 16-byte aligned (every backend allocates them so), which lets loads vectorize.
     """
     return tl.multiple_of(tl.load(table_ptr + peer), 16).to(like_ptr.dtype)
+
+
+@jit
+def peer_base(table_ptr, peer, rank, local_base):
+    """Rank ``peer``'s base of the symmetric buffer whose base on this rank (rank ``rank``) is
+    ``local_base``: like ``remote_ptr``, but built as ``local_base + offset`` so the compiler
+    keeps the 16-byte alignment (vector stores). ``remote_ptr``'s int-to-pointer cast loses it."""
+    delta = tl.load(table_ptr + peer) - tl.load(table_ptr + rank)  # bytes, a multiple of 16
+    elem: tl.constexpr = local_base.dtype.element_ty.primitive_bitwidth // 8
+    return local_base + (delta // 16) * (16 // elem)
