@@ -104,7 +104,7 @@ def gemm_rs_kernel(a_desc, b_desc, buf_ptr, buf_table, offsets_ptr, out_ptr, sig
                 _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
                 ticketed = pid >= 0
             if _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size):
-                _reduce_halves(acc, True, buf_ptr, out_ptr, off_m, pid_n * BLOCK_N, lo, hi, N,
+                _reduce_quarters(acc, True, buf_ptr, out_ptr, off_m, pid_n * BLOCK_N, lo, hi, N,
                                slot_rows, stride_om, rank, world_size, BLOCK_M, BLOCK_N)
         else:
             _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, pid_n * BLOCK_N, M, N,
@@ -118,7 +118,7 @@ def gemm_rs_kernel(a_desc, b_desc, buf_ptr, buf_table, offsets_ptr, out_ptr, sig
         top = (tile < tiles_n) & has_top
         off_m = tl.where(top, lo // BLOCK_M, full_end) * BLOCK_M
         if _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size):
-            _reduce_halves(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), False, buf_ptr, out_ptr,
+            _reduce_quarters(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), False, buf_ptr, out_ptr,
                            off_m, (tile % tiles_n) * BLOCK_N, lo, hi, N, slot_rows, stride_om,
                            rank, world_size, BLOCK_M, BLOCK_N)
 
@@ -147,7 +147,7 @@ def _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, wo
 
 
 @dl.jit
-def _reduce_halves(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, off_m, off_n, lo, hi, N,
+def _reduce_quarters(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, off_m, off_n, lo, hi, N,
                    slot_rows, stride_om, rank, world_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """``_reduce_store`` in four ``BLOCK_N / 4`` quarters (fewer live registers: no spills)."""
     Q: tl.constexpr = BLOCK_N // 4
