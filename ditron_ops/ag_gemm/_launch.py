@@ -36,8 +36,11 @@ GPU_CONFIGS = {
     "128x256x64/s4": TileConfig(128, 256, 64, 8, 8, 4),
 }
 """Candidates the ``ag_gemm`` bench compares; ``GPU_CONFIG`` names the one used. Measured on the
-H200 (bf16, local model shapes M=8192): 128x256x64 with 3 stages reached 0.965x cuBLAS
-(geo-mean); the same tiles with ``tl.range(flatten=True)`` 0.45x, 128x128x64/4 stages (flattened) 0.31x."""
+H200 (bf16, local model shapes M=8192, CUDA-graph replay), the bench: 128x256x64 with 3 stages
+0.983x cuBLAS (geo-mean), 4 stages 0.979x. A one-off sweep (graphs, s3 at 0.975x there):
+128x128x64 (4-5 stages, 4 or 8 warps) 0.91-0.92x, 256x128x64 0.93x, 128x128x128 0.89x, GROUP_M 16
+0.974x, the best configuration per shape 0.978x (not worth a shape rule). The same tiles with
+``tl.range(flatten=True)`` ran at 0.45x."""
 GPU_CONFIG = "128x256x64/s3"
 _INTERPRETER_CONFIG = TileConfig(16, 16, 16, 4, 4, 1)
 

@@ -242,9 +242,8 @@ def graph_time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms
         return time_spmd(group, fn, rounds=rounds, target_ms=target_ms, max_iters=max_iters)
     fn()
     group.synchronize()
-    estimate = max(group.all_gather_object(_timed_rounds(group, fn, 3, 1, device_clock=True)))
+    estimate = _timed_rounds(group, fn, 3, 1, device_clock=True)  # max over ranks: same on all
     iters = int(min(max_iters, max(1, target_ms * 1e3 / max(estimate, 1e-3))))
-    iters = max(group.all_gather_object(iters))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         for _ in range(iters):

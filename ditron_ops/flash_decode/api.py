@@ -102,8 +102,15 @@ COMBINE_CONFIG = {"BLOCK_P": 1, "BLOCK_C": 32, "num_warps": 4}
 MERGE_BLOCK_P = 4
 
 
+_INTERPRETER_SPLIT_CONFIG = {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+
+
+def _split_config(device: torch.device) -> dict:
+    return SPLIT_CONFIG if device.type == "cuda" else _INTERPRETER_SPLIT_CONFIG
+
+
 def _block_n(device: torch.device) -> int:
-    return SPLIT_CONFIG["BLOCK_N"] if device.type == "cuda" else 16
+    return _split_config(device)["BLOCK_N"]
 
 
 def partition(group: Group, batch: int, kv_heads: int, s_max: int, deterministic: bool):
@@ -144,7 +151,7 @@ def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan) -> None:
     hkv = k.shape[2]
     g = hq // hkv
     part, prog, num_parts, splits = plan
-    cfg = SPLIT_CONFIG if q.device.type == "cuda" else {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    cfg = _split_config(q.device)
     split_kv_kernel[(b, hkv, splits)](
         q, k, v, lens, o_part, lse_part, scale, hq, part, prog, num_parts,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),

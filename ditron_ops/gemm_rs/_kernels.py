@@ -33,14 +33,22 @@ from .. import language as dl
 from ..ag_gemm._kernels import _tile_coords, tile_matmul
 
 
+@dl.jit
+def _multiple_of_16(x, ALIGNED: tl.constexpr):
+    """``x`` itself; with ``ALIGNED`` (the host checked ``x % 16 == 0``) rewritten as
+    ``x // 16 * 16`` so the compiler knows it is a multiple of 16 (16-byte vector accesses)."""
+    if ALIGNED:
+        x = x // 16 * 16
+    return x
+
+
 @dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "rank", "world_size"))
 def gemm_broadcast_kernel(a_desc, b_desc, buf_ptr, buf_table, M, N, K, slot_rows, rank, world_size,
                           B_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ALIGNED: tl.constexpr):
     """``a [M, K] @ b [K, N]`` in fp32 tiles, each stored into slot ``rank`` of every rank.
     ``ALIGNED``: N is a multiple of 16 (vector stores)."""
-    if ALIGNED:
-        N = N // 16 * 16  # the same value, now known to the compiler as a multiple of 16
+    N = _multiple_of_16(N, ALIGNED)
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -72,9 +80,8 @@ def gemm_rs_kernel(a_desc, b_desc, buf_ptr, buf_table, offsets_ptr, out_ptr, sig
                    ALIGNED: tl.constexpr):
     """Reduce-scatter GEMM (schedule in the module docstring): ``out = (Σ_s a_s @ b_s)[lo:hi]``.
     ``ALIGNED``: N and ``stride_om`` are multiples of 16 (vector loads and stores)."""
-    if ALIGNED:  # the same values, now known to the compiler as multiples of 16
-        N = N // 16 * 16
-        stride_om = stride_om // 16 * 16
+    N = _multiple_of_16(N, ALIGNED)
+    stride_om = _multiple_of_16(stride_om, ALIGNED)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -222,9 +229,8 @@ def reduce_finish_kernel(buf_ptr, out_ptr, sig_ptr, sig_table, err_claim, err_re
     """Flag every rank that this rank's partials have landed (they were stored by the previous
     kernel on this stream), wait for every rank's flag, then sum the slots in rank order.
     ``ALIGNED``: N and ``stride_om`` are multiples of 16 (vector loads and stores)."""
-    if ALIGNED:  # the same values, now known to the compiler as multiples of 16
-        N = N // 16 * 16
-        stride_om = stride_om // 16 * 16
+    N = _multiple_of_16(N, ALIGNED)
+    stride_om = _multiple_of_16(stride_om, ALIGNED)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64)
