@@ -50,10 +50,10 @@ def test_tp_bench_under_torchrun_gloo(tmp_path):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
-           "ditron_ops.bench", "tp", "--quick", "--dtype", "fp32", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "ditron_ops.bench", "tp", "--quick", "--dtype", "fp32", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[:4000]}"
     rows = list(csv.DictReader(open(tmp_path / "tp-w2-fp32-cpu-quick.csv")))
     assert [r["case"].split()[0] for r in rows] == ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode"]
     assert all(r["world_size"] == "2" and float(r["time_us"]) > 0 for r in rows)
