@@ -49,6 +49,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     my_rows = m if broadcast else rows[rank]
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     aligned = n % 16 == 0 and out.stride(0) % 16 == 0  # vector loads/stores of the fp32 slots and out
+    c_desc = _out_descriptor(out, cfg) if not broadcast else None
     ws.calls += 1
     with group.waiting_launch(op, ws.calls):
         ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, my_rows,
@@ -65,13 +66,22 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
                 out.stride(0), slot_rows, rank, w, group.timeout_us(), op_id(op), ALIGNED=aligned,
                 **_FINISH_BLOCK)
         else:
-            gemm_rs_kernel[(programs,)](a_desc, b_desc, buf, data.ptr_table, offsets, out, sig,
-                                        ws.signal.ptr_table, claim, record, m, n, k, slot_rows,
+            gemm_rs_kernel[(programs,)](a_desc, b_desc, c_desc, buf, data.ptr_table, offsets, out,
+                                        sig, ws.signal.ptr_table, claim, record, m, n, k, slot_rows,
                                         out.stride(0), rank, w, group.timeout_us(), op_id(op),
-                                        **tiles_cfg)
+                                        C_TMA=c_desc is not None, **tiles_cfg)
     if _env.sync_check():
         group.synchronize()
     return out
+
+
+def _out_descriptor(out: torch.Tensor, cfg) -> "TensorDescriptor | None":
+    """TMA store descriptor over this rank's rows ``out [rows_r, N]`` (quarter-tile blocks, as
+    ``_reduce_quarters`` stores them); None in the interpreter or when ``out`` cannot back one."""
+    if out.is_cuda and _tma_ok(out):
+        return TensorDescriptor(out, list(out.shape), list(out.stride()),
+                                [cfg.block_m, cfg.block_n // 4])
+    return None
 
 
 def _warmup(device: torch.device) -> None:
@@ -87,14 +97,15 @@ def _warmup(device: torch.device) -> None:
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
         outs = []
-        for b in (a.clone(), a.clone().t()):
+        for b, c_tma in itertools.product((a.clone(), a.clone().t()), (True, False)):
             b_desc, b_kn = b_descriptor(b, cfg)
             # reduce-scatter: the ticket sets flag[0] = epoch = 1 itself
             sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
             outs.append(torch.empty(64, 64, dtype=dtype, device=device))
-            gemm_rs_kernel[(1,)](a_desc, b_desc, buf, table, offsets, outs[-1], sig, sig_table, claim,
-                                 record, 64, 64, 64, 64, 64, 0, 1, 10**6, 0, B_KN=b_kn,
-                                 ALIGNED=aligned, **tiles_cfg)
+            c_desc = _out_descriptor(outs[-1], cfg) if c_tma else None
+            gemm_rs_kernel[(1,)](a_desc, b_desc, c_desc, buf, table, offsets, outs[-1], sig, sig_table,
+                                 claim, record, 64, 64, 64, 64, 64, 0, 1, 10**6, 0, B_KN=b_kn,
+                                 ALIGNED=aligned, C_TMA=c_tma, **tiles_cfg)
             gemm_broadcast_kernel[(1,)](a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1,
                                         B_KN=b_kn, ALIGNED=aligned, **tiles_cfg)
             sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
