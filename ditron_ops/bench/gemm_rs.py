@@ -8,11 +8,13 @@ Cases (one run, one GPU)::
     present     gemm_rs fused at W=1 (start barrier, ticket, flags, reduction in the epilogue)
                 vs our plain GEMM of the same shape: the fused path's own overhead
 
-``invariant`` and ``present`` time CUDA-graph replays (device time: at small M an eager call
-is bound by Python and launch cost, which the ``ag_gemm`` bench's host row measures).
     det         deterministic (fused, rank ordered) vs default (impl=auto: all_gather-free
                 baseline matmul + reduce_scatter / all_reduce) on the virtual world, W ranks
     ar          gemm_ar one-shot vs two-shot on the virtual world, M sweep (the auto rule)
+
+Every case times CUDA-graph replays (device time: eager calls at small M, and all calls of a
+virtual world whose ranks are threads of one process, are bound by Python and launch cost, which
+the ``ag_gemm`` bench's host row measures).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import torch
 from ..ag_gemm import matmul
 from ..gemm_rs import gemm_ar, gemm_rs
 from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, graph_time_spmd, register, time_spmd
+from .harness import BenchConfig, Result, graph_time_spmd, register
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
 
 _MS = (1, 16, 128, 1024, 8192)
@@ -89,17 +91,20 @@ def _virtual(cfg: BenchConfig, out: list[Result], world: int) -> None:
         for m in ((64,) if cfg.quick else (128, 1024, 8192)):
             a, b = _inputs(m, k, n, cfg.dtype, group.device, seed=group.rank)
             for name, op in (("gemm_rs", gemm_rs), ("gemm_ar", gemm_ar)):
-                t_det = time_spmd(group, lambda: op(a, b, group, deterministic=True), rounds=cfg.rounds,
-                                  target_ms=cfg.target_ms)
-                t_def = time_spmd(group, lambda: op(a, b, group), rounds=cfg.rounds, target_ms=cfg.target_ms)
+                t_det = graph_time_spmd(group, lambda: op(a, b, group, deterministic=True),
+                                        rounds=cfg.rounds, target_ms=cfg.target_ms)
+                t_def = graph_time_spmd(group, lambda: op(a, b, group), rounds=cfg.rounds,
+                                        target_ms=cfg.target_ms)
                 rows.append(Result("gemm_rs", f"det {name} M={m}", world, cfg.dtype_name,
                                    f"{name} deterministic", t_det, f"{name} default (baseline)", t_def,
                                    shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
                                    extra={"det_cost": round(t_det / t_def, 3)}))
-            t1 = time_spmd(group, lambda: gemm_ar(a, b, group, deterministic=True, algorithm="one_shot"),
-                           rounds=cfg.rounds, target_ms=cfg.target_ms)
-            t2 = time_spmd(group, lambda: gemm_ar(a, b, group, deterministic=True, algorithm="two_shot"),
-                           rounds=cfg.rounds, target_ms=cfg.target_ms)
+            t1 = graph_time_spmd(group, lambda: gemm_ar(a, b, group, deterministic=True,
+                                                        algorithm="one_shot"),
+                                 rounds=cfg.rounds, target_ms=cfg.target_ms)
+            t2 = graph_time_spmd(group, lambda: gemm_ar(a, b, group, deterministic=True,
+                                                        algorithm="two_shot"),
+                                 rounds=cfg.rounds, target_ms=cfg.target_ms)
             rows.append(Result("gemm_rs", f"ar one-shot M={m}", world, cfg.dtype_name, "gemm_ar one_shot",
                                t1, "gemm_ar two_shot", t2, shape=f"{m}x{n}x{k}", m=m, n=n, k=k,
                                model=models, extra={"product_bytes": m * n * 4}))

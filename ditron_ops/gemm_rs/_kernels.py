@@ -73,15 +73,16 @@ def _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slot
 
 @dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "stride_om", "rank", "world_size",
                            "timeout_us", "op_id"))
-def gemm_rs_kernel(a_desc, b_desc, c_desc, buf_ptr, buf_table, offsets_ptr, out_ptr, sig_ptr,
+def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offsets_ptr, out_ptr, sig_ptr,
                    sig_table, err_claim, err_record, M, N, K, slot_rows, stride_om, rank,
                    world_size, timeout_us, op_id, B_KN: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    ALIGNED: tl.constexpr, C_TMA: tl.constexpr):
     """Reduce-scatter GEMM (schedule in the module docstring): ``out = (Σ_s a_s @ b_s)[lo:hi]``.
     ``ALIGNED``: N and ``stride_om`` are multiples of 16 (vector loads and stores). ``C_TMA``:
-    whole own tiles are stored through ``c_desc`` (over ``out``, ``BLOCK_N / 4`` wide blocks),
-    as the plain GEMM stores its tiles; boundary rows always with masked pointer stores."""
+    whole own tiles read the peers' partials through ``slots_desc`` and store through ``c_desc``
+    (``BLOCK_N / 4`` wide blocks; see ``_reduce_store_tma``); boundary rows always use masked
+    pointer loads and stores."""
     N = _multiple_of_16(N, ALIGNED)
     stride_om = _multiple_of_16(stride_om, ALIGNED)
     pid = tl.program_id(0)
@@ -115,8 +116,9 @@ def gemm_rs_kernel(a_desc, b_desc, c_desc, buf_ptr, buf_table, offsets_ptr, out_
                 _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
                 ticketed = pid >= 0
             if _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size):
-                _reduce_quarters(acc, True, buf_ptr, out_ptr, c_desc, C_TMA, off_m, pid_n * BLOCK_N,
-                                 lo, hi, N, slot_rows, stride_om, rank, world_size, BLOCK_M, BLOCK_N)
+                _reduce_quarters(acc, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
+                                 pid_n * BLOCK_N, lo, hi, N, slot_rows, stride_om, rank, world_size,
+                                 BLOCK_M, BLOCK_N)
         else:
             _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, pid_n * BLOCK_N, M, N,
                           slot_rows, rank, world_size, False, BLOCK_M, BLOCK_N)
@@ -130,7 +132,7 @@ def gemm_rs_kernel(a_desc, b_desc, c_desc, buf_ptr, buf_table, offsets_ptr, out_
         off_m = tl.where(top, lo // BLOCK_M, full_end) * BLOCK_M
         if _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size):
             _reduce_quarters(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), False, buf_ptr, out_ptr,
-                             c_desc, False, off_m, (tile % tiles_n) * BLOCK_N, lo, hi, N, slot_rows,
+                             slots_desc, c_desc, False, off_m, (tile % tiles_n) * BLOCK_N, lo, hi, N, slot_rows,
                              stride_om, rank, world_size, BLOCK_M, BLOCK_N)
 
 
@@ -158,32 +160,38 @@ def _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, wo
 
 
 @dl.jit
-def _reduce_quarters(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, c_desc, C_TMA: tl.constexpr,
-                     off_m, off_n, lo, hi, N, slot_rows, stride_om, rank, world_size,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``_reduce_store`` in four ``BLOCK_N / 4`` quarters (fewer live registers: no spills)."""
+def _reduce_quarters(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, slots_desc, c_desc,
+                     C_TMA: tl.constexpr, off_m, off_n, lo, hi, N, slot_rows, stride_om, rank,
+                     world_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``_reduce_store`` (``_reduce_store_tma`` with ``C_TMA``) in four ``BLOCK_N / 4``
+    quarters (fewer live registers: no spills)."""
     Q: tl.constexpr = BLOCK_N // 4
     h0, h1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
     q0, q1 = tl.split(tl.permute(tl.reshape(h0, (BLOCK_M, 2, Q)), (0, 2, 1)))
-    _reduce_store(q0, OWN_IN_ACC, buf_ptr, out_ptr, c_desc, C_TMA, off_m, off_n, lo, hi, N,
-                  slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
-    _reduce_store(q1, OWN_IN_ACC, buf_ptr, out_ptr, c_desc, C_TMA, off_m, off_n + Q, lo, hi, N,
-                  slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
     q2, q3 = tl.split(tl.permute(tl.reshape(h1, (BLOCK_M, 2, Q)), (0, 2, 1)))
-    _reduce_store(q2, OWN_IN_ACC, buf_ptr, out_ptr, c_desc, C_TMA, off_m, off_n + 2 * Q, lo, hi, N,
-                  slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
-    _reduce_store(q3, OWN_IN_ACC, buf_ptr, out_ptr, c_desc, C_TMA, off_m, off_n + 3 * Q, lo, hi, N,
-                  slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
+    if C_TMA:
+        _reduce_store_tma(q0, slots_desc, c_desc, off_m, off_n, lo, slot_rows, rank, world_size)
+        _reduce_store_tma(q1, slots_desc, c_desc, off_m, off_n + Q, lo, slot_rows, rank, world_size)
+        _reduce_store_tma(q2, slots_desc, c_desc, off_m, off_n + 2 * Q, lo, slot_rows, rank,
+                          world_size)
+        _reduce_store_tma(q3, slots_desc, c_desc, off_m, off_n + 3 * Q, lo, slot_rows, rank,
+                          world_size)
+    else:
+        _reduce_store(q0, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n, lo, hi, N, slot_rows,
+                      stride_om, rank, world_size, BLOCK_M, Q)
+        _reduce_store(q1, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + Q, lo, hi, N, slot_rows,
+                      stride_om, rank, world_size, BLOCK_M, Q)
+        _reduce_store(q2, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + 2 * Q, lo, hi, N, slot_rows,
+                      stride_om, rank, world_size, BLOCK_M, Q)
+        _reduce_store(q3, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + 3 * Q, lo, hi, N, slot_rows,
+                      stride_om, rank, world_size, BLOCK_M, Q)
 
 
 @dl.jit
-def _reduce_store(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, c_desc, C_TMA: tl.constexpr,
-                  off_m, off_n, lo, hi, N, slot_rows, stride_om, rank, world_size,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _reduce_store(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, off_m, off_n, lo, hi, N,
+                  slot_rows, stride_om, rank, world_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """``out[rows - lo] = slot 0 + slot 1 + ...`` (fp32 from zero, rank order, one rounding) for
-    this rank's rows of the tile; slot ``rank`` is ``acc`` when ``OWN_IN_ACC``. ``C_TMA``: a TMA
-    store through ``c_desc`` (the tile's rows all lie at or after ``lo``; the descriptor clips
-    rows past ``hi`` and columns past ``N``)."""
+    this rank's rows of the tile; slot ``rank`` is ``acc`` when ``OWN_IN_ACC``."""
     rm = off_m + tl.arange(0, BLOCK_M)
     rn = off_n + tl.arange(0, BLOCK_N)
     mask = ((rm >= lo) & (rm < hi))[:, None] & (rn < N)[None, :]
@@ -199,11 +207,25 @@ def _reduce_store(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, c_desc, C_TMA
                 total += tl.load(at + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
         else:
             total += tl.load(at + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
-    if C_TMA:
-        c_desc.store([off_m - lo, off_n], total.to(c_desc.dtype))
-    else:
-        tl.store(out_ptr + local[:, None] * stride_om + rn[None, :],
-                 total.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + local[:, None] * stride_om + rn[None, :], total.to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@dl.jit
+def _reduce_store_tma(acc, slots_desc, c_desc, off_m, off_n, lo, slot_rows, rank, world_size):
+    """``_reduce_store`` of a whole own tile through TMA: the peers' fp32 tiles are loaded from
+    ``slots_desc`` (the slot buffer as ``[W * slot_rows, N]``) straight into ``acc``'s layout,
+    so ``acc`` never leaves its registers; the sum is stored through ``c_desc`` (over ``out``).
+    The tile's rows past this rank's last row read the next slot's rows (or zeros past the
+    buffer) and are clipped by ``c_desc``'s shape, as are columns past N."""
+    total = tl.zeros_like(acc)
+    row = off_m - lo
+    for s in range(world_size):
+        if s == rank:
+            total += acc
+        else:
+            total += slots_desc.load([s * slot_rows + row, off_n])
+    c_desc.store([row, off_n], total.to(c_desc.dtype))
 
 
 @dl.jit

@@ -49,7 +49,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     my_rows = m if broadcast else rows[rank]
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     aligned = n % 16 == 0 and out.stride(0) % 16 == 0  # vector loads/stores of the fp32 slots and out
-    c_desc = _out_descriptor(out, cfg) if not broadcast else None
+    c_desc, slots_desc = (None, None) if broadcast else _epilogue_descriptors(out, buf, w * slot_rows, cfg)
     ws.calls += 1
     with group.waiting_launch(op, ws.calls):
         ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, my_rows,
@@ -66,7 +66,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
                 out.stride(0), slot_rows, rank, w, group.timeout_us(), op_id(op), ALIGNED=aligned,
                 **_FINISH_BLOCK)
         else:
-            gemm_rs_kernel[(programs,)](a_desc, b_desc, c_desc, buf, data.ptr_table, offsets, out,
+            gemm_rs_kernel[(programs,)](a_desc, b_desc, slots_desc, c_desc, buf, data.ptr_table, offsets, out,
                                         sig, ws.signal.ptr_table, claim, record, m, n, k, slot_rows,
                                         out.stride(0), rank, w, group.timeout_us(), op_id(op),
                                         C_TMA=c_desc is not None, **tiles_cfg)
@@ -75,13 +75,17 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     return out
 
 
-def _out_descriptor(out: torch.Tensor, cfg) -> "TensorDescriptor | None":
-    """TMA store descriptor over this rank's rows ``out [rows_r, N]`` (quarter-tile blocks, as
-    ``_reduce_quarters`` stores them); None in the interpreter or when ``out`` cannot back one."""
-    if out.is_cuda and _tma_ok(out):
-        return TensorDescriptor(out, list(out.shape), list(out.stride()),
-                                [cfg.block_m, cfg.block_n // 4])
-    return None
+def _epilogue_descriptors(out: torch.Tensor, buf: torch.Tensor, slot_rows_total: int, cfg):
+    """``(c_desc, slots_desc)`` for the TMA epilogue of whole own tiles (``_reduce_store_tma``):
+    ``out [rows_r, N]`` and the fp32 slots ``[W * slot_rows, N]`` in quarter-tile blocks; or
+    ``(None, None)`` (masked pointer epilogue) when ``out`` cannot back a descriptor."""
+    if not _tma_ok(out):
+        return None, None
+    n = out.shape[1]
+    block = [cfg.block_m, cfg.block_n // 4]
+    slots = buf[:slot_rows_total * n].view(slot_rows_total, n)
+    return (TensorDescriptor(out, list(out.shape), list(out.stride()), block),
+            TensorDescriptor(slots, [slot_rows_total, n], [n, 1], block))
 
 
 def _warmup(device: torch.device) -> None:
@@ -102,8 +106,8 @@ def _warmup(device: torch.device) -> None:
             # reduce-scatter: the ticket sets flag[0] = epoch = 1 itself
             sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
             outs.append(torch.empty(64, 64, dtype=dtype, device=device))
-            c_desc = _out_descriptor(outs[-1], cfg) if c_tma else None
-            gemm_rs_kernel[(1,)](a_desc, b_desc, c_desc, buf, table, offsets, outs[-1], sig, sig_table,
+            c_desc, slots_desc = _epilogue_descriptors(outs[-1], buf, 64, cfg) if c_tma else (None, None)
+            gemm_rs_kernel[(1,)](a_desc, b_desc, slots_desc, c_desc, buf, table, offsets, outs[-1], sig, sig_table,
                                  claim, record, 64, 64, 64, 64, 64, 0, 1, 10**6, 0, B_KN=b_kn,
                                  ALIGNED=aligned, C_TMA=c_tma, **tiles_cfg)
             gemm_broadcast_kernel[(1,)](a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1,
