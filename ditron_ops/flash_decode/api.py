@@ -4,6 +4,7 @@ with signals, merged by log-sum-exp (schedule in ``_kernels``).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Optional
 
@@ -93,6 +94,15 @@ CTAS_PER_SM = 1
 """Split-KV kernel on the GPU and its programs resident per SM (shared memory bound). Picked on
 the H200 from BLOCK_N x warps x stages x waves (CUDA-graph replay, six problem shapes, bf16):
 geo-mean 3454 GB/s vs 3295 for (64, 4 warps, 2 stages, 3 per SM), the runner-up."""
+WIDE_SPLIT_CONFIG = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+WIDE_CTAS_PER_SM = 3
+WIDE_MAX_KEYS = 4096
+"""Default mode with at least ``WIDE_CTAS_PER_SM`` (batch, KV head) pairs per SM and at most
+``WIDE_MAX_KEYS`` keys: one program per pair already fills the GPU several times over, and three
+short programs per SM hide each other's pipeline start. Measured on the H200 (graph replay, bf16,
+B=64, KV=4k): 0.960x / 0.938x SDPA (32/8, 64/8) vs 0.940x / 0.906x with ``SPLIT_CONFIG``; at
+KV=32k it lost (0.961x vs 0.990x), at B=8 there are too few pairs. Never used in deterministic
+mode, whose partials must not depend on the batch."""
 SPLIT_WAVES = 1
 """Aim for at most this many waves of split-KV programs (1 beat 2 and 3 for every config)."""
 MIN_PART = 256
@@ -105,11 +115,18 @@ MERGE_BLOCK_P = 4
 _INTERPRETER_SPLIT_CONFIG = {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
 
 
-def _split_config(device: torch.device) -> dict:
-    return SPLIT_CONFIG if device.type == "cuda" else _INTERPRETER_SPLIT_CONFIG
+def _split_config(device: torch.device, pairs: int = 0, s_max: int = 0,
+                  deterministic: bool = True) -> dict:
+    """The split-KV launch configuration for ``pairs`` (batch x KV heads) of ``s_max`` keys."""
+    if device.type != "cuda":
+        return _INTERPRETER_SPLIT_CONFIG
+    if not deterministic and pairs >= WIDE_CTAS_PER_SM * sm_count(device) and s_max <= WIDE_MAX_KEYS:
+        return WIDE_SPLIT_CONFIG
+    return SPLIT_CONFIG
 
 
 def _block_n(device: torch.device) -> int:
+    """Key-block granularity of partials (every configuration's BLOCK_N divides it)."""
     return _split_config(device)["BLOCK_N"]
 
 
@@ -146,12 +163,11 @@ def merge_programs(group: Group, pairs: int) -> int:
     return max(1, min(-(-pairs // MERGE_BLOCK_P), 64, group.sm_share()))
 
 
-def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan) -> None:
+def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict) -> None:
     b, hq, d = q.shape
     hkv = k.shape[2]
     g = hq // hkv
     part, prog, num_parts, splits = plan
-    cfg = _split_config(q.device)
     split_kv_kernel[(b, hkv, splits)](
         q, k, v, lens, o_part, lse_part, scale, hq, part, prog, num_parts,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
@@ -178,7 +194,8 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
     pairs = b * hq
     o_part = torch.empty(pairs * plan[2] * d, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(pairs * plan[2], dtype=torch.float32, device=q.device)
-    _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, plan)
+    cfg = _split_config(q.device, b * k_cache.shape[2], k_cache.shape[1], deterministic)
+    _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, plan, cfg)
     if not group.has_symmetric_memory:
         return _merge_over_process_group(group, o_part, lse_part, kv_lens, plan, b, hq, d).to(q.dtype)
     w, rank = group.world_size, group.rank
@@ -256,8 +273,8 @@ def _warmup(device: torch.device) -> None:
                 kv = torch.ones(1, 64, 1, d, dtype=dtype, device=device)
                 o_part = torch.empty(2 * g * d, dtype=torch.float32, device=device)
                 lse_part = torch.empty(2 * g, dtype=torch.float32, device=device)
-                for plan in (one_part, two_parts):
-                    _launch_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, plan)
+                for plan, cfg in itertools.product((one_part, two_parts), (SPLIT_CONFIG, WIDE_SPLIT_CONFIG)):
+                    _launch_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, plan, cfg)
             buf = torch.zeros(d + 1, dtype=torch.float32, device=device)
             table = pointer_table(buf)
             outs = [torch.empty(1, 1, d, dtype=dtype, device=device) for _ in range(2)]
