@@ -47,6 +47,23 @@ def test_ag_gemm_back_to_back_varying_shapes():
     assert ditron_ops.launch(body, 3) == [True] * 3
 
 
+@pytest.mark.parametrize("world_size,sizes,n,k", CASES)
+def test_ag_gemm_pull_producer(monkeypatch, world_size, sizes, n, k):
+    """The SM pull producer (``ag_pull_kernel``) gives the same results, including back-to-back
+    calls whose chunks change size (``ready`` / count words of the pad are reused)."""
+    from ditron_ops.ag_gemm import _launch
+
+    monkeypatch.setattr(_launch, "PRODUCER", "pull")
+
+    def body(group):
+        check_ag_gemm(group, sizes, n, k, torch.float16)
+        for i in range(3):
+            check_ag_gemm(group, [(s + i) % 7 for s in sizes], n + i, k + 2 * i, torch.float32,
+                          seed=i, return_gathered=i == 1)
+        return True
+    assert ditron_ops.launch(body, world_size) == [True] * world_size
+
+
 def test_matmul_core_matches_torch():
     a = torch.randn(37, 29)
     w = torch.randn(21, 29)

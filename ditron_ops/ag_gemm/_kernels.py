@@ -31,6 +31,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from .. import language as dl
+from ..collectives._kernels import _copy_tiles
 
 
 @dl.jit(do_not_specialize=("rank", "world_size", "rows", "timeout_us", "op_id"))
@@ -47,6 +48,52 @@ def ag_start_kernel(sig_ptr, sig_table, err_claim, err_record, rank, world_size,
     for s in range(world_size):
         dl.wait_at_least(sig_ptr + world_size + s, epoch, deadline, err_claim, err_record,
                          op_id, rank, s, epoch)
+
+
+@dl.jit(do_not_specialize=("rank", "world_size", "pitch", "timeout_us", "op_id"))
+def ag_pull_kernel(src_ptr, buf_ptr, buf_table, sig_ptr, sig_table, offsets_ptr, err_claim,
+                   err_record, rank, world_size, pitch, timeout_us, op_id, BLOCK: tl.constexpr,
+                   VEC: tl.constexpr):
+    """Pull-mode producer (SMs instead of copy engines), launched on the side stream after the
+    start barrier with a few programs. Chunk by chunk in consumer order (r, r+1, ...): all
+    programs copy a slice of the chunk into the local gathered buffer (chunk r from ``src``,
+    this rank's shard; chunk s from rank s's gathered buffer once ``ready[s]`` says its rows are
+    there), then the last program to finish flags it (``flag[s] = epoch``, ``rows[s]`` for the
+    size check) and, for chunk r, tells every peer ``ready[r] = epoch``.
+
+    Pad words beyond the ``ag_gemm`` layout: ``ready[s]`` at ``4W + s``, the per-chunk program
+    count at ``5W + s`` (reset by the last program). ``VEC`` elements are 16 bytes (``pitch`` is
+    a multiple of it, so the copies vectorize).
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    pitch = pitch // VEC * VEC
+    epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64)
+    deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
+    for i in range(world_size):
+        s = (rank + i) % world_size
+        lo = tl.load(offsets_ptr + s).to(tl.int64)
+        hi = tl.load(offsets_ptr + s + 1).to(tl.int64)
+        src = src_ptr
+        ok = epoch >= 0
+        if i > 0:
+            ok = dl.wait_at_least(sig_ptr + 4 * world_size + s, epoch, deadline, err_claim,
+                                  err_record, op_id, rank, s, epoch)
+            src = dl.peer_base(buf_table, s, rank, buf_ptr) + lo * pitch
+        if ok:
+            _copy_tiles(buf_ptr + lo * pitch, src, (hi - lo) * pitch, pid, nprog, BLOCK)
+        tl.debug_barrier()
+        count = sig_ptr + 5 * world_size + s
+        if tl.atomic_add(count, 1, sem="acq_rel", scope="sys") == nprog - 1:
+            tl.store(count, 0)
+            sent = tl.load(dl.remote_ptr(sig_table, s, sig_ptr) + 3 * world_size + 1, volatile=True)
+            tl.store(sig_ptr + 2 * world_size + s, sent)
+            dl.fence_sys()
+            dl.signal_set(sig_ptr + s, epoch)
+            if i == 0:
+                for j in range(1, world_size):
+                    peer = dl.remote_ptr(sig_table, (rank + j) % world_size, sig_ptr)
+                    dl.signal_set(peer + 4 * world_size + rank, epoch)
 
 
 @dl.jit

@@ -16,9 +16,17 @@ from .. import _env
 from ..errors import DitronError
 from ..runtime.group import Group, op_id, sm_count
 from ..runtime.warmup import one_rank_pad, register_warmup
-from ._kernels import ag_gemm_kernel, ag_start_kernel
+from ._kernels import ag_gemm_kernel, ag_pull_kernel, ag_start_kernel
 
 PURPOSE = "ag_gemm"
+PRODUCERS = ("copy", "pull")
+PRODUCER = "copy"
+"""How the fused path moves the shards: ``"copy"``, copy engines on a side stream (no SM); or
+``"pull"``, ``ag_pull_kernel`` on ``pull_programs`` SMs taken from the GEMM. The ``ag_gemm``
+bench measures both (``producer`` rows)."""
+PULL_SM_FRACTION = 8
+"""Pull mode: one SM in this many of a rank's share runs the pull kernel (at least one)."""
+_PULL_BLOCK = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,10 +176,22 @@ def side_stream(group: Group) -> torch.cuda.Stream:
     return stream
 
 
+def pull_programs(group: Group) -> int:
+    """Programs of the pull kernel (pull mode); the consumer runs on the rest of the share. One
+    in the interpreter, which runs a grid's programs one after the other (a program waiting for
+    a peer whose chunk needs this rank's later programs would never return)."""
+    if group.device.type != "cuda":
+        return 1
+    return max(1, group.sm_share() // PULL_SM_FRACTION)
+
+
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
-          out: torch.Tensor, shard_sizes: list[int], gathered: Optional[torch.Tensor]) -> None:
-    """One fused call (schedule in ``_kernels``): start barrier, copy-engine all-gather on a side
-    stream with a flag per chunk, persistent GEMM over the gathered rows as chunks land."""
+          out: torch.Tensor, shard_sizes: list[int], gathered: Optional[torch.Tensor],
+          producer: Optional[str] = None) -> None:
+    """One fused call (schedule in ``_kernels``): start barrier, all-gather on a side stream
+    with a flag per chunk (``producer``, default ``PRODUCER``), persistent GEMM over the
+    gathered rows as chunks land."""
+    producer = producer or PRODUCER
     group.check()
     ws = group.workspace(PURPOSE)
     cfg = tile_config(a.device)
@@ -203,6 +223,17 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
             sig_peers[dst][2 * w + rank:2 * w + rank + 1].copy_(sig[3 * w + 1:3 * w + 2])
             sig_peers[dst][rank:rank + 1].copy_(sig[3 * w:3 * w + 1])
 
+    def pull() -> None:  # SMs: every rank pulls its peers' chunks from their gathered buffers
+        ag_pull_kernel[(pull_programs(group),)](
+            src, buf, data.ptr_table, sig, ws.signal.ptr_table, offsets, claim, record, rank, w,
+            pitch, group.timeout_us(), op_id("ag_gemm"), BLOCK=_PULL_BLOCK, VEC=16 // elem,
+            num_warps=8)
+
+    produce = pull if producer == "pull" else copies
+    tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
+    programs = consumer_programs(a.device, group, tiles)
+    if producer == "pull" and a.is_cuda:  # the pull programs must be resident beside the GEMM's
+        programs = max(1, min(programs, group.sm_share() - pull_programs(group)))
     ws.calls += 1
     with group.waiting_launch("ag_gemm", ws.calls):
         ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, rows,
@@ -212,12 +243,12 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
             side = side_stream(group)
             side.wait_stream(main)
             with torch.cuda.stream(side):
-                copies()
+                produce()
             launch_consumer(a_desc, b, out, bias, group=group, wait=True, sig=sig,
-                            offsets=offsets, claim=claim, record=record, m=m)
+                            offsets=offsets, claim=claim, record=record, m=m, programs=programs)
             main.wait_stream(side)
-        else:  # interpreter: kernels run synchronously; the copies never wait
-            copies()
+        else:  # interpreter: kernels run synchronously, one after the other
+            produce()
             launch_consumer(a_desc, b, out, bias, group=group, wait=True, sig=sig,
                             offsets=offsets, claim=claim, record=record, m=m)
     if gathered is not None:

@@ -9,10 +9,13 @@ Cases (one run, one GPU)::
                   and swizzle active) vs the same kernel as a plain GEMM
     host          eager ag_gemm at W=1 on a tiny problem vs the same call replayed in a CUDA graph
     fused         ag_gemm(impl="fused") vs impl="baseline" (all_gather + torch.matmul) on the
-                  virtual world (W ranks share one GPU: the collective is HBM copies, and both
-                  paths pay the virtual world's launch gate), M sweep, LLaMA-3.1-8B layer
+                  virtual world (W ranks share one GPU: the collective is HBM copies), M sweep,
+                  LLaMA-3.1-8B layer
+    producer      the fused path with the SM pull producer (``ag_pull_kernel``) vs the copy-engine
+                  producer, same sweep (on one GPU both move HBM to HBM: this measures the SMs
+                  the pull kernel takes from the GEMM against the copy engines' interference)
 
-P1 and P2 time CUDA-graph replays (device time; the host row measures the eager call's cost).
+Every case times CUDA-graph replays (device time; the host row measures the eager call's cost).
 The ``ratio`` column is baseline / ours (>1: ours faster). ``geo-mean`` rows summarise P1/P2.
 """
 from __future__ import annotations
@@ -25,7 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..ag_gemm import _launch, ag_gemm, matmul
 from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, graph_time_spmd, host_time_spmd, register, time_spmd
+from .harness import BenchConfig, Result, graph_time_spmd, host_time_spmd, register
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS, get_model
 
 _SWEEP_M = (128, 512, 2048, 8192)
@@ -139,20 +142,30 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
         for m in sweep:
             a, w = _inputs(m // world, n, k, cfg.dtype, group.device, seed=group.rank)
             b = w.t()
-            t_f = time_spmd(group, lambda: ag_gemm(a, b, impl="fused"), rounds=cfg.rounds,
-                            target_ms=cfg.target_ms)
-            t_b = time_spmd(group, lambda: ag_gemm(a, b, impl="baseline"), rounds=cfg.rounds,
-                            target_ms=cfg.target_ms)
-            rows.append(Result("ag_gemm", f"fused M={m}", world, cfg.dtype_name, "ag_gemm fused", t_f,
-                               "all_gather + torch.matmul", t_b, shape=f"{m}x{n}x{k}", m=m, n=n, k=k,
-                               model=model.name))
+            t = {}
+            for producer in _launch.PRODUCERS:
+                _launch.PRODUCER = producer
+                t[producer] = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="fused"),
+                                              rounds=cfg.rounds, target_ms=cfg.target_ms)
+            _launch.PRODUCER = chosen
+            t_b = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="baseline"), rounds=cfg.rounds,
+                                  target_ms=cfg.target_ms)
+            common = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model.name)
+            rows.append(Result("ag_gemm", f"fused M={m}", world, cfg.dtype_name,
+                               f"ag_gemm fused ({chosen})", t[chosen], "all_gather + torch.matmul",
+                               t_b, **common))
+            rows.append(Result("ag_gemm", f"producer M={m}", world, cfg.dtype_name,
+                               "fused, pull producer (SMs)", t["pull"], "fused, copy-engine producer",
+                               t["copy"], **common))
         return rows
+
+    chosen = _launch.PRODUCER
 
     out.extend(launch(body, world, cfg.device)[0])
 
 
 @register("ag_gemm", help="ag_gemm: GEMM core vs cuBLAS (P1), fused overhead (P2), host cost, "
-                          "fused vs baseline", world_sizes=(4,), quick_world_sizes=(2,))
+                          "fused vs baseline, pull vs copy-engine producer", world_sizes=(4,), quick_world_sizes=(2,))
 def run(cfg: BenchConfig, configs: Optional[list[str]] = None) -> list[Result]:
     if cfg.device.type != "cuda":
         raise SystemExit("ditron.bench ag_gemm: needs a CUDA GPU (TMA GEMM)")

@@ -30,6 +30,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -40,6 +41,7 @@ __all__ = ["Bench", "BenchConfig", "Result", "BENCHES", "register", "discover", 
            "host_time_spmd", "rows_over_worlds", "machine_info", "write_csv", "plot_ratios", "format_table",
            "finish", "DTYPES"]
 
+_CAPTURE_LOCK = threading.Lock()
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
                                   "fp32": torch.float32}
 
@@ -245,9 +247,10 @@ def graph_time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms
     estimate = _timed_rounds(group, fn, 3, 1, device_clock=True)  # max over ranks: same on all
     iters = int(min(max_iters, max(1, target_ms * 1e3 / max(estimate, 1e-3))))
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        for _ in range(iters):
-            fn()
+    with _CAPTURE_LOCK:  # virtual ranks capture one at a time (concurrent captures crashed)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for _ in range(iters):
+                fn()
     return _timed_rounds(group, graph.replay, 1, rounds, device_clock=True) / iters
 
 

@@ -34,6 +34,26 @@ def test_ag_gemm_odd_shapes(world_size, dtype):
     assert ditron_ops.launch(body, world_size) == [True] * world_size
 
 
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_ag_gemm_pull_producer(monkeypatch, world_size):
+    """The SM pull producer: model shape, odd shapes, back-to-back sizes, graph replay."""
+    from ditron_ops.ag_gemm import _launch
+
+    monkeypatch.setattr(_launch, "PRODUCER", "pull")
+    shape = get_model("LLaMA-7B")
+    odd = [1000 + 37 * q if q % 3 else 1 + q for q in range(world_size)]
+
+    def body(group):
+        check_ag_gemm(group, [DEFAULT_M // world_size] * world_size, shape.n // DEFAULT_WORLD_SIZE,
+                      shape.k, torch.bfloat16)
+        check_ag_gemm(group, odd, 999, 1001, torch.float16)
+        for i in range(4):
+            check_ag_gemm(group, [(i * 97 + q * 131) % 700 for q in range(world_size)],
+                          64 + 96 * i, 128 + 64 * i, torch.bfloat16, seed=i)
+        return _graph_replay(group, 2)
+    assert ditron_ops.launch(body, world_size) == [2] * world_size
+
+
 def test_ag_gemm_back_to_back_varying_shapes():
     def body(group):
         for i in range(12):
