@@ -15,7 +15,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .. import _env
 from ..errors import DitronError
 from ..runtime.group import Group, op_id, sm_count
-from ..runtime.warmup import one_rank_pad, register_warmup
+from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
 from ._kernels import ag_gemm_kernel, ag_pull_kernel, ag_start_kernel
 
 PURPOSE = "ag_gemm"
@@ -26,7 +26,7 @@ PRODUCER = "copy"
 bench measures both (``producer`` rows)."""
 PULL_SM_FRACTION = 8
 """Pull mode: one SM in this many of a rank's share runs the pull kernel (at least one)."""
-_PULL_BLOCK = 4096
+_PULL_BLOCK, _PULL_WARPS = 4096, 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +207,10 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
     a_desc = TensorDescriptor(buf, [m, k], [pitch, 1], [cfg.block_m, cfg.block_k])
     offsets = ws.row_offsets(shard_sizes, "ag_gemm")
     rows, first = shard_sizes[rank], sum(shard_sizes[:rank])
-    src = a if a.is_contiguous() and pitch == k else _padded_rows(a, pitch)
+    # one contiguous [rows, pitch] region per chunk, 16-byte aligned (the pull kernel's only
+    # specialisation: an unaligned view would compile another variant in the middle of a call)
+    aligned = a.is_contiguous() and pitch == k and a.data_ptr() % 16 == 0
+    src = a if aligned else _padded_rows(a, pitch)
     record, claim = group._error_tensors()
     sig = ws.signal_pad()
     if not hasattr(ws, "signal_peers"):  # the signal pad never moves: view it once
@@ -227,7 +230,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
         ag_pull_kernel[(pull_programs(group),)](
             src, buf, data.ptr_table, sig, ws.signal.ptr_table, offsets, claim, record, rank, w,
             pitch, group.timeout_us(), op_id("ag_gemm"), BLOCK=_PULL_BLOCK, VEC=16 // elem,
-            num_warps=8)
+            num_warps=_PULL_WARPS)
 
     produce = pull if producer == "pull" else copies
     tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
@@ -290,6 +293,15 @@ def _warmup(device: torch.device) -> None:
     torch.cuda.synchronize(device)
     if int(record[0]) != 0:
         raise RuntimeError("ditron: ag_gemm start-barrier warm-up failed (kernel bug)")
+    for dtype in (torch.float16, torch.bfloat16):  # pull producer: W=1 pad, epoch 1, 64 rows sent
+        sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1, 64))
+        src = torch.ones(64, 64, dtype=dtype, device=device)
+        buf = torch.zeros(64 * 64, dtype=dtype, device=device)
+        ag_pull_kernel[(1,)](src, buf, pointer_table(buf), sig, sig_table, offsets, claim, record,
+                             0, 1, 64, 10**6, 0, BLOCK=_PULL_BLOCK, VEC=8, num_warps=_PULL_WARPS)
+        torch.cuda.synchronize(device)
+        if int(record[0]) != 0 or not bool((buf == 1).all()) or sig[:3].tolist() != [1, 1, 64]:
+            raise RuntimeError(f"ditron: ag_gemm pull-producer warm-up failed for {dtype} (kernel bug)")
 
 
 register_warmup(PURPOSE, _warmup)

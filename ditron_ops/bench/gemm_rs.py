@@ -10,7 +10,8 @@ Cases (one run, one GPU)::
 
     det         deterministic (fused, rank ordered) vs default (impl=auto: all_gather-free
                 baseline matmul + reduce_scatter / all_reduce) on the virtual world, W ranks
-    ar          gemm_ar one-shot vs two-shot on the virtual world, M sweep (the auto rule)
+    ar          gemm_ar one-shot vs two-shot on the virtual world, M sweep with 256 and 512 added
+                (the auto rule ``ONE_SHOT_MAX_BYTES``)
 
 Every case times CUDA-graph replays (device time: eager calls at small M, and all calls of a
 virtual world whose ranks are threads of one process, are bound by Python and launch cost, which
@@ -88,9 +89,9 @@ def _virtual(cfg: BenchConfig, out: list[Result], world: int) -> None:
 
     def body(group):
         rows = []
-        for m in ((64,) if cfg.quick else (128, 1024, 8192)):
+        for m in ((64,) if cfg.quick else (128, 256, 512, 1024, 8192)):
             a, b = _inputs(m, k, n, cfg.dtype, group.device, seed=group.rank)
-            for name, op in (("gemm_rs", gemm_rs), ("gemm_ar", gemm_ar)):
+            for name, op in (("gemm_rs", gemm_rs), ("gemm_ar", gemm_ar)) if m in _MS else ():
                 t_det = graph_time_spmd(group, lambda: op(a, b, group, deterministic=True),
                                         rounds=cfg.rounds, target_ms=cfg.target_ms)
                 t_def = graph_time_spmd(group, lambda: op(a, b, group), rounds=cfg.rounds,
