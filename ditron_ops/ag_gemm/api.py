@@ -25,6 +25,13 @@ AUTO_MIN_FLOPS_PER_RANK = 2 * 1024 * 1024 * 1024
 """``impl="auto"`` on a multi-GPU group picks the fused path when the GEMM (2·ΣM_r·N·K) has at
 least this many FLOPs; below it launch and barrier latency dominate. Not yet measured on
 multi-GPU (no such machine lent so far): a placeholder that the multi-GPU bench must set."""
+AUTO_MIN_FLOPS_VIRTUAL = 15 * 10**9
+"""The same bound in a virtual world (W ranks on one GPU). Measured on the H200 (W=4,
+LLaMA-3.1-8B layer [M, 4096] @ [4096, 1792], CUDA-graph replay, ``bench ag_gemm``): fused vs
+all_gather + matmul 0.62x, 0.83x, 1.53x, 2.08x at M = 128, 512, 2048, 8192 (7.5 and 30 GFLOP
+either side of the crossover; the bound is their geometric mean). One GPU has no link to hide:
+the fused path wins there because its persistent GEMMs share the SMs in fixed slices while W
+concurrent cuBLAS calls contend for all of them."""
 
 
 def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
@@ -49,8 +56,8 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     return_gathered : bool
         Also return the gathered ``A [ΣM_r, K]``.
     impl : {"auto", "fused", "baseline"}
-        ``"auto"``: the baseline (all_gather + matmul) in virtual worlds and on CPU, the fused
-        kernels on multi-GPU groups for large GEMMs (see ``use_fused``).
+        ``"auto"``: the fused kernels on the GPU for large GEMMs, else the baseline
+        (all_gather + matmul); always the baseline on CPU (see ``use_fused``).
     shard_sizes : sequence of int, optional
         ``[M_0, ..., M_{W-1}]``, the same on every rank; ``None`` means all ranks have
         ``a.shape[0]`` rows (a disagreement raises ``DitronSizeMismatchError``).
@@ -101,17 +108,15 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
 
 
 def use_fused(group: Group, impl: str, m: int, n: int, k: int) -> bool:
-    """The ``impl`` rule. Fused needs symmetric memory. ``auto`` picks the baseline in virtual
-    worlds: measured on the H200 (W=4, LLaMA-3.1-8B layer, M 128..8192) the fused path ran at
-    0.33-0.38x of all_gather + matmul, since one GPU has no link whose time the GEMM could hide
-    and the ranks share its SMs. On multi-GPU groups it picks fused for GEMMs of at least
-    ``AUTO_MIN_FLOPS_PER_RANK``."""
+    """The ``impl`` rule. Fused needs symmetric memory; ``auto`` picks it on the GPU for GEMMs of
+    at least ``AUTO_MIN_FLOPS_VIRTUAL`` (virtual worlds, measured) or ``AUTO_MIN_FLOPS_PER_RANK``
+    (multi-GPU groups, not yet measured) FLOPs, and the baseline on CPU (the interpreter)."""
     if impl == "baseline" or not group.has_symmetric_memory:
         return False
     if impl == "fused":
         return True
-    return (group.device.type == "cuda" and group.backend != "virtual"
-            and 2 * m * n * k >= AUTO_MIN_FLOPS_PER_RANK)
+    bound = AUTO_MIN_FLOPS_VIRTUAL if group.backend == "virtual" else AUTO_MIN_FLOPS_PER_RANK
+    return group.device.type == "cuda" and 2 * m * n * k >= bound
 
 
 def _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl):

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _env
-from .harness import DTYPES, IMPORT_ERRORS, BenchConfig, discover, finish
+from .harness import DTYPES, IMPORT_ERRORS, BenchConfig, discover, finish, warm_gpu
 
 
 def default_device() -> torch.device:
@@ -100,6 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if cfg.device.type == "cpu" and not cfg.quick:
         print("note: CPU run without --quick; the Triton interpreter makes full sizes very slow",
               file=sys.stderr)
+    warm_gpu(cfg.device)
     results = benches[args.bench].fn(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # torchrun benches: every rank measures, rank 0 writes
         finish(args.bench, results, cfg)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["Bench", "BenchConfig", "Result", "BENCHES", "register", "discover", "time_spmd",
+__all__ = ["Bench", "BenchConfig", "Result", "BENCHES", "register", "discover", "time_spmd", "warm_gpu",
            "host_time_spmd", "rows_over_worlds", "machine_info", "write_csv", "plot_ratios", "format_table",
            "finish", "DTYPES"]
 
@@ -252,6 +252,20 @@ def graph_time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms
             for _ in range(iters):
                 fn()
     return _timed_rounds(group, graph.replay, 1, rounds, device_clock=True) / iters
+
+
+def warm_gpu(device: torch.device, seconds: float = 2.0) -> None:
+    """Keep the GPU busy with large matmuls for ``seconds`` before the first measurement, so
+    the first case is not timed while the clocks ramp up (an idle H200 was seen at 450 MHz; the
+    first case of a bench then ran up to 6% slower than in a rerun)."""
+    if device.type != "cuda":
+        return
+    x = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            x @ x
+        torch.cuda.synchronize(device)
 
 
 def host_time_spmd(group, fn: Callable[[], Any], *, iters: int, rounds: int = 5,

@@ -36,13 +36,13 @@ IMPLS = ("auto", "fused", "baseline")
 ALGORITHMS = ("auto", "one_shot", "two_shot")
 GPU_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float16, torch.float32)
-ONE_SHOT_MAX_BYTES = 32 << 20
+ONE_SHOT_MAX_BYTES = 2 << 20
 """``gemm_ar(algorithm="auto")`` is one-shot while the fp32 product ``M·N·4`` bytes is at most
 this (every rank receives W partials of it), two-shot (gemm_rs + all_gather) above. Measured on
-the H200 (virtual world W=4, [M, 1376] @ [1376, 4096]), final kernels: one-shot 1.84x, 1.49x and
-1.13x faster than two-shot at 2, 16 and 128 MiB (before the finish kernel was tiled, two-shot
-was 1.19x faster at 128 MiB). On one GPU both move HBM bytes; the bound keeps one-shot's W-fold
-buffer and traffic small until multi-GPU runs measure the crossover on NVLink."""
+the H200 (virtual world W=4, [M, 1376] @ [1376, 4096], CUDA-graph replay, ``bench gemm_rs``):
+one-shot vs two-shot 1.35x, 0.87x, 0.79x, 0.61x, 0.54x at 2, 4, 8, 16, 128 MiB. (Eager timing,
+host bound, had put the crossover above 128 MiB.) On one GPU both move HBM bytes; multi-GPU
+runs must measure the crossover on NVLink."""
 
 
 def _check(op: str, a, b, group: Group, impl: str) -> None:
