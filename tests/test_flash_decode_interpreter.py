@@ -106,3 +106,21 @@ def test_programs_per_chunk_never_change_deterministic_bits(monkeypatch):
         assert (outs[0] - want).abs().max().item() < 1e-5
     for (out,), want in ditron_ops.launch(body, 2, args=([(400, 400, 3, 3)],)):
         assert (out - want).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_one_rank_single_partial_writes_output_directly(deterministic):
+    """One rank, one partial per pair (short cache): split-KV writes the output itself. Its bits
+    equal a two-rank merge whose second rank holds no keys (the merge of one real partial returns
+    it unchanged); empty sequences give zeros."""
+    lens = lambda i, r: (0, 5, 24, 17)[i] if r == 0 else 0  # noqa: E731
+
+    def body(group):
+        q, k, v, kv_lens = _inputs(group, 4, 4, 2, 64, 24, torch.float16, lens)
+        return ditron_ops.flash_decode(q, k, v, kv_lens, group, deterministic=deterministic)
+
+    (one,) = ditron_ops.launch(body, 1)
+    two = ditron_ops.launch(body, 2)
+    assert torch.equal(one, two[0]) and torch.equal(one, two[1])
+    assert torch.equal(one[0], torch.zeros_like(one[0]))
+    assert ditron_ops.launch(_check, 1, args=(4, 4, 2, 64, 24, torch.float16, lens))

@@ -33,14 +33,21 @@ NEG_INF = tl.constexpr(float("-inf"))
 
 
 @dl.jit
-def _flush(o_part, lse_part, acc, m, l, pair, num_parts, part, g_ok, D: tl.constexpr):
-    """Store one partial ``(o, lse)`` of the program's query heads (``lse = -inf``: no keys)."""
+def _flush(o_part, lse_part, acc, m, l, pair, num_parts, part, g_ok, D: tl.constexpr,
+           DIRECT: tl.constexpr):
+    """Store one partial ``(o, lse)`` of the program's query heads (``lse = -inf``: no keys).
+    ``DIRECT``: ``o_part`` is the output ``[B * Hq, D]`` and ``o`` is stored in its dtype (the
+    combine of a single partial returns it unchanged, so the bits are the same)."""
     has = l > 0
     o = tl.where(has[:, None], acc / tl.where(has, l, 1.0)[:, None], 0.0)
-    lse = tl.where(has, m + tl.log(tl.where(has, l, 1.0)), NEG_INF)
     row = pair * num_parts + part
-    tl.store(o_part + row[:, None] * D + tl.arange(0, D)[None, :], o, mask=g_ok[:, None])
-    tl.store(lse_part + row, lse, mask=g_ok)
+    if DIRECT:
+        tl.store(o_part + row[:, None] * D + tl.arange(0, D)[None, :],
+                 o.to(o_part.dtype.element_ty), mask=g_ok[:, None])
+    else:
+        lse = tl.where(has, m + tl.log(tl.where(has, l, 1.0)), NEG_INF)
+        tl.store(o_part + row[:, None] * D + tl.arange(0, D)[None, :], o, mask=g_ok[:, None])
+        tl.store(lse_part + row, lse, mask=g_ok)
 
 
 @dl.jit(do_not_specialize=("heads", "part_len", "prog_len", "num_parts"))  # strides specialise
@@ -48,11 +55,13 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
                     num_parts, stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
                     stride_vb, stride_vs, stride_vh,
                     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
-                    BLOCK_N: tl.constexpr, FLUSH: tl.constexpr):
+                    BLOCK_N: tl.constexpr, FLUSH: tl.constexpr, DIRECT: tl.constexpr):
     """Attention of the G query heads of KV head ``program_id(1)`` over keys
     ``[s * prog_len, (s + 1) * prog_len)`` of batch ``program_id(0)`` (``s = program_id(2)``),
     one partial per ``part_len`` keys (``FLUSH``: several per program; else ``part_len ==
-    prog_len``). A partial's value never depends on which program computed it."""
+    prog_len``). A partial's value never depends on which program computed it. ``DIRECT`` (one
+    rank, one partial per pair): the program's partial is the output, written to ``o_part``
+    in the output's dtype (zeros for an empty sequence), and no combine follows."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     lo = tl.program_id(2) * prog_len
@@ -86,13 +95,15 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
         m = m_new
         if FLUSH:
             if ((n0 + BLOCK_N) % part_len == 0) | (n0 + BLOCK_N >= hi):
-                _flush(o_part, lse_part, acc, m, l, pair, num_parts, n0 // part_len, g_ok, D)
+                _flush(o_part, lse_part, acc, m, l, pair, num_parts, n0 // part_len, g_ok, D, False)
                 m = tl.full((BLOCK_G,), NEG_INF, tl.float32)
                 l = tl.zeros((BLOCK_G,), tl.float32)
                 acc = tl.zeros((BLOCK_G, D), tl.float32)
-    if not FLUSH:
+    if DIRECT:
+        _flush(o_part, lse_part, acc, m, l, pair, 1, 0, g_ok, D, True)
+    elif not FLUSH:
         if lo < hi:
-            _flush(o_part, lse_part, acc, m, l, pair, num_parts, lo // part_len, g_ok, D)
+            _flush(o_part, lse_part, acc, m, l, pair, num_parts, lo // part_len, g_ok, D, False)
 
 
 @dl.jit

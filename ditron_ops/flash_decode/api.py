@@ -163,16 +163,21 @@ def merge_programs(group: Group, pairs: int) -> int:
     return max(1, min(-(-pairs // MERGE_BLOCK_P), 64, group.sm_share()))
 
 
-def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict) -> None:
+def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict,
+                     direct: bool = False) -> None:
+    """Split-KV partials into ``o_part`` / ``lse_part``; ``direct`` (one partial per pair, one
+    rank): ``o_part`` is the output and holds the result."""
     b, hq, d = q.shape
     hkv = k.shape[2]
     g = hq // hkv
     part, prog, num_parts, splits = plan
+    assert not direct or (prog == part and num_parts == 1), plan  # the only partial, unflushed
     split_kv_kernel[(b, hkv, splits)](
         q, k, v, lens, o_part, lse_part, scale, hq, part, prog, num_parts,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        G=g, D=d, BLOCK_G=max(16, 1 << (g - 1).bit_length()), FLUSH=prog != part, **cfg)
+        G=g, D=d, BLOCK_G=max(16, 1 << (g - 1).bit_length()), FLUSH=prog != part, DIRECT=direct,
+        **cfg)
 
 
 def _launch_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size) -> None:
@@ -191,10 +196,16 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
     if b == 0:
         return out
     plan = partition(group, b, k_cache.shape[2], k_cache.shape[1], deterministic)
+    cfg = _split_config(q.device, b * k_cache.shape[2], k_cache.shape[1], deterministic)
+    if group.world_size == 1 and group.has_symmetric_memory and plan[2] == 1:
+        # one partial per pair: it is the output (the combine would return it bit for bit); one
+        # program per pair covers it (no FLUSH: it holds the only partial)
+        one = (plan[0], plan[0], 1, 1)
+        _launch_split_kv(q, k_cache, v_cache, kv_lens, out, out, softmax_scale, one, cfg, direct=True)
+        return out
     pairs = b * hq
     o_part = torch.empty(pairs * plan[2] * d, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(pairs * plan[2], dtype=torch.float32, device=q.device)
-    cfg = _split_config(q.device, b * k_cache.shape[2], k_cache.shape[1], deterministic)
     _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, plan, cfg)
     if not group.has_symmetric_memory:
         return _merge_over_process_group(group, o_part, lse_part, kv_lens, plan, b, hq, d).to(q.dtype)
@@ -275,6 +286,8 @@ def _warmup(device: torch.device) -> None:
                 lse_part = torch.empty(2 * g, dtype=torch.float32, device=device)
                 for plan, cfg in itertools.product((one_part, two_parts), (SPLIT_CONFIG, WIDE_SPLIT_CONFIG)):
                     _launch_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, plan, cfg)
+                for cfg in (SPLIT_CONFIG, WIDE_SPLIT_CONFIG):  # one rank, one partial: the output
+                    _launch_split_kv(q, kv, kv, lens, q.clone(), q, 0.1, one_part, cfg, direct=True)
             buf = torch.zeros(d + 1, dtype=torch.float32, device=device)
             table = pointer_table(buf)
             outs = [torch.empty(1, 1, d, dtype=dtype, device=device) for _ in range(2)]
