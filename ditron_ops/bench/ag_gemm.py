@@ -15,7 +15,8 @@ Cases (one run, one GPU)::
                   producer, same sweep (on one GPU both move HBM to HBM: this measures the SMs
                   the pull kernel takes from the GEMM against the copy engines' interference)
 
-Every case times CUDA-graph replays (device time; the host row measures the eager call's cost).
+Every case times CUDA-graph replays (device time; the host row measures the eager call's cost);
+P1 and P2 time ours and the baseline in turns (``paired_graph_times``).
 The ``ratio`` column is baseline / ours (>1: ours faster). ``geo-mean`` rows summarise P1/P2.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..ag_gemm import _launch, ag_gemm, matmul
 from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, graph_time_spmd, host_time_spmd, register
+from .harness import BenchConfig, Result, graph_time_spmd, host_time_spmd, paired_graph_times, register
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS, get_model
 
 _SWEEP_M = (128, 512, 2048, 8192)
@@ -58,6 +59,13 @@ def _geo(results: list[Result], bench: str, case: str, impl: str, baseline: str)
     return Result(bench, case, 1, results[0].dtype, impl, 1.0, baseline, ratio, shape="geo-mean")
 
 
+def _with_config(name: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``matmul(a, b)`` with tile configuration ``name`` (read by the launcher on every call,
+    so a graph captured through this keeps it)."""
+    _launch.GPU_CONFIG = name
+    return matmul(a, b)
+
+
 def _core(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> None:
     """P1: our GEMM per tile configuration vs cuBLAS, on the local model shapes."""
     per_config: dict[str, list[Result]] = {c: [] for c in configs}
@@ -65,13 +73,15 @@ def _core(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> Non
         a, w = _inputs(m, n, k, cfg.dtype, group.device)
         b = w.t()
         ref = torch.matmul(a, b)
-        t_cublas = graph_time_spmd(group, lambda: torch.matmul(a, b), rounds=cfg.rounds,
-                                   target_ms=cfg.target_ms)
+        fns, errs = {"cublas": lambda: torch.matmul(a, b)}, {}
         for name in configs:
             _launch.GPU_CONFIG = name
             got = matmul(a, b)
-            err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-            t = graph_time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
+            errs[name] = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+            fns[name] = lambda name=name: _with_config(name, a, b)
+        times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
+        for name in configs:
+            t_cublas, t, err = times["cublas"], times[name], errs[name]
             tflops = 2 * m * n * k / t / 1e6
             r = Result("ag_gemm", f"P1 core {name}", 1, cfg.dtype_name, "triton persistent TMA", t,
                        "cuBLAS torch.matmul", t_cublas, shape=f"{m}x{n}x{k}", m=m, n=n, k=k,
@@ -103,8 +113,9 @@ def _present(group, cfg: BenchConfig, out: list[Result]) -> None:
         fused_present()
         group.synchronize()
         ok = torch.equal(c, matmul(a, b))
-        t_plain = graph_time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
-        t = graph_time_spmd(group, fused_present, rounds=cfg.rounds, target_ms=cfg.target_ms)
+        times = paired_graph_times(group, {"plain": lambda: matmul(a, b), "present": fused_present},
+                                   rounds=cfg.rounds, target_ms=cfg.target_ms)
+        t_plain, t = times["plain"], times["present"]
         r = Result("ag_gemm", "P2 chunks present", 1, cfg.dtype_name, "ag_gemm consumer (waits)", t,
                    "our plain GEMM", t_plain, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
                    extra={"overhead_pct": round(100 * (t / t_plain - 1), 2), "equal": ok})

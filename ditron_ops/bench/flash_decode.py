@@ -8,7 +8,8 @@ merge sees one partial per head)::
     hbm        achieved bytes (K and V read once) / time, and as a fraction of the measured
                device-to-device copy bandwidth (a ``copy_`` of 1 GiB)
 
-Both are timed replaying CUDA graphs (decode loops run in graphs: device time only) and eagerly
+Both are timed replaying CUDA graphs (decode loops run in graphs: device time only; SDPA and both
+modes in turns, ``paired_graph_times``) and eagerly
 (``eager_*`` columns: includes Python and launch overhead, which dominates small problems).
 Rows for deterministic=True and False give the deterministic cost.
 """
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 
 from ..flash_decode import flash_decode
 from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, graph_time_spmd, register, time_spmd
+from .harness import BenchConfig, Result, paired_graph_times, register, time_spmd
 
 
 def _copy_bandwidth(group, cfg: BenchConfig) -> float:
@@ -45,13 +46,16 @@ def _run(group, cfg: BenchConfig) -> list[Result]:
         lens = torch.full((b,), kv, dtype=torch.int32, device=group.device)
         qs, ks, vs = q[:, :, None], k.transpose(1, 2), v.transpose(1, 2)  # SDPA: [B, H, S, D]
         sdpa = lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)  # noqa: E731
-        t_sdpa = graph_time_spmd(group, sdpa, rounds=cfg.rounds, target_ms=cfg.target_ms)
+        ours = {det: (lambda det=det: flash_decode(q, k, v, lens, group, deterministic=det))
+                for det in (True, False)}
+        graph = paired_graph_times(group, {"sdpa": sdpa, True: ours[True], False: ours[False]},
+                                   rounds=cfg.rounds, target_ms=cfg.target_ms)
+        t_sdpa = graph["sdpa"]
         e_sdpa = time_spmd(group, sdpa, rounds=cfg.rounds, target_ms=cfg.target_ms)
         nbytes = 2 * k.numel() * k.element_size()
         for det in (True, False):
-            ours = lambda: flash_decode(q, k, v, lens, group, deterministic=det)  # noqa: E731
-            t = graph_time_spmd(group, ours, rounds=cfg.rounds, target_ms=cfg.target_ms)
-            e = time_spmd(group, ours, rounds=cfg.rounds, target_ms=cfg.target_ms)
+            t = graph[det]
+            e = time_spmd(group, ours[det], rounds=cfg.rounds, target_ms=cfg.target_ms)
             gbs = nbytes / t / 1e3
             rows.append(Result("flash_decode", f"B={b} KV={kv} {hq}/{hkv}", 1, cfg.dtype_name,
                                f"flash_decode det={det}", t, "SDPA enable_gqa", t_sdpa,

@@ -13,9 +13,9 @@ Cases (one run, one GPU)::
     ar          gemm_ar one-shot vs two-shot on the virtual world, M sweep with 256 and 512 added
                 (the auto rule ``ONE_SHOT_MAX_BYTES``)
 
-Every case times CUDA-graph replays (device time: eager calls at small M, and all calls of a
-virtual world whose ranks are threads of one process, are bound by Python and launch cost, which
-the ``ag_gemm`` bench's host row measures).
+Every case times CUDA-graph replays, ours and the baseline in turns (``paired_graph_times``):
+device time, since eager calls at small M, and all calls of a virtual world whose ranks are
+threads of one process, are bound by Python and launch cost (the ``ag_gemm`` host row).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import torch
 from ..ag_gemm import matmul
 from ..gemm_rs import gemm_ar, gemm_rs
 from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, graph_time_spmd, register
+from .harness import BenchConfig, Result, paired_graph_times, register
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
 
 _MS = (1, 16, 128, 1024, 8192)
@@ -63,18 +63,20 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
         for m in ((8, 64) if cfg.quick else _MS):
             a, b = _inputs(m, k, n, cfg.dtype, group.device)
             f32 = torch.empty(m, n, dtype=torch.float32, device=group.device)
-            t_ours = graph_time_spmd(group, lambda: matmul(a, b, out=f32), rounds=cfg.rounds,
-                                     target_ms=cfg.target_ms)
-            t_cublas = graph_time_spmd(group, lambda: a @ b, rounds=cfg.rounds, target_ms=cfg.target_ms)
+            times = paired_graph_times(group, {"ours": lambda: matmul(a, b, out=f32), "cublas": lambda: a @ b},
+                                       rounds=cfg.rounds, target_ms=cfg.target_ms)
+            t_ours, t_cublas = times["ours"], times["cublas"]
             r = Result("gemm_rs", f"invariant M={m}", 1, cfg.dtype_name, "batch-invariant GEMM (fp32 out)",
                        t_ours, "cuBLAS a @ b", t_cublas, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models)
             inv.append(r)
             out.append(r)
         m = 64 if cfg.quick else DEFAULT_M
         a, b = _inputs(m, k, n, cfg.dtype, group.device)
-        t_plain = graph_time_spmd(group, lambda: matmul(a, b), rounds=cfg.rounds, target_ms=cfg.target_ms)
-        t_fused = graph_time_spmd(group, lambda: gemm_rs(a, b, group, deterministic=True, impl="fused"),
-                                  rounds=cfg.rounds, target_ms=cfg.target_ms)
+        times = paired_graph_times(group, {
+            "plain": lambda: matmul(a, b),
+            "fused": lambda: gemm_rs(a, b, group, deterministic=True, impl="fused")},
+            rounds=cfg.rounds, target_ms=cfg.target_ms)
+        t_plain, t_fused = times["plain"], times["fused"]
         r = Result("gemm_rs", "present W=1", 1, cfg.dtype_name, "gemm_rs fused", t_fused,
                    "our plain GEMM", t_plain, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
                    extra={"overhead_pct": round(100 * (t_fused / t_plain - 1), 2)})
@@ -92,20 +94,18 @@ def _virtual(cfg: BenchConfig, out: list[Result], world: int) -> None:
         for m in ((64,) if cfg.quick else (128, 256, 512, 1024, 8192)):
             a, b = _inputs(m, k, n, cfg.dtype, group.device, seed=group.rank)
             for name, op in (("gemm_rs", gemm_rs), ("gemm_ar", gemm_ar)) if m in _MS else ():
-                t_det = graph_time_spmd(group, lambda: op(a, b, group, deterministic=True),
-                                        rounds=cfg.rounds, target_ms=cfg.target_ms)
-                t_def = graph_time_spmd(group, lambda: op(a, b, group), rounds=cfg.rounds,
-                                        target_ms=cfg.target_ms)
+                times = paired_graph_times(group, {
+                    "det": lambda: op(a, b, group, deterministic=True),
+                    "default": lambda: op(a, b, group)}, rounds=cfg.rounds, target_ms=cfg.target_ms)
+                t_det, t_def = times["det"], times["default"]
                 rows.append(Result("gemm_rs", f"det {name} M={m}", world, cfg.dtype_name,
                                    f"{name} deterministic", t_det, f"{name} default (baseline)", t_def,
                                    shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
                                    extra={"det_cost": round(t_det / t_def, 3)}))
-            t1 = graph_time_spmd(group, lambda: gemm_ar(a, b, group, deterministic=True,
-                                                        algorithm="one_shot"),
-                                 rounds=cfg.rounds, target_ms=cfg.target_ms)
-            t2 = graph_time_spmd(group, lambda: gemm_ar(a, b, group, deterministic=True,
-                                                        algorithm="two_shot"),
-                                 rounds=cfg.rounds, target_ms=cfg.target_ms)
+            times = paired_graph_times(group, {
+                alg: (lambda alg=alg: gemm_ar(a, b, group, deterministic=True, algorithm=alg))
+                for alg in ("one_shot", "two_shot")}, rounds=cfg.rounds, target_ms=cfg.target_ms)
+            t1, t2 = times["one_shot"], times["two_shot"]
             rows.append(Result("gemm_rs", f"ar one-shot M={m}", world, cfg.dtype_name, "gemm_ar one_shot",
                                t1, "gemm_ar two_shot", t2, shape=f"{m}x{n}x{k}", m=m, n=n, k=k,
                                model=models, extra={"product_bytes": m * n * 4}))

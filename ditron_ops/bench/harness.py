@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 __all__ = ["Bench", "BenchConfig", "Result", "BENCHES", "register", "discover", "time_spmd", "warm_gpu",
-           "host_time_spmd", "rows_over_worlds", "machine_info", "write_csv", "plot_ratios", "format_table",
+           "host_time_spmd", "paired_graph_times", "rows_over_worlds", "machine_info", "write_csv", "plot_ratios", "format_table",
            "finish", "DTYPES"]
 
 _CAPTURE_LOCK = threading.Lock()
@@ -232,6 +232,21 @@ def time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms: floa
     return _timed_rounds(group, fn, iters, rounds, device_clock=group.device.type == "cuda")
 
 
+def _capture(group, fn: Callable[[], Any], target_ms: float, max_iters: int):
+    """``(graph, iters)``: one CUDA graph of ``iters`` back-to-back ``fn()`` calls (``iters`` from
+    an eager estimate, the same on every rank), captured one rank at a time."""
+    fn()
+    group.synchronize()
+    estimate = _timed_rounds(group, fn, 3, 1, device_clock=True)  # max over ranks: same on all
+    iters = int(min(max_iters, max(1, target_ms * 1e3 / max(estimate, 1e-3))))
+    graph = torch.cuda.CUDAGraph()
+    with _CAPTURE_LOCK:  # virtual ranks capture one at a time (concurrent captures crashed)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for _ in range(iters):
+                fn()
+    return graph, iters
+
+
 def graph_time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms: float = 25.0,
                     max_iters: int = 1000) -> float:
     """Microseconds per call of ``fn()`` replayed from one CUDA graph of back-to-back calls: the
@@ -242,16 +257,28 @@ def graph_time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms
     """
     if group.device.type != "cuda":
         return time_spmd(group, fn, rounds=rounds, target_ms=target_ms, max_iters=max_iters)
-    fn()
-    group.synchronize()
-    estimate = _timed_rounds(group, fn, 3, 1, device_clock=True)  # max over ranks: same on all
-    iters = int(min(max_iters, max(1, target_ms * 1e3 / max(estimate, 1e-3))))
-    graph = torch.cuda.CUDAGraph()
-    with _CAPTURE_LOCK:  # virtual ranks capture one at a time (concurrent captures crashed)
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            for _ in range(iters):
-                fn()
+    graph, iters = _capture(group, fn, target_ms, max_iters)
     return _timed_rounds(group, graph.replay, 1, rounds, device_clock=True) / iters
+
+
+def paired_graph_times(group, fns: dict[str, Callable[[], Any]], *, rounds: int = 10,
+                       target_ms: float = 25.0, repeats: int = 3,
+                       max_iters: int = 1000) -> dict[str, float]:
+    """``graph_time_spmd`` of several functions measured in turns: every graph is captured once,
+    then ``repeats`` passes time each for ``ceil(rounds / repeats)`` rounds in order; each
+    function's result is the median of its passes. Ratios between the functions then compare
+    the GPU in one state (clocks and temperature drift over a long bench: timing a baseline
+    and, later, ours in one block each moved ratios by up to 8% between runs)."""
+    if group.device.type != "cuda":
+        return {name: time_spmd(group, fn, rounds=rounds, target_ms=target_ms, max_iters=max_iters)
+                for name, fn in fns.items()}
+    graphs = {name: _capture(group, fn, target_ms, max_iters) for name, fn in fns.items()}
+    per_pass = -(-rounds // repeats)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, (graph, iters) in graphs.items():
+            times[name].append(_timed_rounds(group, graph.replay, 1, per_pass, device_clock=True) / iters)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def warm_gpu(device: torch.device, seconds: float = 2.0) -> None:
