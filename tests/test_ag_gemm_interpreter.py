@@ -44,7 +44,7 @@ def test_ag_gemm_back_to_back_varying_shapes():
             check_ag_gemm(group, sizes, 5 + 3 * i, 8 + 5 * i, torch.float32, seed=i,
                           return_gathered=i % 2 == 0)
         return True
-    assert ditron_ops.launch(body, 3) == [True] * 3
+    assert ditron_ops.launch(body, 4) == [True] * 4
 
 
 @pytest.mark.parametrize("world_size,sizes,n,k", CASES)
@@ -62,6 +62,29 @@ def test_ag_gemm_pull_producer(monkeypatch, world_size, sizes, n, k):
                           seed=i, return_gathered=i == 1)
         return True
     assert ditron_ops.launch(body, world_size) == [True] * world_size
+
+
+@pytest.mark.parametrize("producer", ["copy", "pull"])
+def test_ag_gemm_back_to_back_without_host_sync(monkeypatch, producer):
+    """Calls whose shard sizes change, issued back to back with nothing between them (a fast
+    rank starts its next call while peers still gather the last one); checked afterwards."""
+    from ditron_ops import reference
+    from ditron_ops.ag_gemm import _launch
+    from ditron_ops.testing.ag_gemm_checks import ag_gemm_inputs
+
+    monkeypatch.setattr(_launch, "PRODUCER", producer)
+    layouts = [[(i * 5 + q * 3) % 9 + (q == 0) for q in range(4)] for i in range(16)]
+
+    def body(group):
+        inputs = [ag_gemm_inputs(group, sizes, 7, 12, torch.float32, True, seed=i)
+                  for i, sizes in enumerate(layouts)]
+        outs = [ditron_ops.ag_gemm(a, b, group, impl="fused", shard_sizes=sizes)
+                for (a, b, _), sizes in zip(inputs, layouts)]
+        for (a, b, _), sizes, out in zip(inputs, layouts, outs):
+            want = reference.all_gather(a, group, sizes) @ b
+            assert torch.allclose(out, want, rtol=1e-5, atol=1e-5), sizes
+        return True
+    assert ditron_ops.launch(body, 4) == [True] * 4
 
 
 def test_matmul_core_matches_torch():
@@ -123,3 +146,26 @@ def _compiled(group):
 
 def test_ag_gemm_compile_fullgraph():
     assert ditron_ops.launch(_compiled, 1) == [True]
+
+
+@pytest.mark.parametrize("backend,bound_name", [("virtual", "AUTO_MIN_FLOPS_VIRTUAL"),
+                                                ("nvshmem", "AUTO_MIN_FLOPS_PER_RANK")])
+def test_auto_rule_switches_at_the_measured_bound(backend, bound_name):
+    """``impl="auto"``: fused from the backend's FLOP bound up, the baseline below it, always
+    the baseline on CPU or without symmetric memory; explicit impls win."""
+    import types
+
+    from ditron_ops.ag_gemm import api
+
+    bound = getattr(api, bound_name)
+    gpu = types.SimpleNamespace(has_symmetric_memory=True, backend=backend, device=torch.device("cuda"))
+    m, n = 1024, 2048
+    k_at = -(-bound // (2 * m * n))  # smallest K reaching the bound
+    assert api.use_fused(gpu, "auto", m, n, k_at)
+    assert not api.use_fused(gpu, "auto", m, n, k_at - 1)
+    assert not api.use_fused(gpu, "baseline", m, n, k_at)
+    assert api.use_fused(gpu, "fused", m, n, 1)
+    cpu = types.SimpleNamespace(**{**vars(gpu), "device": torch.device("cpu")})
+    assert not api.use_fused(cpu, "auto", m, n, 10 * k_at)
+    torch_group = types.SimpleNamespace(**{**vars(gpu), "has_symmetric_memory": False})
+    assert not api.use_fused(torch_group, "fused", m, n, k_at)

@@ -109,18 +109,24 @@ def test_programs_per_chunk_never_change_deterministic_bits(monkeypatch):
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_one_rank_single_partial_writes_output_directly(deterministic):
-    """One rank, one partial per pair (short cache): split-KV writes the output itself. Its bits
-    equal a two-rank merge whose second rank holds no keys (the merge of one real partial returns
-    it unchanged); empty sequences give zeros."""
+def test_one_rank_single_partial_writes_output_directly(monkeypatch, deterministic):
+    """One rank, one partial per pair (short cache): split-KV writes the output itself (no
+    combine runs). Its bits equal a two-rank merge whose second rank holds no keys (the merge
+    of one real partial returns it unchanged); empty sequences give zeros."""
+    from ditron_ops.flash_decode import api
+
     lens = lambda i, r: (0, 5, 24, 17)[i] if r == 0 else 0  # noqa: E731
 
     def body(group):
         q, k, v, kv_lens = _inputs(group, 4, 4, 2, 64, 24, torch.float16, lens)
         return ditron_ops.flash_decode(q, k, v, kv_lens, group, deterministic=deterministic)
 
-    (one,) = ditron_ops.launch(body, 1)
     two = ditron_ops.launch(body, 2)
+
+    def no_combine(*args, **kwargs):
+        raise AssertionError("the one-rank single-partial call ran the combine")
+    monkeypatch.setattr(api, "_launch_combine", no_combine)
+    (one,) = ditron_ops.launch(body, 1)
     assert torch.equal(one, two[0]) and torch.equal(one, two[1])
     assert torch.equal(one[0], torch.zeros_like(one[0]))
-    assert ditron_ops.launch(_check, 1, args=(4, 4, 2, 64, 24, torch.float16, lens))
+    ditron_ops.launch(_check, 1, args=(4, 4, 2, 64, 24, torch.float16, lens))  # asserts inside

@@ -60,8 +60,9 @@ def tile_config(device: torch.device) -> TileConfig:
 
 
 def consumer_programs(device: torch.device, group: Optional[Group], tiles: int) -> int:
-    """Persistent GEMM grid: every SM (the all-gather runs on copy engines), or this rank's
-    share of them in a virtual world (all ranks' waiting grids must be resident together)."""
+    """Persistent GEMM grid: every SM (the default all-gather runs on copy engines), or this
+    rank's share of them in a virtual world (all ranks' waiting grids must be resident
+    together); pull mode gives ``pull_programs`` of them to the producer (see ``fused``)."""
     if device.type != "cuda":
         return 1
     return max(1, min(tiles, group.sm_share() if group is not None else sm_count(device)))
@@ -192,6 +193,8 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
     with a flag per chunk (``producer``, default ``PRODUCER``), persistent GEMM over the
     gathered rows as chunks land."""
     producer = producer or PRODUCER
+    if producer not in PRODUCERS:
+        raise ValueError(f"ditron.ag_gemm: producer must be one of {PRODUCERS}, got {producer!r}")
     group.check()
     ws = group.workspace(PURPOSE)
     cfg = tile_config(a.device)
@@ -200,7 +203,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
     elem = a.element_size()
     pitch = k_pitch(k, elem)
     data = ws.ensure_data(m * pitch * elem)
-    if data.peers is None:
+    if data.peers is None and producer == "copy":
         raise DitronError(f"ditron.ag_gemm: group {group.group_name!r} ({group.backend}) gives no "
                           "peer tensors for copy-engine transfers")
     buf = data.local.view(a.dtype)
@@ -213,11 +216,11 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
     src = a if aligned else _padded_rows(a, pitch)
     record, claim = group._error_tensors()
     sig = ws.signal_pad()
-    if not hasattr(ws, "signal_peers"):  # the signal pad never moves: view it once
-        ws.signal_peers = [p.view(torch.int64) for p in ws.signal.peers]
-    sig_peers = ws.signal_peers
 
     def copies() -> None:  # copy engines: contiguous D2D / peer copies, then the flag
+        if not hasattr(ws, "signal_peers"):  # the signal pad never moves: view it once
+            ws.signal_peers = [p.view(torch.int64) for p in ws.signal.peers]
+        sig_peers = ws.signal_peers
         for i in range(w):
             dst = (rank + i) % w
             if rows:

@@ -154,11 +154,13 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
             a, w = _inputs(m // world, n, k, cfg.dtype, group.device, seed=group.rank)
             b = w.t()
             t = {}
-            for producer in _launch.PRODUCERS:
-                _launch.PRODUCER = producer
-                t[producer] = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="fused"),
-                                              rounds=cfg.rounds, target_ms=cfg.target_ms)
-            _launch.PRODUCER = chosen
+            try:  # a module setting, the same on every rank (their timings are barrier separated)
+                for producer in _launch.PRODUCERS:
+                    _launch.PRODUCER = producer
+                    t[producer] = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="fused"),
+                                                  rounds=cfg.rounds, target_ms=cfg.target_ms)
+            finally:
+                _launch.PRODUCER = chosen
             t_b = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="baseline"), rounds=cfg.rounds,
                                   target_ms=cfg.target_ms)
             common = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model.name)

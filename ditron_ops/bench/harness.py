@@ -244,7 +244,8 @@ def _capture(group, fn: Callable[[], Any], target_ms: float, max_iters: int):
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             for _ in range(iters):
                 fn()
-    return graph, iters
+    group.barrier()  # nobody launches waiting kernels while a peer still captures (its
+    return graph, iters  # capture begins with a device-wide synchronize)
 
 
 def graph_time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms: float = 25.0,
@@ -272,6 +273,9 @@ def paired_graph_times(group, fns: dict[str, Callable[[], Any]], *, rounds: int 
     if group.device.type != "cuda":
         return {name: time_spmd(group, fn, rounds=rounds, target_ms=target_ms, max_iters=max_iters)
                 for name, fn in fns.items()}
+    for fn in fns.values():  # every workspace at its final size before any graph bakes one in
+        fn()
+    group.synchronize()
     graphs = {name: _capture(group, fn, target_ms, max_iters) for name, fn in fns.items()}
     per_pass = -(-rounds // repeats)
     times: dict[str, list[float]] = {name: [] for name in fns}

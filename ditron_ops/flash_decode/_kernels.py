@@ -9,7 +9,9 @@ Schedule of one call (rank r)::
     fp32; no keys -> lse = -inf)          |   rank's exchange buffer       |
 
 With W > 1 the start barrier (``ag_start_kernel``) precedes the push: a slot is rewritten only
-after every rank has entered this call, so nobody still reads the previous call's partials.
+after every rank has entered this call, so nobody still reads the previous call's partials. One
+rank with one chunk per pair skips the combine: split-KV writes the output (``DIRECT``; the
+combine of one partial would return it unchanged).
 
 Merge of n partials (fp32, used for chunks and for ranks): ``top = max lse_i``,
 ``w_i = e^(lse_i - top)`` (exactly 0 for an empty partial), ``o = sum w_i o_i / sum w_i``,

@@ -156,6 +156,7 @@ def _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, wo
     for s in range(world_size):
         ok = ok & dl.wait_at_least(sig_ptr + s, epoch, deadline, err_claim, err_record, op_id,
                                    rank, s, epoch)
+    dl.fence_proxy_async()  # peers stored the partials with plain stores; TMA may read them next
     return ok
 
 

@@ -48,6 +48,10 @@ if use_interpreter():
     def fence_sys():
         pass
 
+    @jit
+    def fence_proxy_async():
+        pass
+
 else:
 
     @jit
@@ -61,6 +65,13 @@ else:
         """System-scope sequentially consistent fence (orders stores to host and peer memory)."""
         tl.inline_asm_elementwise("fence.sc.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
                                   is_pure=False, pack=1)
+
+    @jit
+    def fence_proxy_async():
+        """Order this thread's earlier (generic-proxy) acquires before its later TMA (async-proxy)
+        global reads: after waiting for data that other SMs stored with plain stores."""
+        tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @jit

@@ -44,6 +44,14 @@ class TorchGroup(Group):
     def barrier(self) -> None:
         dist.barrier(group=self.pg)
 
+    def release(self) -> None:
+        """Drop this group's reference to its process group (call after
+        ``destroy_process_group``). The process group's worker threads then stop now: kept
+        alive into interpreter shutdown, a gloo worker releasing the tensors of a finished
+        collective needs the GIL there and aborts the process (seen as a flaky SIGABRT at exit,
+        ``terminate called without an active exception``)."""
+        self.pg = None
+
     def all_gather_object(self, obj: Any) -> list:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj, group=self.pg)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from typing import Iterator, Optional
 
@@ -68,3 +69,6 @@ def torchrun_group(backend: Optional[str] = None) -> Iterator[Group]:
             finalize_nvshmem(group)
         if owns_pg:
             dist.destroy_process_group()
+            if isinstance(group, TorchGroup):
+                group.release()
+            gc.collect()  # the process group's last references: its threads join here
