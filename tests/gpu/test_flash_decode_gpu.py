@@ -21,18 +21,21 @@ def _inputs(group, b, hq, hkv, d, s_max, dtype, seed=0):
     return q, k, v, torch.tensor(lens, dtype=torch.int32, device=group.device)
 
 
+def _check(group, b, hq, hkv, d, s_max, dtype, deterministic, seed=0):
+    """One call vs the reference over the gathered KV (asserts; returns the max abs error)."""
+    q, k, v, lens = _inputs(group, b, hq, hkv, d, s_max, dtype, seed)
+    out = ditron_ops.flash_decode(q, k, v, lens, group, deterministic=deterministic)
+    want = reference.flash_decode(q, k, v, lens, group)
+    err = (out.float() - want.float()).abs().max().item()
+    assert err < 2e-2, err
+    return err
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype,d,hq,hkv", [(torch.bfloat16, 128, 32, 8), (torch.float16, 64, 64, 8),
                                             (torch.bfloat16, 128, 8, 8)])
 def test_matches_reference(world_size, dtype, d, hq, hkv):
-    def body(group):
-        q, k, v, lens = _inputs(group, 5, hq, hkv, d, 2000, dtype)
-        out = ditron_ops.flash_decode(q, k, v, lens, group, deterministic=True)
-        want = reference.flash_decode(q, k, v, lens, group)
-        err = (out.float() - want.float()).abs().max().item()
-        assert err < 2e-2, err
-        return err
-    ditron_ops.launch(body, world_size)
+    ditron_ops.launch(_check, world_size, args=(5, hq, hkv, d, 2000, dtype, True))
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
@@ -40,14 +43,7 @@ def test_matches_reference(world_size, dtype, d, hq, hkv):
 def test_wide_config_and_direct_output(world_size, b, s_max, deterministic):
     """Default mode with B x Hkv >= 3 per SM and short caches (the WIDE split config), and one
     rank with one chunk per pair (split-KV writes the output directly), vs the reference."""
-    def body(group):
-        q, k, v, lens = _inputs(group, b, 32, 8, 128, s_max, torch.bfloat16, seed=3)
-        out = ditron_ops.flash_decode(q, k, v, lens, group, deterministic=deterministic)
-        want = reference.flash_decode(q, k, v, lens, group)
-        err = (out.float() - want.float()).abs().max().item()
-        assert err < 2e-2, err
-        return err
-    ditron_ops.launch(body, world_size)
+    ditron_ops.launch(_check, world_size, args=(b, 32, 8, 128, s_max, torch.bfloat16, deterministic, 3))
 
 
 def _invariance(group):
