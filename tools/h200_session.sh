@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device-tool call on the lent H200: the GPU test tier and/or the benches, logs under $OUT.
+#
+#   bash tools/h200_session.sh tests      # tests/gpu, one pytest run per file (about 7 minutes)
+#   bash tools/h200_session.sh benches    # ag_gemm, gemm_rs, flash_decode benches (about 3-4)
+#
+# A call gets at most 10 minutes: run the two parts in separate calls.
+#
+# The device machine's copy of the checkout reports a stale git commit, so the recorded commit
+# comes from DITRON_GIT_COMMIT (set it in the call: DITRON_GIT_COMMIT=$(git rev-parse --short
+# HEAD) here, pasted into the command). Only about 8 files come back from $OUT per call: logs go
+# to tests.log and benches.log, and PNGs are dropped (rebuild them from the CSVs with
+# ditron_ops.bench.harness.plot_ratios).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=.
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT/bench"
+for part in "$@"; do
+  case "$part" in
+    tests)
+      for f in tests/gpu/test_*.py; do
+        echo "=== $f" >> "$OUT/tests.log"
+        timeout 240 python -m pytest -q "$f" >> "$OUT/tests.log" 2>&1
+        echo "$(basename "$f" .py): $(grep -E "passed|failed|error" "$OUT/tests.log" | tail -1)"
+      done
+      ;;
+    benches)
+      for b in ag_gemm gemm_rs flash_decode; do
+        echo "=== bench $b" >> "$OUT/benches.log"
+        timeout 200 python -m ditron_ops.bench "$b" --out "$OUT/bench" > "$OUT/bench.tmp" 2>&1
+        echo "bench $b: rc=$?"
+        cat "$OUT/bench.tmp" >> "$OUT/benches.log"
+        grep -E "geo|present|det |one-shot|fused M|producer|B=" "$OUT/bench.tmp" | cut -c1-110
+        rm -f "$OUT/bench.tmp"
+      done
+      rm -f "$OUT"/bench/*.png
+      ;;
+    *) echo "unknown part: $part (tests, benches)"; exit 2 ;;
+  esac
+done
