@@ -244,8 +244,10 @@ def _capture(group, fn: Callable[[], Any], target_ms: float, max_iters: int):
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             for _ in range(iters):
                 fn()
-    group.barrier()  # nobody launches waiting kernels while a peer still captures (its
-    return graph, iters  # capture begins with a device-wide synchronize)
+    # Nobody launches waiting kernels while a peer still captures (a capture begins with a
+    # device-wide synchronize, which would wait for them).
+    group.barrier()
+    return graph, iters
 
 
 def graph_time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms: float = 25.0,
