@@ -1,8 +1,9 @@
 """Kernels of ``gemm_rs`` / ``gemm_ar``: partial GEMM whose tiles go to the ranks that own their
 rows, reduced in rank order.
 
-Reduce-scatter (``gemm_rs_kernel``; rank r owns rows ``[lo, hi)``), one kernel after the start
-barrier (``ag_start_kernel``)::
+Reduce-scatter (``gemm_rs_kernel``; rank r owns rows ``[lo, hi)``), one kernel (it is its own
+start barrier: program 0 counts the call in on every rank, and a program waits until every rank
+has counted it in before its first store into a peer's slots)::
 
     phase 1: every row tile except r's whole ones,  | ticket: the last | phase 2: r's whole row tiles:
       peers' rows first (right after r's rows);     | program of r     |   GEMM, wait for all flags,
@@ -11,19 +12,24 @@ barrier (``ag_start_kernel``)::
                                                     |                  | then r's boundary rows from
                                                     |                  |   the slots alone
 
-No program waits before every program of its rank has finished phase 1, so every rank's
-contributions land whatever the others do (with all ranks' programs resident). r's own partial of
+Waits for flags come after the program's ticket, and the only earlier wait (for the peers' start
+counts) depends on nothing but their program 0 having started, so every rank's contributions
+land whatever the others do (with all ranks' programs resident). A slot is written only after its
+owner started this call, i.e. finished reading the previous call's partials (stream order). r's own partial of
 a whole tile never leaves the registers: no fp32 round trip and no second kernel, which makes the
 one-rank call a plain GEMM plus a ticket. One-shot all-reduce (``gemm_broadcast_kernel``): every
-tile to slot r of every rank, then ``reduce_finish_kernel`` flags, waits and sums.
+tile to slot r of every rank (after the ``ag_start_kernel`` barrier), then
+``reduce_finish_kernel`` flags, waits and sums.
 
 The partials stay fp32 and every owner adds them in rank order 0..W-1 from zero and rounds once:
 the result does not depend on arrival order, and with the fixed tile configuration each output
 row depends only on its own input row (batch invariance).
 
 Signal pad (the ``ag_gemm`` layout): ``flag[s]`` at ``s`` = epoch of the last call whose
-partials from rank s have landed; start counts at ``[W, 2W)``; epoch at ``3W``; the phase-1
-ticket at ``3W + 2`` (back to 0 after every call).
+partials from rank s have landed; start counts at ``[W, 2W)``; calls at ``3W`` (``gemm_rs_kernel``
+reads it + 1 as its epoch and the last ticket stores the epoch back, after every program has
+read it; ``ag_start_kernel`` bumps it for one-shot calls); the phase-1 ticket at ``3W + 2``
+(back to 0 after every call).
 """
 from __future__ import annotations
 
@@ -95,9 +101,14 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
     full_first = tl.cdiv(lo, BLOCK_M)  # r's whole row tiles: [full_first, full_end)
     full_end = tl.where(hi == M, tiles_m, hi // BLOCK_M)
     n_full = tl.maximum(full_end - full_first, 0)
-    epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64)
+    epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64) + 1
+    if pid == 0:  # this call started here: count it in on every rank
+        for i in range(world_size):
+            dst = dl.remote_ptr(sig_table, (rank + i) % world_size, sig_ptr)
+            dl.signal_add(dst + world_size + rank, 1)
     deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
     rest = (tiles_m - n_full) * tiles_n  # phase-1 tiles, then r's whole tiles: one GEMM loop
+    started = pid < 0  # every rank has counted this call in (checked before the first push)
     ticketed = pid >= rest  # no phase-1 tile (always at W=1): count out before any GEMM
     if ticketed:
         _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
@@ -120,6 +131,11 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
                                  pid_n * BLOCK_N, lo, hi, N, slot_rows, stride_om, rank, world_size,
                                  BLOCK_M, BLOCK_N)
         else:
+            if not started:  # the owners' slots are free once they started this call
+                for r in range(world_size):
+                    dl.wait_at_least(sig_ptr + world_size + r, epoch, deadline, err_claim,
+                                     err_record, op_id, rank, r, epoch)
+                started = pid >= 0
             _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, pid_n * BLOCK_N, M, N,
                           slot_rows, rank, world_size, False, BLOCK_M, BLOCK_N)
     if not ticketed:
@@ -138,11 +154,13 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
 
 @dl.jit
 def _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog):
-    """Count this program out of phase 1; the last of the rank's programs flags every rank."""
+    """Count this program out of phase 1; the last of the rank's programs stores the call count
+    (every program has read it by now) and flags every rank."""
     ticket = sig_ptr + 3 * world_size + 2
     tl.debug_barrier()
     if tl.atomic_add(ticket, 1, sem="acq_rel", scope="sys") == nprog - 1:
         tl.store(ticket, 0)
+        tl.store(sig_ptr + 3 * world_size, epoch)
         dl.fence_sys()
         for i in range(world_size):
             dst = (rank + i) % world_size

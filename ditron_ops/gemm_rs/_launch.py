@@ -1,5 +1,6 @@
-"""Host side of gemm_rs / gemm_ar: workspace, descriptors, the launches of one call (start
-barrier + reduce-scatter GEMM; or start barrier + broadcast GEMM + finish for one-shot)."""
+"""Host side of gemm_rs / gemm_ar: workspace, descriptors, the launches of one call (the
+reduce-scatter GEMM, its own start barrier; or start barrier + broadcast GEMM + finish for
+one-shot)."""
 from __future__ import annotations
 
 import itertools
@@ -26,7 +27,8 @@ def finish_programs(group: Group) -> int:
 
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows: list[int],
           *, broadcast: bool, op: str) -> torch.Tensor:
-    """One call: start barrier, scattered partial GEMM, rank-ordered reduction into ``out``.
+    """One call: scattered partial GEMM with the reduction in its epilogue (its own start
+    barrier), or start barrier + broadcast GEMM + finish (one-shot), into ``out``.
 
     ``rows[s]``: rows of the product owned by rank s (reduce-scatter). ``broadcast``: every rank
     receives every partial and reduces all rows (one-shot all-reduce; ``rows`` unused).
@@ -46,23 +48,22 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     b_desc, b_kn = b_descriptor(b, cfg)
     record, claim = group._error_tensors()
     sig = ws.signal_pad()
-    my_rows = m if broadcast else rows[rank]
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     aligned = n % 16 == 0 and out.stride(0) % 16 == 0  # vector loads/stores of the fp32 slots and out
     c_desc, slots_desc = (None, None) if broadcast else _epilogue_descriptors(out, buf, w * slot_rows, cfg)
     ws.calls += 1
     with group.waiting_launch(op, ws.calls):
-        ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, my_rows,
-                              group.timeout_us(), op_id(op))
         programs = consumer_programs(a.device, group, tiles)
         tiles_cfg = dict(B_KN=b_kn, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                          GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          ALIGNED=aligned)
         if broadcast:
+            ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, m,
+                                  group.timeout_us(), op_id(op))
             gemm_broadcast_kernel[(programs,)](a_desc, b_desc, buf, data.ptr_table, m, n, k,
                                                slot_rows, rank, w, **tiles_cfg)
             reduce_finish_kernel[(finish_programs(group),)](
-                buf, out, sig, ws.signal.ptr_table, claim, record, my_rows, n,
+                buf, out, sig, ws.signal.ptr_table, claim, record, m, n,
                 out.stride(0), slot_rows, rank, w, group.timeout_us(), op_id(op), ALIGNED=aligned,
                 **_FINISH_BLOCK)
         else:
@@ -103,8 +104,8 @@ def _warmup(device: torch.device) -> None:
         outs = []
         for b, c_tma in itertools.product((a.clone(), a.clone().t()), (True, False)):
             b_desc, b_kn = b_descriptor(b, cfg)
-            # reduce-scatter: the ticket sets flag[0] = epoch = 1 itself
-            sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
+            # reduce-scatter: epoch = calls + 1 = 1; it counts itself in and flags itself
+            sig, sig_table, claim, record = one_rank_pad(device)
             outs.append(torch.empty(64, 64, dtype=dtype, device=device))
             c_desc, slots_desc = _epilogue_descriptors(outs[-1], buf, 64, cfg) if c_tma else (None, None)
             gemm_rs_kernel[(1,)](a_desc, b_desc, slots_desc, c_desc, buf, table, offsets, outs[-1], sig, sig_table,
