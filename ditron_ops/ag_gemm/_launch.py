@@ -235,11 +235,13 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
             pitch, group.timeout_us(), op_id("ag_gemm"), BLOCK=_PULL_BLOCK, VEC=16 // elem,
             num_warps=_PULL_WARPS)
 
-    produce = pull if producer == "pull" else copies
-    tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
-    programs = consumer_programs(a.device, group, tiles)
-    if producer == "pull" and a.is_cuda:  # the pull programs must be resident beside the GEMM's
-        programs = max(1, min(programs, group.sm_share() - pull_programs(group)))
+    produce, programs = copies, None  # None: launch_consumer's default grid
+    if producer == "pull":
+        produce = pull
+        if a.is_cuda:  # the pull programs must be resident beside the GEMM's
+            tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
+            programs = max(1, min(consumer_programs(a.device, group, tiles),
+                                  group.sm_share() - pull_programs(group)))
     ws.calls += 1
     with group.waiting_launch("ag_gemm", ws.calls):
         ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, rows,
@@ -256,7 +258,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
         else:  # interpreter: kernels run synchronously, one after the other
             produce()
             launch_consumer(a_desc, b, out, bias, group=group, wait=True, sig=sig,
-                            offsets=offsets, claim=claim, record=record, m=m)
+                            offsets=offsets, claim=claim, record=record, m=m, programs=programs)
     if gathered is not None:
         gathered.copy_(buf[:m * pitch].view(m, pitch)[:, :k])
     if _env.sync_check():

@@ -43,12 +43,10 @@ def _flush(o_part, lse_part, acc, m, l, pair, num_parts, part, g_ok, D: tl.const
     has = l > 0
     o = tl.where(has[:, None], acc / tl.where(has, l, 1.0)[:, None], 0.0)
     row = pair * num_parts + part
-    if DIRECT:
-        tl.store(o_part + row[:, None] * D + tl.arange(0, D)[None, :],
-                 o.to(o_part.dtype.element_ty), mask=g_ok[:, None])
-    else:
+    tl.store(o_part + row[:, None] * D + tl.arange(0, D)[None, :], o.to(o_part.dtype.element_ty),
+             mask=g_ok[:, None])
+    if not DIRECT:
         lse = tl.where(has, m + tl.log(tl.where(has, l, 1.0)), NEG_INF)
-        tl.store(o_part + row[:, None] * D + tl.arange(0, D)[None, :], o, mask=g_ok[:, None])
         tl.store(lse_part + row, lse, mask=g_ok)
 
 

@@ -15,9 +15,9 @@ has counted it in before its first store into a peer's slots)::
 Waits for flags come after the program's ticket, and the only earlier wait (for the peers' start
 counts) depends on nothing but their program 0 having started, so every rank's contributions
 land whatever the others do (with all ranks' programs resident). A slot is written only after its
-owner started this call, i.e. finished reading the previous call's partials (stream order). r's own partial of
-a whole tile never leaves the registers: no fp32 round trip and no second kernel, which makes the
-one-rank call a plain GEMM plus a ticket. One-shot all-reduce (``gemm_broadcast_kernel``): every
+owner started this call, i.e. finished reading the previous call's partials (stream order). r's
+own partial of a whole tile never leaves the registers: no fp32 round trip and no second kernel,
+which makes the one-rank call a plain GEMM plus a ticket. One-shot all-reduce (``gemm_broadcast_kernel``): every
 tile to slot r of every rank (after the ``ag_start_kernel`` barrier), then
 ``reduce_finish_kernel`` flags, waits and sums.
 
@@ -79,8 +79,8 @@ def _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slot
 
 @dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "stride_om", "rank", "world_size",
                            "timeout_us", "op_id"))
-def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offsets_ptr, out_ptr, sig_ptr,
-                   sig_table, err_claim, err_record, M, N, K, slot_rows, stride_om, rank,
+def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offsets_ptr, out_ptr,
+                   sig_ptr, sig_table, err_claim, err_record, M, N, K, slot_rows, stride_om, rank,
                    world_size, timeout_us, op_id, B_KN: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    ALIGNED: tl.constexpr, C_TMA: tl.constexpr):
@@ -148,8 +148,8 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
         off_m = tl.where(top, lo // BLOCK_M, full_end) * BLOCK_M
         if _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size):
             _reduce_quarters(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), False, buf_ptr, out_ptr,
-                             slots_desc, c_desc, False, off_m, (tile % tiles_n) * BLOCK_N, lo, hi, N, slot_rows,
-                             stride_om, rank, world_size, BLOCK_M, BLOCK_N)
+                             slots_desc, c_desc, False, off_m, (tile % tiles_n) * BLOCK_N, lo, hi,
+                             N, slot_rows, stride_om, rank, world_size, BLOCK_M, BLOCK_N)
 
 
 @dl.jit
@@ -188,21 +188,25 @@ def _reduce_quarters(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, slots_desc
     h0, h1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
     q0, q1 = tl.split(tl.permute(tl.reshape(h0, (BLOCK_M, 2, Q)), (0, 2, 1)))
     q2, q3 = tl.split(tl.permute(tl.reshape(h1, (BLOCK_M, 2, Q)), (0, 2, 1)))
+    _reduce_quarter(q0, OWN_IN_ACC, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m, off_n,
+                    lo, hi, N, slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
+    _reduce_quarter(q1, OWN_IN_ACC, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m, off_n + Q,
+                    lo, hi, N, slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
+    _reduce_quarter(q2, OWN_IN_ACC, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
+                    off_n + 2 * Q, lo, hi, N, slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
+    _reduce_quarter(q3, OWN_IN_ACC, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
+                    off_n + 3 * Q, lo, hi, N, slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
+
+
+@dl.jit
+def _reduce_quarter(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, slots_desc, c_desc,
+                    C_TMA: tl.constexpr, off_m, off_n, lo, hi, N, slot_rows, stride_om, rank,
+                    world_size, BLOCK_M: tl.constexpr, Q: tl.constexpr):
+    """One quarter: through TMA (``C_TMA``, whole own tiles) or masked pointers."""
     if C_TMA:
-        _reduce_store_tma(q0, slots_desc, c_desc, off_m, off_n, lo, slot_rows, rank, world_size)
-        _reduce_store_tma(q1, slots_desc, c_desc, off_m, off_n + Q, lo, slot_rows, rank, world_size)
-        _reduce_store_tma(q2, slots_desc, c_desc, off_m, off_n + 2 * Q, lo, slot_rows, rank,
-                          world_size)
-        _reduce_store_tma(q3, slots_desc, c_desc, off_m, off_n + 3 * Q, lo, slot_rows, rank,
-                          world_size)
+        _reduce_store_tma(acc, slots_desc, c_desc, off_m, off_n, lo, slot_rows, rank, world_size)
     else:
-        _reduce_store(q0, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n, lo, hi, N, slot_rows,
-                      stride_om, rank, world_size, BLOCK_M, Q)
-        _reduce_store(q1, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + Q, lo, hi, N, slot_rows,
-                      stride_om, rank, world_size, BLOCK_M, Q)
-        _reduce_store(q2, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + 2 * Q, lo, hi, N, slot_rows,
-                      stride_om, rank, world_size, BLOCK_M, Q)
-        _reduce_store(q3, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + 3 * Q, lo, hi, N, slot_rows,
+        _reduce_store(acc, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n, lo, hi, N, slot_rows,
                       stride_om, rank, world_size, BLOCK_M, Q)
 
 

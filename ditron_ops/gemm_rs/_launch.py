@@ -50,7 +50,8 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     sig = ws.signal_pad()
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     aligned = n % 16 == 0 and out.stride(0) % 16 == 0  # vector loads/stores of the fp32 slots and out
-    c_desc, slots_desc = (None, None) if broadcast else _epilogue_descriptors(out, buf, w * slot_rows, cfg)
+    c_desc, slots_desc = (None, None) if broadcast else _epilogue_descriptors(out, buf,
+                                                                              w * slot_rows, cfg)
     ws.calls += 1
     with group.waiting_launch(op, ws.calls):
         programs = consumer_programs(a.device, group, tiles)
@@ -67,8 +68,9 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
                 out.stride(0), slot_rows, rank, w, group.timeout_us(), op_id(op), ALIGNED=aligned,
                 **_FINISH_BLOCK)
         else:
-            gemm_rs_kernel[(programs,)](a_desc, b_desc, slots_desc, c_desc, buf, data.ptr_table, offsets, out,
-                                        sig, ws.signal.ptr_table, claim, record, m, n, k, slot_rows,
+            gemm_rs_kernel[(programs,)](a_desc, b_desc, slots_desc, c_desc, buf, data.ptr_table,
+                                        offsets, out, sig, ws.signal.ptr_table, claim, record, m,
+                                        n, k, slot_rows,
                                         out.stride(0), rank, w, group.timeout_us(), op_id(op),
                                         C_TMA=c_desc is not None, **tiles_cfg)
     if _env.sync_check():
@@ -102,24 +104,29 @@ def _warmup(device: torch.device) -> None:
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
         outs = []
-        for b, c_tma in itertools.product((a.clone(), a.clone().t()), (True, False)):
+        records = []
+        for b in (a.clone(), a.clone().t()):
             b_desc, b_kn = b_descriptor(b, cfg)
-            # reduce-scatter: epoch = calls + 1 = 1; it counts itself in and flags itself
-            sig, sig_table, claim, record = one_rank_pad(device)
-            outs.append(torch.empty(64, 64, dtype=dtype, device=device))
-            c_desc, slots_desc = _epilogue_descriptors(outs[-1], buf, 64, cfg) if c_tma else (None, None)
-            gemm_rs_kernel[(1,)](a_desc, b_desc, slots_desc, c_desc, buf, table, offsets, outs[-1], sig, sig_table,
-                                 claim, record, 64, 64, 64, 64, 64, 0, 1, 10**6, 0, B_KN=b_kn,
-                                 ALIGNED=aligned, C_TMA=c_tma, **tiles_cfg)
+            for c_tma in (True, False):  # epoch = calls + 1 = 1; it counts itself in, flags itself
+                sig, sig_table, claim, record = one_rank_pad(device)
+                outs.append(torch.empty(64, 64, dtype=dtype, device=device))
+                c_desc, slots_desc = (_epilogue_descriptors(outs[-1], buf, 64, cfg) if c_tma
+                                      else (None, None))
+                gemm_rs_kernel[(1,)](a_desc, b_desc, slots_desc, c_desc, buf, table, offsets,
+                                     outs[-1], sig, sig_table, claim, record, 64, 64, 64, 64, 64,
+                                     0, 1, 10**6, 0, B_KN=b_kn, ALIGNED=aligned, C_TMA=c_tma,
+                                     **tiles_cfg)
+                records.append(record)
             gemm_broadcast_kernel[(1,)](a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1,
                                         B_KN=b_kn, ALIGNED=aligned, **tiles_cfg)
             sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
             outs.append(torch.empty(64, 64, dtype=dtype, device=device))
             reduce_finish_kernel[(1,)](buf, outs[-1], sig, sig_table, claim, record, 64, 64, 64, 64,
                                        0, 1, 10**6, 0, ALIGNED=aligned, **_FINISH_BLOCK)
-            torch.cuda.synchronize(device)
-            if int(record[0]) != 0:
-                raise RuntimeError(f"ditron: gemm_rs warm-up timed out for {dtype} (kernel bug)")
+            records.append(record)
+        torch.cuda.synchronize(device)
+        if any(int(r[0]) != 0 for r in records):
+            raise RuntimeError(f"ditron: gemm_rs warm-up timed out for {dtype} (kernel bug)")
         if not all(torch.equal(o, torch.full_like(o, 64)) for o in outs):
             raise RuntimeError(f"ditron: gemm_rs warm-up failed for {dtype} (kernel bug)")
 

@@ -41,7 +41,7 @@ class Workspace:
         w = group.world_size
         self.arrivals_offset, self.meta_offset = 0, w
         self.epoch_offset, self.done_offset = 3 * w, 3 * w + 1
-        self.signal_words = 6 * w + 8
+        self.signal_words = 6 * w + 8  # the largest layout: ag_gemm's pull mode (see its kernels)
         self.signal: SymmetricBuffer = group.alloc_symmetric(self.signal_words * 8)
         self.data: Optional[SymmetricBuffer] = None
         self.calls = 0  # host count of launches (error messages; graph replays do not count)
