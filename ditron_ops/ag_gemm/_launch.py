@@ -246,6 +246,8 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
     with group.waiting_launch("ag_gemm", ws.calls):
         ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, rows,
                               group.timeout_us(), op_id("ag_gemm"))
+        if producer == "pull":  # the pull kernel waits (event) for this start barrier
+            group.launch_step("ag_gemm", ws.calls)
         if a.is_cuda:
             main = torch.cuda.current_stream(a.device)
             side = side_stream(group)

@@ -196,6 +196,10 @@ class Group:
         """
         return contextlib.nullcontext()
 
+    def launch_step(self, op: str = "?", epoch: int = -1) -> None:
+        """Inside ``waiting_launch``: a no-op except in a GPU virtual world, where every rank's
+        launches so far are queued before any rank goes on (``VirtualGroup.launch_step``)."""
+
     def synchronize(self) -> None:
         """Wait for this rank's current stream, then ``check``."""
         if self.device.type == "cuda":

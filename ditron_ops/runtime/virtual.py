@@ -122,8 +122,25 @@ class VirtualGroup(Group):
         if gate:
             torch.cuda.current_stream(self.device).synchronize()
             self._gate(op, epoch)
-        yield
+        self._gating = gate
+        try:
+            yield
+        finally:
+            self._gating = False
         if gate:
+            self._gate(op, epoch)
+
+    def launch_step(self, op: str = "?", epoch: int = -1) -> None:
+        """Inside ``waiting_launch``: meet the other ranks again, so that every rank's kernels
+        launched so far are queued before any rank queues the next ones.
+
+        Needed before a kernel on another stream that waits (stream event) for a kernel that
+        waits on peers. Measured on the H200 (virtual W=8, ag_gemm pull mode): without it a
+        rank's pull kernel, held by its event until its start barrier completes, could sit in a
+        hardware queue in front of a peer's start barrier, which then never ran until the
+        waits expired (5 of 6 runs timed out; the pads showed every signal had arrived late).
+        """
+        if getattr(self, "_gating", False):
             self._gate(op, epoch)
 
     def _gate(self, op: str, epoch: int) -> None:
