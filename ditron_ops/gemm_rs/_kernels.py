@@ -109,6 +109,7 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
     deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
     rest = (tiles_m - n_full) * tiles_n  # phase-1 tiles, then r's whole tiles: one GEMM loop
     started = pid < 0  # every rank has counted this call in (checked before the first push)
+    flagged = pid < 0  # every rank's partials for this rank have landed (waited for once)
     ticketed = pid >= rest  # no phase-1 tile (always at W=1): count out before any GEMM
     if ticketed:
         _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
@@ -126,8 +127,11 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
             if not ticketed:  # this program's phase 1 is over
                 _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
                 ticketed = pid >= 0
-            if _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size):
-                _reduce_quarters(acc, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
+            if not flagged:
+                flagged = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id,
+                                      rank, world_size)
+            if flagged:
+                _reduce_epilogue(acc, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
                                  pid_n * BLOCK_N, lo, hi, N, slot_rows, stride_om, rank, world_size,
                                  BLOCK_M, BLOCK_N)
         else:
@@ -146,8 +150,11 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
     for tile in range(pid, n_edge * tiles_n, nprog):
         top = (tile < tiles_n) & has_top
         off_m = tl.where(top, lo // BLOCK_M, full_end) * BLOCK_M
-        if _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size):
-            _reduce_quarters(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), False, buf_ptr, out_ptr,
+        if not flagged:
+            flagged = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank,
+                                  world_size)
+        if flagged:
+            _reduce_epilogue(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), False, buf_ptr, out_ptr,
                              slots_desc, c_desc, False, off_m, (tile % tiles_n) * BLOCK_N, lo, hi,
                              N, slot_rows, stride_om, rank, world_size, BLOCK_M, BLOCK_N)
 
@@ -179,35 +186,30 @@ def _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, wo
 
 
 @dl.jit
-def _reduce_quarters(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, slots_desc, c_desc,
+def _reduce_epilogue(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, slots_desc, c_desc,
                      C_TMA: tl.constexpr, off_m, off_n, lo, hi, N, slot_rows, stride_om, rank,
                      world_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``_reduce_store`` (``_reduce_store_tma`` with ``C_TMA``) in four ``BLOCK_N / 4``
-    quarters (fewer live registers: no spills)."""
+    """With ``C_TMA`` (whole own tiles) ``_reduce_store_tma`` in two ``BLOCK_N / 2`` halves,
+    else ``_reduce_store`` in four ``BLOCK_N / 4`` quarters (fewer live registers: no spills
+    either way, compiled for sm_90a)."""
+    H: tl.constexpr = BLOCK_N // 2
     Q: tl.constexpr = BLOCK_N // 4
-    h0, h1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-    q0, q1 = tl.split(tl.permute(tl.reshape(h0, (BLOCK_M, 2, Q)), (0, 2, 1)))
-    q2, q3 = tl.split(tl.permute(tl.reshape(h1, (BLOCK_M, 2, Q)), (0, 2, 1)))
-    _reduce_quarter(q0, OWN_IN_ACC, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m, off_n,
-                    lo, hi, N, slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
-    _reduce_quarter(q1, OWN_IN_ACC, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m, off_n + Q,
-                    lo, hi, N, slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
-    _reduce_quarter(q2, OWN_IN_ACC, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
-                    off_n + 2 * Q, lo, hi, N, slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
-    _reduce_quarter(q3, OWN_IN_ACC, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
-                    off_n + 3 * Q, lo, hi, N, slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
-
-
-@dl.jit
-def _reduce_quarter(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, slots_desc, c_desc,
-                    C_TMA: tl.constexpr, off_m, off_n, lo, hi, N, slot_rows, stride_om, rank,
-                    world_size, BLOCK_M: tl.constexpr, Q: tl.constexpr):
-    """One quarter: through TMA (``C_TMA``, whole own tiles) or masked pointers."""
+    h0, h1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))
     if C_TMA:
-        _reduce_store_tma(acc, slots_desc, c_desc, off_m, off_n, lo, slot_rows, rank, world_size)
+        _reduce_store_tma(h0, slots_desc, c_desc, off_m, off_n, lo, slot_rows, rank, world_size)
+        _reduce_store_tma(h1, slots_desc, c_desc, off_m, off_n + H, lo, slot_rows, rank,
+                          world_size)
     else:
-        _reduce_store(acc, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n, lo, hi, N, slot_rows,
+        q0, q1 = tl.split(tl.permute(tl.reshape(h0, (BLOCK_M, 2, Q)), (0, 2, 1)))
+        q2, q3 = tl.split(tl.permute(tl.reshape(h1, (BLOCK_M, 2, Q)), (0, 2, 1)))
+        _reduce_store(q0, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n, lo, hi, N, slot_rows,
                       stride_om, rank, world_size, BLOCK_M, Q)
+        _reduce_store(q1, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + Q, lo, hi, N, slot_rows,
+                      stride_om, rank, world_size, BLOCK_M, Q)
+        _reduce_store(q2, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + 2 * Q, lo, hi, N,
+                      slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
+        _reduce_store(q3, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + 3 * Q, lo, hi, N,
+                      slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
 
 
 @dl.jit

@@ -80,12 +80,12 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
 
 def _epilogue_descriptors(out: torch.Tensor, buf: torch.Tensor, slot_rows_total: int, cfg):
     """``(c_desc, slots_desc)`` for the TMA epilogue of whole own tiles (``_reduce_store_tma``):
-    ``out [rows_r, N]`` and the fp32 slots ``[W * slot_rows, N]`` in quarter-tile blocks; or
+    ``out [rows_r, N]`` and the fp32 slots ``[W * slot_rows, N]`` in half-tile blocks; or
     ``(None, None)`` (masked pointer epilogue) when ``out`` cannot back a descriptor."""
     if not _tma_ok(out):
         return None, None
     n = out.shape[1]
-    block = [cfg.block_m, cfg.block_n // 4]
+    block = [cfg.block_m, cfg.block_n // 2]
     slots = buf[:slot_rows_total * n].view(slot_rows_total, n)
     return (TensorDescriptor(out, list(out.shape), list(out.stride()), block),
             TensorDescriptor(slots, [slot_rows_total, n], [n, 1], block))
