@@ -6,6 +6,7 @@ import torch
 
 from ditron_ops.bench import LAYER_CONFIGS, local_gemm_shape
 from ditron_ops.bench.__main__ import main
+from ditron_ops.bench.harness import read_csv
 
 
 def test_list_names_the_registered_benches(capsys):
@@ -41,6 +42,18 @@ def test_quick_collectives_writes_csv_and_png(tmp_path, capsys):
     png = csvs[0].with_suffix(".png")
     assert png.exists() and png.stat().st_size > 0
     assert "all_reduce/two_shot" in capsys.readouterr().out
+
+    # the CSV reads back into the same results, and ``plot`` redraws the PNG from it
+    results, machine = read_csv(csvs[0])
+    assert [(r.impl, r.case, r.world_size) for r in results] == [
+        (r["impl"], r["case"], int(r["world_size"])) for r in rows]
+    for r, row in zip(results, rows):
+        assert r.ratio == pytest.approx(float(row["ratio"]), rel=1e-3)
+        assert r.extra["max_abs_err"] == row["max_abs_err"]
+    assert machine["git_commit"] == rows[0]["git_commit"]
+    png.unlink()
+    assert main(["plot", str(csvs[0])]) == 0
+    assert png.exists() and png.stat().st_size > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier (gloo processes)")

@@ -48,7 +48,10 @@ H200 (bf16, local model shapes M=8192, CUDA-graph replay), the bench: 128x256x64
 0.983x cuBLAS (geo-mean), 4 stages 0.979x. A one-off sweep (graphs, s3 at 0.975x there):
 128x128x64 (4-5 stages, 4 or 8 warps) 0.91-0.92x, 256x128x64 0.93x, 128x128x128 0.89x, GROUP_M 16
 0.974x, the best configuration per shape 0.978x (not worth a shape rule). The same tiles with
-``tl.range(flatten=True)`` ran at 0.45x."""
+``tl.range(flatten=True)`` ran at 0.45x. With paired timing (two runs, 2026-12-01): 3 stages
+0.953x / 0.954x, 4 stages 0.965x / 0.965x; in the same kind of run a tutorial-style plain kernel
+of these tiles (no bias seed, specialised sizes) ran at 0.972x and flattened at 0.982x, where
+ours ran at 0.958x (``tools/p1_kernel_variants.py``; before the bias moved to the epilogue)."""
 GPU_CONFIG = "128x256x64/s3"
 _INTERPRETER_CONFIG = TileConfig(16, 16, 16, 4, 4, 1)
 

@@ -1,8 +1,9 @@
-"""Command line: ``python -m ditron_ops.bench {list | <bench>} [options]``.
+"""Command line: ``python -m ditron_ops.bench {list | plot CSV... | <bench>} [options]``.
 
 Examples::
 
     python -m ditron_ops.bench list
+    python -m ditron_ops.bench plot benchmarks/results/ag_gemm-bf16-cuda.csv   # PNG from a CSV
     python -m ditron_ops.bench collectives --world-sizes 2,4,8 --dtype bf16
     python -m ditron_ops.bench overhead --quick --out /tmp/bench_out
 
@@ -22,7 +23,8 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _env
-from .harness import DTYPES, IMPORT_ERRORS, BenchConfig, discover, finish, warm_gpu
+from .harness import (DTYPES, IMPORT_ERRORS, BenchConfig, discover, finish, plot_ratios,
+                      plot_title, read_csv, warm_gpu)
 
 
 def default_device() -> torch.device:
@@ -50,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="bench", required=True, metavar="{list," +
                                 ",".join(benches) + "}")
     sub.add_parser("list", help="list the registered benches")
+    plot = sub.add_parser("plot", help="(re)draw the PNG of bench CSVs, next to each CSV")
+    plot.add_argument("csv", type=Path, nargs="+")
     for name, bench in benches.items():
         p = sub.add_parser(name, help=bench.help, description=bench.help)
         p.add_argument("--world-sizes", type=_world_sizes, default=None,
@@ -95,6 +99,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{name.ljust(width)}  {bench.help}")
         for module, err in IMPORT_ERRORS.items():
             print(f"{module.ljust(width)}  (failed to import: {err})")
+        return 0
+    if args.bench == "plot":
+        for path in args.csv:
+            results, machine = read_csv(path)
+            if not results:
+                print(f"{path}: no rows", file=sys.stderr)
+                return 1
+            first = results[0]
+            title = plot_title(first.bench, first.dtype, machine.get("device_name", "?"), results)
+            print(plot_ratios(results, path.with_suffix(".png"), title) or "matplotlib missing")
         return 0
     cfg = _config(args)
     if cfg.device.type == "cpu" and not cfg.quick:

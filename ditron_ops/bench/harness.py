@@ -38,8 +38,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 __all__ = ["Bench", "BenchConfig", "Result", "BENCHES", "register", "discover", "time_spmd", "warm_gpu",
-           "host_time_spmd", "paired_graph_times", "rows_over_worlds", "machine_info", "write_csv", "plot_ratios", "format_table",
-           "finish", "DTYPES"]
+           "host_time_spmd", "paired_graph_times", "rows_over_worlds", "machine_info", "write_csv",
+           "read_csv", "plot_title", "plot_ratios", "format_table", "finish", "DTYPES"]
 
 _CAPTURE_LOCK = threading.Lock()
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
@@ -373,6 +373,11 @@ def machine_info(device: torch.device) -> dict[str, str]:
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+_MACHINE_COLUMNS = ["device", "device_name", "device_detail", "torch", "triton", "python",
+                    "git_commit", "timestamp"]
+"""The keys of ``machine_info`` (the last CSV columns)."""
+
+
 _BASE_COLUMNS = ["bench", "case", "model", "world_size", "dtype", "shape", "m", "n", "k", "nbytes",
                  "impl", "time_us", "baseline", "baseline_us", "ratio"]
 
@@ -400,6 +405,32 @@ def write_csv(results: Sequence[Result], path: Path, machine: dict[str, str]) ->
             row.update(machine)
             writer.writerow(row)
     return path
+
+
+def read_csv(path: Path) -> tuple[list[Result], dict[str, str]]:
+    """``(results, machine)`` of a CSV written by ``write_csv`` (ratios recomputed from times)."""
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    results = []
+    for row in rows:
+        def num(key, cast=float):
+            return cast(row[key]) if row.get(key) not in (None, "") else None
+        extra = {k: v for k, v in row.items()
+                 if k not in _BASE_COLUMNS and k not in _MACHINE_COLUMNS and v != ""}
+        results.append(Result(row["bench"], row["case"], int(row["world_size"]), row["dtype"],
+                              row["impl"], num("time_us") or 0.0, row["baseline"],
+                              num("baseline_us") or 0.0, shape=row["shape"], m=num("m", int),
+                              n=num("n", int), k=num("k", int), nbytes=num("nbytes", int),
+                              model=row["model"], extra=extra))
+    machine = {k: rows[0][k] for k in _MACHINE_COLUMNS if rows and k in rows[0]}
+    return results, machine
+
+
+def plot_title(bench: str, dtype_name: str, device_name: str, results: Sequence[Result]) -> str:
+    """The PNG title: what the ratio means and every baseline."""
+    baselines = ", ".join(dict.fromkeys(r.baseline for r in results))
+    return (f"{bench} ({dtype_name}, {device_name}): ratio = baseline / ours (>1: ours faster)\n"
+            f"baseline: {baselines}")
 
 
 def plot_ratios(results: Sequence[Result], path: Path, title: str) -> Optional[Path]:
@@ -475,8 +506,7 @@ def finish(bench: str, results: Sequence[Result], cfg: BenchConfig,
             + ("-quick" if cfg.quick else ""))
     csv_path = write_csv(results, cfg.out_dir / f"{stem}.csv", machine)
     baselines = ", ".join(dict.fromkeys(r.baseline for r in results))
-    title = (f"{bench} ({cfg.dtype_name}, {machine['device_name']}): ratio = baseline / ours "
-             f"(>1: ours faster)\nbaseline: {baselines}")
+    title = plot_title(bench, cfg.dtype_name, machine["device_name"], results)
     png_path = plot_ratios(results, cfg.out_dir / f"{stem}.png", title) if results else None
     print(f"\n== {bench}: {len(results)} rows, {machine['device_name']} ({machine['device_detail']}), "
           f"torch {machine['torch']}, triton {machine['triton']}, commit {machine['git_commit']}",
