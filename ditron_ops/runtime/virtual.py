@@ -89,6 +89,7 @@ class VirtualGroup(Group):
         super().__init__(rank, world.world_size, world.device, f"{world.name}/rank{rank}",
                          timeout_s=timeout_s)
         self.world = world
+        self._gating = False  # inside a gated ``waiting_launch`` (``launch_step`` meets too)
 
     @property
     def ranks_per_device(self) -> int:
@@ -140,7 +141,7 @@ class VirtualGroup(Group):
         hardware queue in front of a peer's start barrier, which then never ran until the
         waits expired (5 of 6 runs timed out; the pads showed every signal had arrived late).
         """
-        if getattr(self, "_gating", False):
+        if self._gating:
             self._gate(op, epoch)
 
     def _gate(self, op: str, epoch: int) -> None:
