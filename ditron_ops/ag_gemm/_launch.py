@@ -213,9 +213,9 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
     a_desc = TensorDescriptor(buf, [m, k], [pitch, 1], [cfg.block_m, cfg.block_k])
     offsets = ws.row_offsets(shard_sizes, "ag_gemm")
     rows, first = shard_sizes[rank], sum(shard_sizes[:rank])
-    # one contiguous [rows, pitch] region per chunk, 16-byte aligned (the pull kernel's only
-    # specialisation: an unaligned view would compile another variant in the middle of a call)
-    aligned = a.is_contiguous() and pitch == k and a.data_ptr() % 16 == 0
+    # one contiguous [rows, pitch] region per chunk; for the pull kernel also 16-byte aligned
+    # (its only specialisation: an unaligned view would compile another variant mid-call)
+    aligned = a.is_contiguous() and pitch == k and (producer == "copy" or a.data_ptr() % 16 == 0)
     src = a if aligned else _padded_rows(a, pitch)
     record, claim = group._error_tensors()
     sig = ws.signal_pad()

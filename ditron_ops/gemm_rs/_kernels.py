@@ -17,9 +17,9 @@ counts) depends on nothing but their program 0 having started, so every rank's c
 land whatever the others do (with all ranks' programs resident). A slot is written only after its
 owner started this call, i.e. finished reading the previous call's partials (stream order). r's
 own partial of a whole tile never leaves the registers: no fp32 round trip and no second kernel,
-which makes the one-rank call a plain GEMM plus a ticket. One-shot all-reduce (``gemm_broadcast_kernel``): every
-tile to slot r of every rank (after the ``ag_start_kernel`` barrier), then
-``reduce_finish_kernel`` flags, waits and sums.
+which makes the one-rank call a plain GEMM plus a ticket. One-shot all-reduce
+(``gemm_broadcast_kernel``): every tile to slot r of every rank (after the ``ag_start_kernel``
+barrier), then ``reduce_finish_kernel`` flags, waits and sums.
 
 The partials stay fp32 and every owner adds them in rank order 0..W-1 from zero and rounds once:
 the result does not depend on arrival order, and with the fixed tile configuration each output
