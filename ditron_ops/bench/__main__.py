@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _env
+from ..runtime.torchrun import select_local_device
 from .harness import (DTYPES, IMPORT_ERRORS, BenchConfig, discover, finish, plot_ratios,
                       plot_title, read_csv, warm_gpu)
 
@@ -92,6 +93,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .. import _env
 
     _env.prepare_cuda_for_virtual_ranks()  # before CUDA starts (see its docstring)
+    select_local_device()  # under torchrun: this process's GPU before anything touches CUDA
     benches = discover()
     if args.bench == "list":
         width = max(map(len, benches), default=4)

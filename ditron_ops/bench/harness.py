@@ -501,8 +501,8 @@ def finish(bench: str, results: Sequence[Result], cfg: BenchConfig,
     """
     stream = sys.stdout if stream is None else stream
     machine = machine_info(cfg.device)
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun benches: one file per world size
-    stem = (f"{bench}" + (f"-w{world}" if world > 1 else "") + f"-{cfg.dtype_name}-{cfg.device.type}"
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # one file per world size
+    stem = (f"{bench}" + (f"-w{os.environ['WORLD_SIZE']}" if torchrun else "") + f"-{cfg.dtype_name}-{cfg.device.type}"
             + ("-quick" if cfg.quick else ""))
     csv_path = write_csv(results, cfg.out_dir / f"{stem}.csv", machine)
     baselines = ", ".join(dict.fromkeys(r.baseline for r in results))

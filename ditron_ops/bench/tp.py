@@ -20,6 +20,7 @@ and nvshmem4py must not both initialise it). NVLink multicast is off (``NO_MULTI
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
@@ -28,8 +29,8 @@ import torch.distributed as dist
 from ..ag_gemm import ag_gemm
 from ..flash_decode import flash_decode
 from ..gemm_rs import gemm_ar, gemm_rs
-from ..runtime.torchrun import torchrun_group, under_torchrun
-from .harness import BenchConfig, Result, register, time_spmd
+from ..runtime.torchrun import started_by_torchrun, torchrun_group
+from .harness import BenchConfig, Result, paired_graph_times, register, time_spmd
 from .shapes import DEFAULT_M, LAYER_CONFIGS, get_model
 
 _SWEEP_MODEL, _SWEEP_M = "LLaMA-3.1-8B", (128, 512, 2048)
@@ -72,29 +73,47 @@ def _problems(group, cfg: BenchConfig, m: int, n: int, k: int) -> dict:
     }
 
 
-def _measure(group, cfg: BenchConfig, fn: Callable) -> float:
-    return time_spmd(group, fn, rounds=cfg.rounds, target_ms=cfg.target_ms)
+def _measure(group, cfg: BenchConfig, fns: dict[str, Callable]) -> dict[str, float]:
+    """Device µs per call of each function: CUDA-graph replays timed in turns
+    (``paired_graph_times``), or eager calls (``time_spmd``) with ``DITRON_BENCH_TIMING=eager``
+    or on CPU."""
+    if cfg.device.type == "cuda" and os.environ.get("DITRON_BENCH_TIMING", "graph") != "eager":
+        return paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
+    return {name: time_spmd(group, fn, rounds=cfg.rounds, target_ms=cfg.target_ms)
+            for name, fn in fns.items()}
 
 
 def _gemm_rows(group, cfg: BenchConfig, bench: str, ours: dict[str, Callable],
                label: str) -> list[Result]:
-    """One row per (op, case): ``ours[op](a, b, impl)`` vs the sequential NCCL + cuBLAS pair."""
+    """One row per (op, case): ``ours[op](a, b, impl)`` vs the sequential NCCL + cuBLAS pair,
+    all timed in one paired block (plus the GEMM alone and the collective alone).
+
+    Extras: ``overlap_eff = (T_gemm + T_comm - T_fused) / min(T_gemm, T_comm)`` and ``bound =
+    (T_gemm + T_comm) / max(T_gemm, T_comm)``, the most any overlap can gain over the sequential
+    pair (perfect overlap, GEMM as fast as cuBLAS)."""
     rows = []
+    timing = ("eager" if cfg.device.type != "cuda"
+              or os.environ.get("DITRON_BENCH_TIMING", "graph") == "eager" else "graph")
     for model, m, n, k in _cases(cfg, group.world_size):
         for op, ((a, b), comm, gemm, seq) in _problems(group, cfg, m, n, k).items():
             if op not in ours:
                 continue
-            t_comm, t_gemm = _measure(group, cfg, comm), _measure(group, cfg, gemm)
-            t_seq = _measure(group, cfg, seq)
-            t_fused = _measure(group, cfg, lambda: ours[op](a, b, "fused"))
-            extra = {"gemm_us": round(t_gemm, 1), "comm_us": round(t_comm, 1),
-                     "overlap_eff": round((t_gemm + t_comm - t_fused) / min(t_gemm, t_comm), 3)}
+            fns = {"comm": comm, "gemm": gemm, "seq": seq,
+                   "fused": lambda: ours[op](a, b, "fused")}
             if label == "ours":
-                t_auto = _measure(group, cfg, lambda: ours[op](a, b, "auto"))
-                extra.update(auto_us=round(t_auto, 1), auto_ratio=round(t_seq / t_auto, 3))
+                fns["auto"] = lambda: ours[op](a, b, "auto")
+            t = _measure(group, cfg, fns)
+            t_comm, t_gemm = t["comm"], t["gemm"]
+            extra = {"gemm_us": round(t_gemm, 1), "comm_us": round(t_comm, 1),
+                     "overlap_eff": round((t_gemm + t_comm - t["fused"]) / min(t_gemm, t_comm), 3),
+                     "bound": round((t_gemm + t_comm) / max(t_gemm, t_comm), 3), "timing": timing}
+            if "auto" in t:
+                extra.update(auto_us=round(t["auto"], 1), auto_ratio=round(t["seq"] / t["auto"], 3))
             rows.append(Result(bench, f"{op} {model} M={m}", group.world_size, cfg.dtype_name,
-                               f"{op} {label}", t_fused, "NCCL + cuBLAS (sequential)", t_seq,
+                               f"{op} {label}", t["fused"], "NCCL + cuBLAS (sequential)", t["seq"],
                                shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model, extra=extra))
+            if cfg.device.type == "cuda":
+                torch.cuda.empty_cache()  # the graphs' pools: the largest cases need the room
     return rows
 
 
@@ -108,10 +127,12 @@ def _flash_decode_rows(group, cfg: BenchConfig, bench: str) -> list[Result]:
         k = torch.randn(b, kv, hkv, d, dtype=dtype, device=group.device)
         v = torch.randn_like(k)
         lens = torch.full((b,), kv, dtype=torch.int32, device=group.device)
-        t = _measure(group, cfg, lambda: flash_decode(q, k, v, lens, group))
         qs, ks, vs = q[:, :, None], k.transpose(1, 2), v.transpose(1, 2)
-        t_local = _measure(group, cfg, lambda: torch.nn.functional.scaled_dot_product_attention(
-            qs, ks, vs, enable_gqa=True))
+        times = _measure(group, cfg, {
+            "ours": lambda: flash_decode(q, k, v, lens, group),
+            "local": lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs,
+                                                                             enable_gqa=True)})
+        t, t_local = times["ours"], times["local"]
         rows.append(Result(bench, f"flash_decode B={b} KV/rank={kv}", group.world_size,
                            cfg.dtype_name, "flash_decode", t, "SDPA on the local shard", t_local,
                            shape=f"{b}x{kv}x{hq}/{hkv}x{d}", m=b, n=kv, k=d,
@@ -120,7 +141,7 @@ def _flash_decode_rows(group, cfg: BenchConfig, bench: str) -> list[Result]:
 
 
 def _require_torchrun(name: str) -> None:
-    if not under_torchrun():
+    if not started_by_torchrun():
         raise SystemExit(f"ditron.bench {name}: run it under torchrun, one process per GPU: "
                          f"torchrun --nproc-per-node N -m ditron_ops.bench {name}")
 

@@ -28,6 +28,7 @@ from .._validation import check_sizes, check_tensor
 from ..ag_gemm._launch import matmul
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..deterministic import resolve_deterministic
+from ..runtime import nccl
 from ..runtime.group import Group, current_group, resolve_group
 from ..runtime.split import split_sizes
 from . import _launch
@@ -154,6 +155,8 @@ def _gemm_rs_impl(a, b, group_name, shard_sizes, deterministic, impl):
     if _fused_wanted(group, impl, deterministic) and a.shape[1] > 0:
         return _launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs")
     part = _partial(a, b, deterministic) if a.shape[1] else a.new_zeros(a.shape[0], b.shape[1])
+    if not deterministic and nccl.reduce_scatter_rows(part, group, rows, out):
+        return out
     if rows == split_sizes(a.shape[0], group.world_size):
         red = reduce_scatter(part, group) if group.has_symmetric_memory else \
             reference.reduce_scatter(part, group)
@@ -182,8 +185,12 @@ def _gemm_ar_impl(a, b, group_name, deterministic, impl, algorithm):
         rows = split_sizes(m, group.world_size)
         mine = _launch.fused(group, a, b, a.new_empty((rows[group.rank], n)), rows,
                              broadcast=False, op="gemm_ar")
+        if nccl.all_gather_rows(mine, group, rows, out=out) is not None:  # a copy: exact
+            return out
         return out.copy_(all_gather(mine, group, shard_sizes=rows))
     part = _partial(a, b, deterministic) if a.shape[1] else a.new_zeros(m, n)
+    if not deterministic and nccl.all_reduce_(part, group):
+        return part
     red = all_reduce(part, group) if group.has_symmetric_memory else reference.all_reduce(part, group)
     return out.copy_(red)
 

@@ -27,6 +27,18 @@ def under_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def started_by_torchrun() -> bool:
+    """True in a process that ``torchrun`` started (any number of ranks, one included)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def select_local_device() -> None:
+    """Under torchrun on GPUs: make ``LOCAL_RANK``'s GPU current (before any CUDA work, so no
+    process also opens a context on GPU 0). No-op otherwise."""
+    if started_by_torchrun() and torch.cuda.is_available() and not _env.use_interpreter():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
 @contextlib.contextmanager
 def torchrun_group(backend: Optional[str] = None) -> Iterator[Group]:
     """This process as one rank of the torchrun job, as a ditron ``Group``.
@@ -52,8 +64,7 @@ def torchrun_group(backend: Optional[str] = None) -> Iterator[Group]:
     for key, value in NO_MULTICAST.items():
         os.environ.setdefault(key, value)
     gpu = torch.cuda.is_available() and not _env.use_interpreter()
-    if gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    select_local_device()
     if backend is None:
         backend = "nvshmem" if gpu and nvshmem_available() else "torch"
     if backend not in ("nvshmem", "torch"):

@@ -1,0 +1,64 @@
+"""torch.distributed's device collectives (NCCL) for groups that carry a GPU process group.
+
+The unfused paths of the GEMM ops (``impl="baseline"``, and ``impl="auto"`` where the fused
+kernels would not win) run these on multi-GPU groups: they are the fastest unfused collectives
+there and exactly the sequential baseline the fused ops are measured against. Each helper
+returns ``None`` / ``False`` when it does not apply (virtual world, CPU, gloo, uneven rows), and
+the caller falls back to ditron's own collectives.
+
+Only exact operations go through NCCL when a caller promises determinism: an all-gather is a
+copy, but NCCL's sums are neither rank ordered nor fp32, so deterministic reductions stay on
+ditron's kernels.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .group import Group
+
+
+def nccl_pg(group: Group) -> Optional[dist.ProcessGroup]:
+    """The group's process group when it runs NCCL on the group's GPU, else ``None`` (cached)."""
+    found = group.__dict__.get("_nccl_pg", False)
+    if found is False:
+        pg = getattr(group, "pg", None)
+        nccl = (pg is not None and group.device.type == "cuda"
+                and "nccl" in str(dist.get_backend(pg)).lower())
+        found = group._nccl_pg = pg if nccl else None
+    return found
+
+
+def all_gather_rows(x: torch.Tensor, group: Group, sizes: Sequence[int],
+                    out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    """``[ΣM_r, ...]`` gathered by NCCL into ``out`` (new if None), or None (no NCCL group or
+    uneven ``sizes``)."""
+    pg = nccl_pg(group)
+    if pg is None or len(set(sizes)) != 1:
+        return None
+    if out is None:
+        out = x.new_empty((sum(sizes), *x.shape[1:]))
+    dist.all_gather_into_tensor(out, x.contiguous(), group=pg)
+    return out
+
+
+def reduce_scatter_rows(x: torch.Tensor, group: Group, rows: Sequence[int],
+                        out: torch.Tensor) -> bool:
+    """NCCL's reduce-scatter of ``x [ΣM_r, N]`` into ``out [M_rank, N]``; False (nothing done)
+    without an NCCL group or with uneven ``rows``."""
+    pg = nccl_pg(group)
+    if pg is None or len(set(rows)) != 1:
+        return False
+    dist.reduce_scatter_tensor(out, x.contiguous(), group=pg)
+    return True
+
+
+def all_reduce_(x: torch.Tensor, group: Group) -> bool:
+    """NCCL's in-place all-reduce of the contiguous ``x``; False without an NCCL group."""
+    pg = nccl_pg(group)
+    if pg is None or not x.is_contiguous():
+        return False
+    dist.all_reduce(x, group=pg)
+    return True

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One device-tool call on a lent multi-GPU H200 machine (nvidia-h200-x2/x4/x8), logs under $OUT.
+#
+#   bash tools/multigpu_session.sh env check tests tp symm     # parts run in the order given
+#
+#   env    GPU count, NVLink topology, versions (env.log)
+#   check  torchrun -m ditron_ops: every op vs its reference, one process per GPU (check.log)
+#   tests  tests/gpu/test_torchrun.py: the multi-process GPU tier (tests.log)
+#   tp     torchrun -m ditron_ops.bench tp: ours vs NCCL + cuBLAS, flash_decode (tp.log, CSV)
+#   symm   torchrun -m ditron_ops.bench tp_symm_mem: PyTorch's fused ops (symm.log, CSV)
+#   quick  the tp bench with --quick (a smoke run of the bench code)
+#
+# nvshmem4py comes from .whl (carry it: ../shared/tools/gpu-wheels.sh downloads it). NVLink
+# multicast stays off (the lent machines require it). NPROC defaults to every visible GPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT/bench"
+if ls .whl/*.whl > /dev/null 2>&1 && [ ! -d /tmp/site/nvshmem ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    > "$OUT/pip.log" 2>&1 || echo "nvshmem4py install failed (pip.log)"
+fi
+export PYTHONPATH=/tmp/site:.
+NPROC=${NPROC:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
+run() {  # run LOG LIMIT_S CMD...: append the output to LOG, print the rc and the summary lines
+  local log=$1 limit=$2; shift 2
+  echo "=== $* (limit ${limit}s)" >> "$OUT/$log"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" >> "$OUT/$log" 2>&1
+  local rc=$?
+  echo "$log: rc=$rc in $((SECONDS - t0)) s: $*"
+}
+for part in "$@"; do
+  case "$part" in
+    env)
+      { nvidia-smi -L; nvidia-smi topo -m; python3 -c 'import torch, triton; print("torch",
+        torch.__version__, "triton", triton.__version__, "gpus", torch.cuda.device_count(),
+        "nccl", torch.cuda.nccl.version())'; python3 -c 'import nvshmem.core as n;
+        print("nvshmem4py ok", n.get_version())'; } > "$OUT/env.log" 2>&1
+      head -3 "$OUT/env.log"; grep -E "GPU0|GPU1" "$OUT/env.log" | head -2; tail -2 "$OUT/env.log"
+      ;;
+    check)
+      run check.log 240 torchrun --nproc-per-node "$NPROC" -m ditron_ops
+      tail -16 "$OUT/check.log"
+      ;;
+    tests)
+      run tests.log 250 python3 -m pytest -q -x tests/gpu/test_torchrun.py
+      grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+      ;;
+    quick)
+      run tp.log 200 torchrun --nproc-per-node "$NPROC" -m ditron_ops.bench tp --quick \
+        --out "$OUT/bench_quick"
+      tail -8 "$OUT/tp.log"
+      ;;
+    tp)
+      run tp.log 330 torchrun --nproc-per-node "$NPROC" -m ditron_ops.bench tp --out "$OUT/bench"
+      grep -E "geo|tp |ag_gemm|gemm_rs|gemm_ar|flash" "$OUT/tp.log" | tail -40 | cut -c1-150
+      ;;
+    symm)
+      run symm.log 300 torchrun --nproc-per-node "$NPROC" -m ditron_ops.bench tp_symm_mem \
+        --out "$OUT/bench"
+      grep -E "geo|ag_gemm|gemm_rs" "$OUT/symm.log" | tail -24 | cut -c1-150
+      ;;
+    *) echo "unknown part: $part (env, check, tests, quick, tp, symm)"; exit 2 ;;
+  esac
+done
+rm -f "$OUT"/bench/*.png "$OUT"/bench_quick/*.png
