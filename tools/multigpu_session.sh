@@ -6,6 +6,8 @@
 #   env    GPU count, NVLink topology, versions (env.log)
 #   check  torchrun -m ditron_ops: every op vs its reference, one process per GPU (check.log)
 #   tests  tests/gpu/test_torchrun.py: the multi-process GPU tier (tests.log)
+#   checks the suite that test runs, directly under torchrun, output streamed (checks.log)
+#   fd1    flash_decode on one GPU under torchrun (fd1.log, CSV): its scaling's first point
 #   tp     torchrun -m ditron_ops.bench tp: ours vs NCCL + cuBLAS, flash_decode (tp.log, CSV)
 #   symm   torchrun -m ditron_ops.bench tp_symm_mem: PyTorch's fused ops (symm.log, CSV)
 #   quick  the tp bench with --quick (a smoke run of the bench code)
@@ -30,6 +32,7 @@ run() {  # run LOG LIMIT_S CMD...: append the output to LOG, print the rc and th
   timeout -k 10 "$limit" "$@" >> "$OUT/$log" 2>&1
   local rc=$?
   echo "$log: rc=$rc in $((SECONDS - t0)) s: $*"
+  return $rc
 }
 for part in "$@"; do
   case "$part" in
@@ -45,8 +48,17 @@ for part in "$@"; do
       tail -16 "$OUT/check.log"
       ;;
     tests)
-      run tests.log 250 python3 -m pytest -q -x tests/gpu/test_torchrun.py
+      run tests.log 300 python3 -m pytest -q -x tests/gpu/test_torchrun.py
       grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+      ;;
+    checks)  # the same suite as tests, its output streamed (where it stops shows)
+      run checks.log 240 torchrun --nproc-per-node "$NPROC" -m ditron_ops.testing.torchrun_checks
+      grep -E "^CHECK|ALL OK|Error|assert|DitronTimeout" "$OUT/checks.log" | head -30 | cut -c1-300
+      ;;
+    fd1)  # flash_decode on one GPU (nvshmem, one PE): the first point of its scaling
+      DITRON_TP_ONLY=flash_decode run fd1.log 150 torchrun --nproc-per-node 1 -m ditron_ops.bench \
+        tp --out "$OUT/bench"
+      grep -E "flash_decode B" "$OUT/fd1.log" | tail -2
       ;;
     quick)
       run tp.log 200 torchrun --nproc-per-node "$NPROC" -m ditron_ops.bench tp --quick \
@@ -58,11 +70,12 @@ for part in "$@"; do
       grep -E "geo|tp |ag_gemm|gemm_rs|gemm_ar|flash" "$OUT/tp.log" | tail -40 | cut -c1-150
       ;;
     symm)
-      run symm.log 300 torchrun --nproc-per-node "$NPROC" -m ditron_ops.bench tp_symm_mem \
-        --out "$OUT/bench"
+      run symm.log 240 torchrun --nproc-per-node "$NPROC" -m ditron_ops.bench tp_symm_mem \
+        --out "$OUT/bench" || DITRON_BENCH_TIMING=eager run symm.log 240 torchrun \
+        --nproc-per-node "$NPROC" -m ditron_ops.bench tp_symm_mem --out "$OUT/bench"
       grep -E "geo|ag_gemm|gemm_rs" "$OUT/symm.log" | tail -24 | cut -c1-150
       ;;
-    *) echo "unknown part: $part (env, check, tests, quick, tp, symm)"; exit 2 ;;
+    *) echo "unknown part: $part (env, check, tests, checks, fd1, quick, tp, symm)"; exit 2 ;;
   esac
 done
 rm -f "$OUT"/bench/*.png "$OUT"/bench_quick/*.png

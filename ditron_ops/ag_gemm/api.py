@@ -22,10 +22,13 @@ IMPLS = ("auto", "fused", "baseline")
 GPU_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float16, torch.float32)
 
-AUTO_MIN_FLOPS_PER_RANK = 2 * 1024 * 1024 * 1024
+AUTO_MIN_FLOPS_PER_RANK = 60 * 10**9
 """``impl="auto"`` on a multi-GPU group picks the fused path when the GEMM (2·ΣM_r·N·K) has at
-least this many FLOPs; below it launch and barrier latency dominate. Not yet measured on
-multi-GPU (no such machine lent so far): a placeholder that the multi-GPU bench must set."""
+least this many FLOPs, else NCCL's all-gather + cuBLAS. Measured on 2 H200s (NVLink, nvshmem
+backend, ``bench tp``, CUDA-graph replay, LLaMA-3.1-8B [M, 4096] @ [4096, 7168]): fused vs
+NCCL + cuBLAS 0.43x, 0.97x, 1.27x at M = 128, 512, 2048 (8, 30, 120 GFLOP) and 1.03-1.21x on
+every model layer at M = 8192; the bound sits between 30 and 120 GFLOP. Not yet measured at
+W > 2: more ranks mean more bytes to hide per FLOP, so the bound can only move down."""
 AUTO_MIN_FLOPS_VIRTUAL = 15 * 10**9
 """The same bound in a virtual world (W ranks on one GPU). Measured on the H200 (W=4,
 LLaMA-3.1-8B layer [M, 4096] @ [4096, 1792], CUDA-graph replay, ``bench ag_gemm``): fused vs
@@ -58,7 +61,8 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
         Also return the gathered ``A [ΣM_r, K]``.
     impl : {"auto", "fused", "baseline"}
         ``"auto"``: the fused kernels on the GPU for large GEMMs, else the baseline
-        (all_gather + matmul); always the baseline on CPU (see ``use_fused``).
+        (all_gather + matmul; NCCL's all-gather on multi-GPU groups); always the baseline on
+        CPU (see ``use_fused``).
     shard_sizes : sequence of int, optional
         ``[M_0, ..., M_{W-1}]``, the same on every rank; ``None`` means all ranks have
         ``a.shape[0]`` rows (a disagreement raises ``DitronSizeMismatchError``).
@@ -110,8 +114,8 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
 
 def use_fused(group: Group, impl: str, m: int, n: int, k: int) -> bool:
     """The ``impl`` rule. Fused needs symmetric memory; ``auto`` picks it on the GPU for GEMMs of
-    at least ``AUTO_MIN_FLOPS_VIRTUAL`` (virtual worlds, measured) or ``AUTO_MIN_FLOPS_PER_RANK``
-    (multi-GPU groups, not yet measured) FLOPs, and the baseline on CPU (the interpreter)."""
+    at least ``AUTO_MIN_FLOPS_VIRTUAL`` (virtual worlds) or ``AUTO_MIN_FLOPS_PER_RANK``
+    (multi-GPU groups) FLOPs, both measured, and the baseline on CPU (the interpreter)."""
     if impl == "baseline" or not group.has_symmetric_memory:
         return False
     if impl == "fused":

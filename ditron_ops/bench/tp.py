@@ -14,7 +14,8 @@ the same process: the NCCL collective (``all_gather_into_tensor`` / ``reduce_sca
 ``all_reduce``), then cuBLAS. It also times the GEMM alone and the collective alone, for the
 overlap efficiency ``(T_gemm + T_comm - T_fused) / min(T_gemm, T_comm)``, and flash_decode at
 B in {1, 64} with 128k keys per rank (scaling: compare the CSVs of runs at different W).
-``tp_symm_mem`` times ``torch.ops.symm_mem.fused_all_gather_matmul`` /
+``DITRON_TP_ONLY`` (comma list of ag_gemm, gemm_rs, gemm_ar, flash_decode) narrows a run, e.g.
+to flash_decode for the one-GPU point of its scaling. ``tp_symm_mem`` times ``torch.ops.symm_mem.fused_all_gather_matmul`` /
 ``fused_matmul_reduce_scatter`` against the same baseline, in a process without NVSHMEM (PyTorch
 and nvshmem4py must not both initialise it). NVLink multicast is off (``NO_MULTICAST``).
 """
@@ -154,7 +155,12 @@ def run(cfg: BenchConfig) -> list[Result]:
         ours = {"ag_gemm": lambda a, b, impl: ag_gemm(a, b, group, impl=impl),
                 "gemm_rs": lambda a, b, impl: gemm_rs(a, b, group, impl=impl),
                 "gemm_ar": lambda a, b, impl: gemm_ar(a, b, group, impl=impl)}
-        return _gemm_rows(group, cfg, "tp", ours, "ours") + _flash_decode_rows(group, cfg, "tp")
+        only = [s for s in os.environ.get("DITRON_TP_ONLY", "").split(",") if s]
+        ours = {op: fn for op, fn in ours.items() if not only or op in only}
+        rows = _gemm_rows(group, cfg, "tp", ours, "ours") if ours else []
+        if not only or "flash_decode" in only:
+            rows += _flash_decode_rows(group, cfg, "tp")
+        return rows
 
 
 @register("tp_symm_mem", help="multi-GPU (torchrun): PyTorch symm_mem fused ag/rs matmuls vs "

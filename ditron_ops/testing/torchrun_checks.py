@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 
 import torch
 
@@ -170,6 +171,17 @@ def _check_timeout(group, dtype: torch.dtype) -> None:
 
 def main() -> int:
     os.environ.setdefault("DITRON_TIMEOUT_S", str(TIMEOUT_S))
+    try:
+        _run_all()
+    except BaseException:  # noqa: BLE001 - fail fast: peers would wait in collective frees
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    return 0
+
+
+def _run_all() -> None:
     with torchrun_group() as group:
         dtype = torch.bfloat16 if group.device.type == "cuda" else torch.float32
         if group.rank == 0:
@@ -182,9 +194,9 @@ def main() -> int:
             _check_back_to_back(group, dtype)
             _say(group, "300 back-to-back calls")
             _check_timeout(group, dtype)
+            torch.distributed.barrier()  # the skipping rank stays until its peers have raised
             if group.rank == 0:
                 print("CHECK timeout ok", flush=True)
-            torch.distributed.barrier()  # the skipping rank stays until its peers have raised
         if group.rank == 0:
             print("ALL OK", flush=True)
         sys.stdout.flush()
@@ -192,7 +204,6 @@ def main() -> int:
             # the timed-out group is failed: finalize's collective frees would wait on the rank
             # that skipped a call, so the process ends here
             os._exit(0)
-    return 0
 
 
 if __name__ == "__main__":
