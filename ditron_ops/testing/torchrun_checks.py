@@ -13,6 +13,7 @@ per check and ``ALL OK`` at the end; any failure raises (non-zero exit).
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import time
@@ -41,6 +42,11 @@ def _say(group, name: str) -> None:
         print(f"CHECK {name} ok", flush=True)
 
 
+def _progress(group, step: str) -> None:
+    if os.environ.get("DITRON_CHECKS_DUMP_S"):
+        print(f"[rank {group.rank}] {step}", flush=True)
+
+
 def _check_ops(group, dtype: torch.dtype) -> None:
     w = group.world_size
     gpu = group.device.type == "cuda"
@@ -60,7 +66,9 @@ def _check_ops(group, dtype: torch.dtype) -> None:
     _say(group, "ag_gemm (copy and pull producers, uneven, baseline)")
     for m, n, k in ((4096, 4096, 14336 // w),) * gpu + ((8 * w + 3, 136, 264), (1, 264, 136)):
         for algorithm in ("one_shot", "two_shot"):
+            _progress(group, f"gemm_reduce {m}x{n}x{k} {algorithm}")
             check_gemm_reduce(group, m, n, k, dtype, algorithm=algorithm)
+    _progress(group, "gemm baselines")
     _check_baselines(group, dtype, (2048, 4096, 3584) if gpu else (16, 32, 24))
     _say(group, "gemm_rs / gemm_ar (deterministic bitwise; NCCL baselines)")
     _check_flash_decode(group, dtype)
@@ -171,6 +179,8 @@ def _check_timeout(group, dtype: torch.dtype) -> None:
 
 def main() -> int:
     os.environ.setdefault("DITRON_TIMEOUT_S", str(TIMEOUT_S))
+    if os.environ.get("DITRON_CHECKS_DUMP_S"):  # where every rank is, if the run stalls
+        faulthandler.dump_traceback_later(float(os.environ["DITRON_CHECKS_DUMP_S"]), exit=False)
     try:
         _run_all()
     except BaseException:  # noqa: BLE001 - fail fast: peers would wait in collective frees
