@@ -3,6 +3,10 @@
 #
 #   bash tools/h200_session.sh tests      # tests/gpu, one pytest run per file (about 7 minutes)
 #   bash tools/h200_session.sh benches    # ag_gemm, gemm_rs, flash_decode benches (about 3-4)
+#   bash tools/h200_session.sh main       # python -m ditron_ops (main.log)
+#
+# nvshmem4py is installed from .whl when the call carries it (../shared/tools/gpu-wheels.sh
+# downloads it), so the one-PE NVSHMEM smoke test runs instead of skipping.
 #
 # A call gets at most 10 minutes: run the two parts in separate calls.
 #
@@ -13,9 +17,13 @@
 # ditron_ops.bench.harness.plot_ratios).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/bench"
+if ls .whl/*.whl > /dev/null 2>&1 && [ ! -d /tmp/site/nvshmem ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    > "$OUT/pip.log" 2>&1 || echo "nvshmem4py install failed (pip.log)"
+fi
+export PYTHONPATH=/tmp/site:.
 for part in "$@"; do
   case "$part" in
     tests)
@@ -36,6 +44,10 @@ for part in "$@"; do
       done
       rm -f "$OUT"/bench/*.png
       ;;
-    *) echo "unknown part: $part (tests, benches)"; exit 2 ;;
+    main)
+      timeout 240 python -m ditron_ops > "$OUT/main.log" 2>&1
+      echo "python -m ditron_ops: rc=$?"; tail -16 "$OUT/main.log"
+      ;;
+    *) echo "unknown part: $part (tests, benches, main)"; exit 2 ;;
   esac
 done
