@@ -54,8 +54,9 @@ def prepare_cuda_for_virtual_ranks() -> None:
     * ``CUDA_MODULE_LOADING=EAGER``: with lazy loading the first use of a kernel loads its module,
       which can wait for running kernels, i.e. for peers spinning on this rank.
 
-    Entry points that run virtual worlds (tests, ``python -m ditron_ops``, the benches) call it;
-    notebook users should set both variables before importing torch.
+    Entry points that run virtual worlds (tests, ``python -m ditron_ops``, the benches) call it,
+    and so does ``torchrun_group`` (a process's lazy load can equally stall a peer's kernel
+    spinning on it); notebook users should set both variables before importing torch.
     """
     import torch
 

@@ -155,3 +155,27 @@ def test_autograd_tensor_parallel_mlp():
                 close(w1.grad, w1r.grad[:, 4 * r:4 * r + 4]),
                 close(w2.grad, w2r.grad[4 * r:4 * r + 4]))
     assert ditron_ops.launch(body, 3) == [(True, True, True, True)] * 3
+
+
+def test_auto_rule_of_the_reductions():
+    """``impl="auto"``: gemm_rs fused on multi-GPU groups from ``AUTO_MIN_FLOPS_RS`` up, gemm_ar
+    never; both unfused in virtual worlds and on CPU; deterministic mode and ``impl="fused"``
+    always run our kernels where there is symmetric memory."""
+    import types
+
+    from ditron_ops.gemm_rs import api
+
+    bound = api.AUTO_MIN_FLOPS_RS
+    gpu = types.SimpleNamespace(has_symmetric_memory=True, backend="nvshmem",
+                                device=torch.device("cuda"))
+    assert api._fused_wanted(gpu, "auto", False, "gemm_rs", bound)
+    assert not api._fused_wanted(gpu, "auto", False, "gemm_rs", bound - 1)
+    assert not api._fused_wanted(gpu, "auto", False, "gemm_ar", 100 * bound)
+    assert api._fused_wanted(gpu, "auto", True, "gemm_ar", 1)
+    assert api._fused_wanted(gpu, "fused", False, "gemm_ar", 1)
+    assert not api._fused_wanted(gpu, "baseline", False, "gemm_rs", 100 * bound)
+    for other in ({"backend": "virtual"}, {"device": torch.device("cpu")}):
+        group = types.SimpleNamespace(**{**vars(gpu), **other})
+        assert not api._fused_wanted(group, "auto", False, "gemm_rs", 100 * bound)
+    no_heap = types.SimpleNamespace(**{**vars(gpu), "has_symmetric_memory": False})
+    assert not api._fused_wanted(no_heap, "fused", True, "gemm_rs", 100 * bound)

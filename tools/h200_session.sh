@@ -30,7 +30,7 @@ for part in "$@"; do
       for f in tests/gpu/test_*.py; do
         echo "=== $f" >> "$OUT/tests.log"
         timeout 240 python -m pytest -q "$f" >> "$OUT/tests.log" 2>&1
-        echo "$(basename "$f" .py): $(grep -E "passed|failed|error" "$OUT/tests.log" | tail -1)"
+        echo "$(basename "$f" .py): $(grep -E "passed|failed|error|skipped" "$OUT/tests.log" | tail -1)"
       done
       ;;
     benches)

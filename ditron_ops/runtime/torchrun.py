@@ -63,6 +63,7 @@ def torchrun_group(backend: Optional[str] = None) -> Iterator[Group]:
 
     for key, value in NO_MULTICAST.items():
         os.environ.setdefault(key, value)
+    _env.prepare_cuda_for_virtual_ranks()  # eager module loading: no load while peers spin
     gpu = torch.cuda.is_available() and not _env.use_interpreter()
     select_local_device()
     if backend is None:
