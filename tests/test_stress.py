@@ -1,5 +1,4 @@
 """Back-to-back calls reuse the workspace safely: 10,000 calls of varying sizes, no stale data."""
-import os
 
 import pytest
 import torch

@@ -502,8 +502,8 @@ def finish(bench: str, results: Sequence[Result], cfg: BenchConfig,
     stream = sys.stdout if stream is None else stream
     machine = machine_info(cfg.device)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # one file per world size
-    stem = (f"{bench}" + (f"-w{os.environ['WORLD_SIZE']}" if torchrun else "") + f"-{cfg.dtype_name}-{cfg.device.type}"
-            + ("-quick" if cfg.quick else ""))
+    world = f"-w{os.environ['WORLD_SIZE']}" if torchrun else ""
+    stem = f"{bench}{world}-{cfg.dtype_name}-{cfg.device.type}" + ("-quick" if cfg.quick else "")
     csv_path = write_csv(results, cfg.out_dir / f"{stem}.csv", machine)
     baselines = ", ".join(dict.fromkeys(r.baseline for r in results))
     title = plot_title(bench, cfg.dtype_name, machine["device_name"], results)

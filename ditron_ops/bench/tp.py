@@ -15,9 +15,11 @@ the same process: the NCCL collective (``all_gather_into_tensor`` / ``reduce_sca
 overlap efficiency ``(T_gemm + T_comm - T_fused) / min(T_gemm, T_comm)``, and flash_decode at
 B in {1, 64} with 128k keys per rank (scaling: compare the CSVs of runs at different W).
 ``DITRON_TP_ONLY`` (comma list of ag_gemm, gemm_rs, gemm_ar, flash_decode) narrows a run, e.g.
-to flash_decode for the one-GPU point of its scaling. ``tp_symm_mem`` times ``torch.ops.symm_mem.fused_all_gather_matmul`` /
-``fused_matmul_reduce_scatter`` against the same baseline, in a process without NVSHMEM (PyTorch
-and nvshmem4py must not both initialise it). NVLink multicast is off (``NO_MULTICAST``).
+to flash_decode for the one-GPU point of its scaling. ``tp_symm_mem`` times
+``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter`` against the
+same baseline, in a process without NVSHMEM (PyTorch and nvshmem4py must not both initialise
+it). NVLink multicast is off (``NO_MULTICAST``). Every time is device time from CUDA-graph
+replays measured in turns (``DITRON_BENCH_TIMING=eager`` times eager calls instead).
 """
 from __future__ import annotations
 

@@ -12,9 +12,10 @@ to run, independent of arrival order, and batch invariant (row i of the result d
 row i of ``a``: ``op(a[:k]) == op(a)[:k]``). On groups without symmetric memory the same GEMM
 and a rank-ordered reference sum. ``deterministic=False`` (default): ``impl`` decides; the
 baseline uses cuBLAS (whose kernel choice depends on M, so not batch invariant) and rounds the
-partial product before the (rank-ordered) collective sum; the fused path is the same schedule
-as deterministic mode (it does not yet reduce in arrival order). In every mode results differ
-across world sizes (different summation).
+partial product before the collective sum (NCCL's on multi-GPU groups, in NCCL's order; ditron's
+rank-ordered one elsewhere); the fused path is the same schedule as deterministic mode (it does
+not yet reduce in arrival order). In every mode results differ across world sizes (different
+summation).
 """
 from __future__ import annotations
 
@@ -108,10 +109,10 @@ def gemm_ar(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     """GEMM of row-parallel shards, all-reduced: ``Σ_r a_r @ b_r`` on every rank.
 
     Parameters are those of ``gemm_rs``, except that ``impl="auto"`` stays unfused on multi-GPU
-    groups (cuBLAS + NCCL measured faster, ``AUTO_MIN_FLOPS_RS``); ``algorithm`` picks the fused
-    reduction: ``one_shot``
-    (every rank receives every partial: latency-bound small M), ``two_shot`` (gemm_rs, then
-    all_gather of the reduced rows), ``auto`` (one-shot up to ``ONE_SHOT_MAX_BYTES``).
+    groups (cuBLAS + NCCL measured faster, ``AUTO_MIN_FLOPS_RS``); ``algorithm`` picks the
+    fused reduction: ``one_shot`` (every rank receives every partial: latency-bound small M),
+    ``two_shot`` (gemm_rs, then all_gather of the reduced rows), ``auto`` (one-shot up to
+    ``ONE_SHOT_MAX_BYTES``).
 
     Returns
     -------

@@ -17,6 +17,7 @@ from ditron_ops.runtime.torchrun import NO_MULTICAST
 pytestmark = pytest.mark.gpu
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+LIMIT_S = 240
 CHECKS = ("collectives", "ag_gemm", "gemm_rs / gemm_ar", "flash_decode", "CUDA graphs",
           "back-to-back", "timeout")
 
@@ -24,10 +25,16 @@ CHECKS = ("collectives", "ag_gemm", "gemm_rs / gemm_ar", "flash_decode", "CUDA g
 @pytest.mark.skipif(GPUS < 2, reason="needs at least 2 GPUs (one process per GPU)")
 @pytest.mark.parametrize("nproc", sorted({2, GPUS} - {0, 1}))
 def test_torchrun_checks(nproc):
-    env = {**os.environ, **NO_MULTICAST}
+    # a stall dumps every rank's stack (DITRON_CHECKS_DUMP_S) before the hard limit kills it
+    env = {**os.environ, **NO_MULTICAST, "DITRON_CHECKS_DUMP_S": str(LIMIT_S - 60)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
            "-m", "ditron_ops.testing.torchrun_checks"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LIMIT_S)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode() + (exc.stderr or b"").decode() \
+            if isinstance(exc.stdout, bytes) else (exc.stdout or "") + (exc.stderr or "")
+        pytest.fail(f"the torchrun checks did not finish in {LIMIT_S} s:\n{out[-8000:]}")
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     for name in CHECKS:
