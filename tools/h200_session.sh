@@ -17,13 +17,7 @@
 # ditron_ops.bench.harness.plot_ratios).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT/bench"
-if ls .whl/*.whl > /dev/null 2>&1 && [ ! -d /tmp/site/nvshmem ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    > "$OUT/pip.log" 2>&1 || echo "nvshmem4py install failed (pip.log)"
-fi
-export PYTHONPATH=/tmp/site:.
+. tools/device_setup.sh  # $OUT, nvshmem4py from .whl, PYTHONPATH
 for part in "$@"; do
   case "$part" in
     tests)

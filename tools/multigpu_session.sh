@@ -17,13 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT/bench"
-if ls .whl/*.whl > /dev/null 2>&1 && [ ! -d /tmp/site/nvshmem ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    > "$OUT/pip.log" 2>&1 || echo "nvshmem4py install failed (pip.log)"
-fi
-export PYTHONPATH=/tmp/site:.
+. tools/device_setup.sh  # $OUT, nvshmem4py from .whl, PYTHONPATH
 NPROC=${NPROC:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
 run() {  # run LOG LIMIT_S CMD...: append the output to LOG, print the rc and the summary lines
   local log=$1 limit=$2; shift 2
@@ -37,10 +31,11 @@ run() {  # run LOG LIMIT_S CMD...: append the output to LOG, print the rc and th
 for part in "$@"; do
   case "$part" in
     env)
-      { nvidia-smi -L; nvidia-smi topo -m; python3 -c 'import torch, triton; print("torch",
-        torch.__version__, "triton", triton.__version__, "gpus", torch.cuda.device_count(),
-        "nccl", torch.cuda.nccl.version())'; python3 -c 'import nvshmem.core as n;
-        print("nvshmem4py ok", n.get_version())'; } > "$OUT/env.log" 2>&1
+      { nvidia-smi -L; nvidia-smi topo -m
+        python3 -c 'import torch, triton; print("torch", torch.__version__, "triton",
+triton.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.version())'
+        python3 -c 'import nvshmem.core as n; print("nvshmem4py ok", n.get_version())'
+      } > "$OUT/env.log" 2>&1
       head -3 "$OUT/env.log"; grep -E "GPU0|GPU1" "$OUT/env.log" | head -2; tail -2 "$OUT/env.log"
       ;;
     check)
