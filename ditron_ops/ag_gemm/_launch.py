@@ -220,17 +220,13 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
     record, claim = group._error_tensors()
     sig = ws.signal_pad()
 
-    def copies() -> None:  # copy engines: contiguous D2D / peer copies, then the flag
-        if not hasattr(ws, "signal_peers"):  # the signal pad never moves: view it once
-            ws.signal_peers = [p.view(torch.int64) for p in ws.signal.peers]
-        sig_peers = ws.signal_peers
-        for i in range(w):
-            dst = (rank + i) % w
-            if rows:
-                region = data.peers[dst].view(a.dtype)[first * pitch:(first + rows) * pitch]
-                region.copy_(src.reshape(-1))  # src is [rows, pitch], contiguous
-            sig_peers[dst][2 * w + rank:2 * w + rank + 1].copy_(sig[3 * w + 1:3 * w + 2])
-            sig_peers[dst][rank:rank + 1].copy_(sig[3 * w:3 * w + 1])
+    def copies() -> None:  # copy engines: contiguous D2D / peer copies, then the flags
+        flat = src.reshape(-1)  # src is [rows, pitch], contiguous
+        for region, flags in _copy_plan(ws, data, a.dtype, first, rows, pitch, rank, w):
+            if region is not None:
+                region.copy_(flat)
+            for dst_word, src_word in flags:  # meta (rows), then the arrival (epoch)
+                dst_word.copy_(src_word)
 
     def pull() -> None:  # SMs: every rank pulls its peers' chunks from their gathered buffers
         ag_pull_kernel[(pull_programs(group),)](
@@ -268,6 +264,27 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
         gathered.copy_(buf[:m * pitch].view(m, pitch)[:, :k])
     if _env.sync_check():
         group.synchronize()
+
+
+def _copy_plan(ws, data, dtype: torch.dtype, first: int, rows: int, pitch: int, rank: int,
+               w: int) -> list:
+    """Per destination, in push order: ``(this rank's region of its gathered buffer or None,
+    [(meta word, its source), (arrival word, its source)])``, all views made once and kept for
+    the last layout (the host cost of an eager call is mostly such small tensor ops)."""
+    key = (dtype, first, rows, pitch)
+    cached = ws.__dict__.get("_ag_copy_plan")  # (buffer, key, plan): the buffer by identity
+    if cached is not None and cached[0] is data and cached[1] == key:
+        return cached[2]
+    sig = ws.signal_pad()
+    sig_peers = [p.view(torch.int64) for p in ws.signal.peers]  # the pad never moves
+    plan = []
+    for i in range(w):
+        dst = (rank + i) % w
+        region = data.peers[dst].view(dtype)[first * pitch:(first + rows) * pitch] if rows else None
+        plan.append((region, [(sig_peers[dst][2 * w + rank:2 * w + rank + 1], sig[3 * w + 1:3 * w + 2]),
+                              (sig_peers[dst][rank:rank + 1], sig[3 * w:3 * w + 1])]))
+    ws._ag_copy_plan = (data, key, plan)
+    return plan
 
 
 def _padded_rows(a: torch.Tensor, pitch: int) -> torch.Tensor:
