@@ -1,14 +1,18 @@
 """P1 shapes on the GPU: our GEMM core vs a plain tutorial-style persistent TMA kernel of the same
 tiles (no bias, specialised sizes), with and without ``tl.range(flatten=True)``, and flattened
-with the consumer's chunk waits one tile ahead (flags pre-set): ``flat_wait`` through the library's
-``_wait_rows`` (a Triton spin loop), ``flat_asmwait`` through one inline-asm spin block; all vs
-cuBLAS, timed in turns (``paired_graph_times``). Compiled for sm_90a on CPU (triton 3.6): the
-Triton spin loop inside the flattened loop stops the pipeliner (82 KB shared memory, 2 TMA load
-sites instead of 180 KB and 6: no multi-stage prefetch; likely the cause of the 0.45x that
-``GPU_CONFIGS``' note records for a flattened consumer), the asm spin keeps it (180 KB, 6). One device call: ``PYTHONPATH=. python
-tools/p1_kernel_variants.py [--quick]`` (about 2 minutes with compiles; ``--quick``: fewer
-variants). The wait variants are not measured yet. H200, 2026-12-01, geo-mean over
-the six shapes: ours 0.958, plain 0.972, flattened 3 stages 0.982, 4 stages 0.962.
+with the consumer's chunk waits one tile ahead (flags pre-set): ``flat_wait`` through the
+library's ``_wait_rows`` (a Triton spin loop), ``flat_asmwait`` through one inline-asm spin block
+per tile, ``flat_asmonce`` the same but only until the program has seen the chunk; all vs cuBLAS,
+timed in turns (``paired_graph_times``). Compiled for sm_90a on CPU (triton 3.6): the Triton spin
+loop inside the flattened loop stops the pipeliner (82 KB shared memory, 2 TMA load sites instead
+of 180 KB and 6: no multi-stage prefetch; likely the cause of the 0.45x that ``GPU_CONFIGS``'
+note records for a flattened consumer); the asm spin keeps it (180 KB, 6), with or without the
+once-only guard. One device call: ``PYTHONPATH=. python tools/p1_kernel_variants.py [--quick]``
+(about 2 minutes with compiles; ``--quick``: fewer variants). H200, 2026-12-01, geo-mean over the
+six shapes, two runs: ours 0.958 / 0.954, plain 0.972, flattened 3 stages 0.982 / 0.976,
+4 stages 0.962, flattened with the asm wait per tile 0.958 (it loses most of the flattening
+gain: one acquire load, a proxy fence and a CTA barrier per tile). ``flat_asmonce`` is not
+measured yet.
 """
 import sys
 import torch, triton
@@ -57,6 +61,18 @@ def _wait_rows_asm(sig_ptr, epoch, deadline, err_claim, err_record):
 
 
 @triton.jit
+def _wait_rows_asm_once(sig_ptr, epoch, deadline, err_claim, err_record, ready):
+    """``_wait_rows_asm`` only while the chunk is not yet seen (``ready == 0``); returns the new
+    ``ready``. Once a program has seen the chunk's flag (and fenced once), later tiles skip the
+    acquire load and the proxy fence, which may be what costs ``flat_asmwait`` its pipelining
+    gain (one acquire load and one ``fence.proxy.async`` per tile)."""
+    if ready == 0:
+        _wait_rows_asm(sig_ptr, epoch, deadline, err_claim, err_record)
+        ready = 1
+    return ready
+
+
+@triton.jit
 def _coords(tile, tiles_m, group, GROUP_M: tl.constexpr):
     first = (tile // group) * GROUP_M
     size = tl.minimum(tiles_m - first, GROUP_M)
@@ -67,7 +83,7 @@ def _coords(tile, tiles_m, group, GROUP_M: tl.constexpr):
 def flat_kernel(a_desc, b_desc, c_desc, sig_ptr, offsets_ptr, err_claim, err_record, M, N, K,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr,
-                WAIT: tl.constexpr, ASM_WAIT: tl.constexpr = False):
+                WAIT: tl.constexpr, ASM_WAIT: tl.constexpr = False, ONCE: tl.constexpr = False):
     """Persistent TMA GEMM (B as ``[N, K]``). ``WAIT`` (one rank, flags pre-set): a program
     waits for the rows of its *next* tile at the top of each tile, a whole tile ahead of that
     tile's loads, which the pipeliner of a flattened loop issues only a few K steps early
@@ -87,11 +103,15 @@ def flat_kernel(a_desc, b_desc, c_desc, sig_ptr, offsets_ptr, err_claim, err_rec
         _wait_rows(sig_ptr, offsets_ptr, pm * BLOCK_M, tl.minimum(pm * BLOCK_M + BLOCK_M, M), 0, 1,
                    epoch, deadline, err_claim, err_record, 0)
     tile_c = start - NUM_SMS
+    ready = tl.zeros((), tl.int32)  # ONCE: this program has seen the (single) chunk's flag
     for tile in tl.range(start, tiles, NUM_SMS, flatten=FLATTEN):
         if WAIT:
             if tile + NUM_SMS < tiles:
                 pm, pn = _coords(tile + NUM_SMS, tiles_m, group, GROUP_M)
-                if ASM_WAIT:
+                if ONCE:
+                    ready = _wait_rows_asm_once(sig_ptr, epoch, deadline, err_claim, err_record,
+                                                ready)
+                elif ASM_WAIT:
                     _wait_rows_asm(sig_ptr, epoch, deadline, err_claim, err_record)
                 else:
                     _wait_rows(sig_ptr, offsets_ptr, pm * BLOCK_M,
@@ -125,17 +145,19 @@ def body(group):
         sig, _, claim, record = one_rank_pad(group.device, (1, 1, m, 1))  # chunk present
         offsets = torch.tensor([0, m], dtype=torch.int32, device=group.device)
 
-        def flat(flatten, stages, wait=False, asm=False):
+        def flat(flatten, stages, wait=False, asm=False, once=False):
             return lambda: flat_kernel[(min(sms, tiles),)](
                 ad, bd, cd, sig, offsets, claim, record, m, n, k, BLOCK_M=128, BLOCK_N=256,
                 BLOCK_K=64, GROUP_M=8, NUM_SMS=min(sms, tiles), FLATTEN=flatten, WAIT=wait,
-                ASM_WAIT=asm, num_warps=8, num_stages=stages)
+                ASM_WAIT=asm, ONCE=once, num_warps=8, num_stages=stages)
         fns = {"cublas": lambda: torch.matmul(a, b), "ours": lambda: matmul(a, b),
                "noflat_s3": flat(False, 3), "flat_s3": flat(True, 3), "flat_s4": flat(True, 4),
                "flat_wait_s3": flat(True, 3, wait=True),
-               "flat_asmwait_s3": flat(True, 3, wait=True, asm=True)}
+               "flat_asmwait_s3": flat(True, 3, wait=True, asm=True),
+               "flat_asmonce_s3": flat(True, 3, wait=True, once=True)}
         if QUICK:
-            fns = {x: fns[x] for x in ("cublas", "ours", "flat_s3", "flat_asmwait_s3")}
+            fns = {x: fns[x] for x in ("cublas", "ours", "flat_s3", "flat_asmwait_s3",
+                                       "flat_asmonce_s3")}
         ref = torch.matmul(a, b).float()
         for name in [x for x in fns if x not in ("cublas", "ours")]:
             fns[name]()
