@@ -45,3 +45,18 @@ def test_every_op_over_gloo():
     results = run_gloo(_self_checks, 2)
     for rank, rows in enumerate(results):
         assert rows and all(ok for _, ok in rows), (rank, rows)
+
+
+def test_torchrun_checks_suite_on_cpu():
+    """The multi-GPU suite's own code, under torchrun with 2 CPU processes (torch backend, gloo):
+    a Python error in it shows here instead of on a lent multi-GPU machine."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "ditron_ops.testing.torchrun_checks"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "torch backend" in proc.stdout and "ALL OK" in proc.stdout, proc.stdout[-2000:]

@@ -27,8 +27,8 @@ CHECKS = ("collectives", "ag_gemm", "gemm_rs / gemm_ar", "flash_decode", "CUDA g
 def test_torchrun_checks(nproc):
     # a stall dumps every rank's stack (DITRON_CHECKS_DUMP_S) before the hard limit kills it
     env = {**os.environ, **NO_MULTICAST, "DITRON_CHECKS_DUMP_S": str(LIMIT_S - 60)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "-m", "ditron_ops.testing.torchrun_checks"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", str(nproc), "-m", "ditron_ops.testing.torchrun_checks"]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LIMIT_S)
     except subprocess.TimeoutExpired as exc:
@@ -39,6 +39,7 @@ def test_torchrun_checks(nproc):
     assert proc.returncode == 0, log[-6000:]
     for name in CHECKS:
         assert any(line.startswith("CHECK ") and name in line and line.endswith(" ok")
-                   for line in proc.stdout.splitlines()), f"no 'CHECK {name} ... ok' line:\n{log[-4000:]}"
+                   for line in proc.stdout.splitlines()), \
+            f"no 'CHECK {name} ... ok' line:\n{log[-4000:]}"
     assert "ALL OK" in proc.stdout
     assert "DitronTimeoutError after" in proc.stdout
