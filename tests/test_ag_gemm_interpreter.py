@@ -169,3 +169,39 @@ def test_auto_rule_switches_at_the_measured_bound(backend, bound_name):
     assert not api.use_fused(cpu, "auto", m, n, 10 * k_at)
     torch_group = types.SimpleNamespace(**{**vars(gpu), "has_symmetric_memory": False})
     assert not api.use_fused(torch_group, "fused", m, n, k_at)
+
+
+def _lying_shard(group):
+    b = torch.ones(8, 16)
+    ditron_ops.ag_gemm(torch.ones(64, 8), b, group, impl="fused")  # the workspace, grown once
+    group.synchronize()
+    a = torch.ones(3 + group.rank, 8)  # shard_sizes=None promises equal shards; rank 1 lies
+    try:
+        ditron_ops.ag_gemm(a, b, group, impl="fused")
+        group.synchronize()
+    except ditron_ops.DitronSizeMismatchError as exc:
+        return exc.op
+    return "no error"
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_shard_size_disagreement_is_reported(flat, monkeypatch):
+    """Both consumer forms (per-tile waits, and the flattened one with waits a tile ahead)
+    check every chunk's size and report a disagreement instead of computing garbage."""
+    from ditron_ops.ag_gemm import _launch
+
+    monkeypatch.setattr(_launch, "FLAT_CONSUMER", flat)
+    assert ditron_ops.launch(_lying_shard, 2, device="cpu", timeout_s=5.0) == ["ag_gemm"] * 2
+
+
+@pytest.mark.parametrize("world_size,sizes", [(2, [130, 5]), (3, [1, 200, 64]), (4, [0, 129, 128, 7])])
+def test_flat_consumer_matches_reference(world_size, sizes, monkeypatch):
+    """The flattened consumer (waits for the next tile's chunks) on uneven chunks that straddle
+    tiles, an empty rank included (the Triton interpreter runs it as the plain loop)."""
+    from ditron_ops.ag_gemm import _launch
+    from ditron_ops.testing.ag_gemm_checks import check_ag_gemm
+
+    monkeypatch.setattr(_launch, "FLAT_CONSUMER", True)
+    errs = ditron_ops.launch(check_ag_gemm, world_size, device="cpu",
+                             args=(sizes, 24, 40, torch.float32))
+    assert max(errs) <= 1e-5

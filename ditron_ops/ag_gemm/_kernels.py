@@ -146,6 +146,32 @@ def _wait_rows(sig_ptr, offsets_ptr, row_lo, row_hi, rank, world_size, epoch, de
     dl.fence_proxy_async()  # the rows were stored by other SMs (pull mode); TMA reads them next
 
 
+@dl.jit
+def _wait_rows_once(sig_ptr, offsets_ptr, row_lo, row_hi, rank, world_size, epoch, deadline,
+                    err_claim, err_record, op_id, seen, W_MAX: tl.constexpr):
+    """``_wait_rows`` for the flattened consumer: chunks unrolled up to ``W_MAX`` and each spun
+    on in one inline-asm block (``dl.spin_at_least``), so no loop enters the Triton IR of the
+    pipelined loop around it, and only until this program has seen the chunk (bit ``s`` of the
+    returned ``seen``; a timed-out chunk is marked too, so a lost peer costs one timeout). The
+    proxy fence runs only when a chunk was newly seen."""
+    new = seen
+    for s in tl.static_range(W_MAX):
+        bit = tl.full((), 1 << s, tl.int64)
+        live = s < world_size
+        lo = tl.load(offsets_ptr + tl.minimum(s, world_size))
+        hi = tl.load(offsets_ptr + tl.minimum(s + 1, world_size))
+        if live & ((seen & bit) == 0) & (lo < row_hi) & (hi > row_lo):
+            late = dl.spin_at_least(sig_ptr + s, epoch, deadline) < epoch
+            got = tl.load(sig_ptr + 2 * world_size + s, volatile=True)
+            if late | (got != (hi - lo)):  # one error path per chunk: less unrolled code
+                dl.record_error(err_claim, err_record, op_id, rank, s, epoch,
+                                tl.where(late, dl.TIMEOUT, dl.SIZE_MISMATCH))
+            new = new | bit
+    if new != seen:
+        dl.fence_proxy_async()
+    return new
+
+
 @dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias", "rank",
                            "world_size", "timeout_us", "op_id"))
 def ag_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr, err_claim,
@@ -153,13 +179,18 @@ def ag_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr
                    timeout_us, op_id,
                    B_KN: tl.constexpr, C_TMA: tl.constexpr, WAIT: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr):
+                   GROUP_M: tl.constexpr, FLAT: tl.constexpr = False, W_MAX: tl.constexpr = 8):
     """Persistent GEMM ``C[M, N] = A[M, K] @ B[K, N] (+ bias)``; with ``WAIT`` A is the gathered
     buffer and each tile first waits for the chunks its rows come from.
 
     ``B_KN``: ``b_desc`` is over ``B [K, N]``, else over ``B^T [N, K]`` (a Linear weight).
     ``C_TMA``: C is stored through ``c_desc`` in two ``BLOCK_N / 2`` halves (fewer live
     registers), else with masked pointer stores (any strides).
+    ``FLAT`` (experimental, ``world_size <= W_MAX``, a power of two: the chunks unrolled in the
+    waits): the tile and K loops flattened into one
+    software-pipelined loop (``tl.range(flatten=True)``), which prefetches the next tile's first
+    K steps during this tile's last ones; so a program waits for its *next* tile's chunks at
+    the top of each tile (``_wait_rows_once``), and for its first tile before the loop.
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -176,14 +207,29 @@ def ag_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr
         deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    # (tl.range(..., flatten=True) measured 2x slower on the H200: not used)
-    for tile in range(pid, tiles, nprog):
+    seen = tl.zeros((), tl.int64)  # FLAT: chunks this program has seen land
+    if FLAT and WAIT and pid < tiles:
+        first_m, _ = _tile_coords(pid, tiles_m, group_tiles, shift, GROUP_M)
+        seen = _wait_rows_once(sig_ptr, offsets_ptr, first_m * BLOCK_M,
+                               tl.minimum(first_m * BLOCK_M + BLOCK_M, M), rank, world_size,
+                               epoch, deadline, err_claim, err_record, op_id, seen, W_MAX)
+    # (flattened with _wait_rows' Triton spin loop inside measured 2x slower on the H200: the
+    # loop stops the pipeliner; FLAT uses the inline-asm spin instead)
+    for tile in tl.range(pid, tiles, nprog, flatten=FLAT):
         pid_m, pid_n = _tile_coords(tile, tiles_m, group_tiles, shift, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         if WAIT:
-            _wait_rows(sig_ptr, offsets_ptr, off_m, tl.minimum(off_m + BLOCK_M, M), rank,
-                       world_size, epoch, deadline, err_claim, err_record, op_id)
+            if FLAT:
+                if tile + nprog < tiles:  # the next tile's rows, before its loads are issued
+                    next_m, _ = _tile_coords(tile + nprog, tiles_m, group_tiles, shift, GROUP_M)
+                    seen = _wait_rows_once(sig_ptr, offsets_ptr, next_m * BLOCK_M,
+                                           tl.minimum(next_m * BLOCK_M + BLOCK_M, M), rank,
+                                           world_size, epoch, deadline, err_claim, err_record,
+                                           op_id, seen, W_MAX)
+            else:
+                _wait_rows(sig_ptr, offsets_ptr, off_m, tl.minimum(off_m + BLOCK_M, M), rank,
+                           world_size, epoch, deadline, err_claim, err_record, op_id)
         # A zero accumulator (the first MMA need not read it) and the bias added after the K
         # loop (H200, one run: a plain kernel of the same tiles without the bias seed ran 1.4%
         # faster than this one with it; this form is not yet timed there).

@@ -24,6 +24,14 @@ PRODUCER = "copy"
 """How the fused path moves the shards: ``"copy"``, copy engines on a side stream (no SM); or
 ``"pull"``, ``ag_pull_kernel`` on ``pull_programs`` SMs taken from the GEMM. The ``ag_gemm``
 bench measures both (``producer`` rows)."""
+FLAT_CONSUMER = _env._flag("DITRON_AG_GEMM_FLAT")
+"""Experimental (``DITRON_AG_GEMM_FLAT=1``, read at import so the warm-up compiles the same
+variant, every chunk bucket of ``flat_w_max``): the consumer's tile and K loops flattened into
+one pipelined loop (``FLAT`` in ``ag_gemm_kernel``) for groups of at most ``FLAT_MAX_WORLD``
+ranks. On the H200 a stand-alone
+kernel of the same tiles ran at 0.976-0.982x cuBLAS flattened against our 0.954-0.958x
+(``tools/p1_kernel_variants.py``); this library form is not yet measured, hence off."""
+FLAT_MAX_WORLD = 8
 PULL_SM_FRACTION = 8
 """Pull mode: one SM in this many of a rank's share runs the pull kernel (at least one)."""
 _PULL_BLOCK, _PULL_WARPS = 4096, 8
@@ -110,11 +118,20 @@ def _c_descriptor(out: torch.Tensor, cfg: TileConfig) -> Optional[TensorDescript
     return None
 
 
+def flat_w_max(world: int, wait: bool) -> int:
+    """``W_MAX`` of the flattened consumer: the next power of two at or above ``world`` (its
+    waits unroll that many chunks), 1 without waits (one compiled variant per bucket)."""
+    return 1 << (world - 1).bit_length() if wait else 1
+
+
 def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
                     bias: Optional[torch.Tensor], *, group: Optional[Group], wait: bool,
                     sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
-                    record: torch.Tensor, m: int, programs: Optional[int] = None) -> torch.Tensor:
-    """Launch the persistent GEMM (``wait=False``: a plain GEMM; the waiting arguments are unused)."""
+                    record: torch.Tensor, m: int, programs: Optional[int] = None,
+                    w_max: Optional[int] = None) -> torch.Tensor:
+    """Launch the persistent GEMM (``wait=False``: a plain GEMM; the waiting arguments are
+    unused). ``w_max``: the flattened consumer's chunk bucket (default from the group; the
+    warm-up compiles every bucket)."""
     cfg = tile_config(out.device)
     b_desc, b_kn = b_descriptor(b, cfg)
     c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
@@ -123,13 +140,15 @@ def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor
     grid = programs or consumer_programs(out.device, group, tiles)
     rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
     timeout_us = group.timeout_us() if group is not None else 1
+    flat = FLAT_CONSUMER and world <= FLAT_MAX_WORLD
+    w_max = flat_w_max(w_max or world, wait) if flat else 1
     ag_gemm_kernel[(grid,)](
         a_desc, b_desc, c_desc, out, bias if bias is not None else out, sig, offsets, claim, record,
         m, n, k, out.stride(0), out.stride(1), int(bias is not None),
         rank, world, timeout_us, op_id("ag_gemm"),
         B_KN=b_kn, C_TMA=c_desc is not None, WAIT=wait, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FLAT=flat, W_MAX=w_max,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
@@ -304,11 +323,16 @@ def _warmup(device: torch.device) -> None:
     for dtype in (torch.float16, torch.bfloat16):
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
-        variants = itertools.product((a.clone(), a.clone().t()), (False, True), (False, True))
-        for b, wait, c_tma in variants:
+        buckets = [flat_w_max(w, True) for w in range(1, FLAT_MAX_WORLD + 1)] if FLAT_CONSUMER \
+            else [1]
+        variants = itertools.product((a.clone(), a.clone().t()), (False, True), (False, True),
+                                     sorted(set(buckets)))
+        for b, wait, c_tma, w_max in variants:
+            if w_max > 1 and not wait:
+                continue  # no waits: one variant
             out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
             launch_consumer(a_desc, b, out, None, group=None, wait=wait, sig=sig, offsets=offsets,
-                            claim=claim, record=record, m=64, programs=1)
+                            claim=claim, record=record, m=64, programs=1, w_max=w_max)
             torch.cuda.synchronize(device)
             if int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64)):
                 raise RuntimeError(f"ditron: ag_gemm warm-up failed for {dtype} (kernel bug)")
