@@ -33,29 +33,10 @@ QUICK = "--quick" in sys.argv  # ours, plain, flattened, flattened with waits (f
 
 
 @triton.jit
-def _spin_asm(flag_ptr, target, deadline):
-    """``wait_at_least`` as one inline-asm block (acquire loads until ``flag >= target`` or the
-    global timer passes ``deadline``; returns the last value): no loop in the Triton IR, so the
-    pipeliner can still flatten and pipeline the loop around it."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .pred p, q;
-        .reg .u64 t;
-        $$L__spin${:uid}:
-        ld.acquire.sys.global.s64 $0, [$1];
-        setp.ge.s64 p, $0, $2;
-        @p bra $$L__done${:uid};
-        mov.u64 t, %globaltimer;
-        setp.lt.u64 q, t, $3;
-        @q bra $$L__spin${:uid};
-        $$L__done${:uid}:
-        }""", "=l,l,l,l", [flag_ptr, target, deadline], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
 def _wait_rows_asm(sig_ptr, epoch, deadline, err_claim, err_record):
-    """One rank's ``_wait_rows`` through ``_spin_asm`` (one chunk: flag 0)."""
-    if _spin_asm(sig_ptr, epoch, deadline) < epoch:
+    """One rank's ``_wait_rows`` through ``dl.spin_at_least`` (one inline-asm block; one
+    chunk: flag 0)."""
+    if dl.spin_at_least(sig_ptr, epoch, deadline) < epoch:
         dl.record_error(err_claim, err_record, 0, 0, 0, epoch, dl.TIMEOUT)
     dl.fence_proxy_async()
 
