@@ -179,3 +179,31 @@ def test_auto_rule_of_the_reductions():
         assert not api._fused_wanted(group, "auto", False, "gemm_rs", 100 * bound)
     no_heap = types.SimpleNamespace(**{**vars(gpu), "has_symmetric_memory": False})
     assert not api._fused_wanted(no_heap, "fused", True, "gemm_rs", 100 * bound)
+
+
+def _lowp_vs_exact(group, m, n, k):
+    from ditron_ops.testing.gemm_rs_checks import order_exact
+
+    a, b = gemm_rs_inputs(group, m, n, k, torch.float16)
+    want = order_exact(a, b, group).float()
+    rows = ditron_ops.split_sizes(m, group.world_size)
+    start = sum(rows[:group.rank])
+    scale = want.abs().max().item()
+    rs = ditron_ops.gemm_rs(a, b, group, impl="fused", deterministic=False).float()
+    errs = [(rs - want[start:start + rows[group.rank]]).abs().max().item() / scale]
+    for algorithm in ("one_shot", "two_shot"):
+        ar = ditron_ops.gemm_ar(a, b, group, impl="fused", deterministic=False, algorithm=algorithm)
+        errs.append((ar.float() - want).abs().max().item() / scale)
+    exact = ditron_ops.gemm_rs(a, b, group, impl="fused", deterministic=True)  # fp32 partials
+    return max(errs), torch.equal(exact.float(), want[start:start + rows[group.rank]])
+
+
+@pytest.mark.parametrize("world_size,m,n,k", [(2, 40, 48, 56), (3, 19, 17, 33)])
+def test_lowp_partials(world_size, m, n, k, monkeypatch):
+    """``DITRON_GEMM_RS_LOWP``: default-mode partials rounded to the input dtype (fp16 here) stay
+    within fp16 tolerance of the order-exact sum; deterministic mode still matches it bitwise."""
+    from ditron_ops.gemm_rs import _launch
+
+    monkeypatch.setattr(_launch, "LOWP_PARTIALS", True)
+    for err, exact in ditron_ops.launch(_lowp_vs_exact, world_size, device="cpu", args=(m, n, k)):
+        assert 0 < err <= 4e-3 and exact, (err, exact)

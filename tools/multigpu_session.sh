@@ -11,6 +11,7 @@
 #   tp     torchrun -m ditron_ops.bench tp: ours vs NCCL + cuBLAS, flash_decode (tp.log, CSV)
 #   symm   torchrun -m ditron_ops.bench tp_symm_mem: PyTorch's fused ops (symm.log, CSV)
 #   quick  the tp bench with --quick (a smoke run of the bench code)
+#   lowp   gemm_rs / gemm_ar of the tp bench with DITRON_GEMM_RS_LOWP=1 (lowp.log, CSV)
 #
 # nvshmem4py comes from .whl (carry it: ../shared/tools/gpu-wheels.sh downloads it). NVLink
 # multicast stays off (the lent machines require it). NPROC defaults to every visible GPU.
@@ -64,13 +65,18 @@ triton.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.v
       run tp.log 330 torchrun --nproc-per-node "$NPROC" -m ditron_ops.bench tp --out "$OUT/bench"
       grep -E "geo|tp |ag_gemm|gemm_rs|gemm_ar|flash" "$OUT/tp.log" | tail -40 | cut -c1-150
       ;;
+    lowp)  # gemm_rs / gemm_ar with DITRON_GEMM_RS_LOWP=1 (input-dtype partials): the A/B run
+      DITRON_GEMM_RS_LOWP=1 DITRON_TP_ONLY=gemm_rs,gemm_ar run lowp.log 300 torchrun \
+        --nproc-per-node "$NPROC" -m ditron_ops.bench tp --out "$OUT/bench_lowp"
+      grep -E "gemm_rs|gemm_ar" "$OUT/lowp.log" | tail -20 | cut -c1-150
+      ;;
     symm)
       run symm.log 240 torchrun --nproc-per-node "$NPROC" -m ditron_ops.bench tp_symm_mem \
         --out "$OUT/bench" || DITRON_BENCH_TIMING=eager run symm.log 240 torchrun \
         --nproc-per-node "$NPROC" -m ditron_ops.bench tp_symm_mem --out "$OUT/bench"
       grep -E "geo|ag_gemm|gemm_rs" "$OUT/symm.log" | tail -24 | cut -c1-150
       ;;
-    *) echo "unknown part: $part (env, check, tests, checks, fd1, quick, tp, symm)"; exit 2 ;;
+    *) echo "unknown part: $part (env, check, tests, checks, fd1, quick, tp, lowp, symm)"; exit 2 ;;
   esac
 done
-rm -f "$OUT"/bench/*.png "$OUT"/bench_quick/*.png
+rm -f "$OUT"/bench/*.png "$OUT"/bench_quick/*.png "$OUT"/bench_lowp/*.png

@@ -17,6 +17,14 @@ from ._kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kerne
 
 PURPOSE = "gemm_reduce"
 _FINISH_BLOCK = dict(BLOCK_R=8, BLOCK_C=256)
+LOWP_PARTIALS = _env._flag("DITRON_GEMM_RS_LOWP")
+"""Experimental (``DITRON_GEMM_RS_LOWP=1``, read at import so the warm-up compiles it): in the
+default (non-deterministic) mode the partial tiles travel and wait in the input dtype instead of
+fp32 (half the NVLink bytes; each partial rounded once before the fp32 rank-ordered sum, the
+precision of cuBLAS + NCCL). On 2 H200s the fp32 partials of the 7B layer at M = 8192 are 90 MB
+per rank, about the time of the GEMM's first phase, which may be why gemm_rs gains so little
+there (1.04x against a bound of 1.38x). Not yet measured, hence off. Deterministic mode always
+keeps fp32 partials."""
 
 
 def finish_programs(group: Group) -> int:
@@ -26,12 +34,14 @@ def finish_programs(group: Group) -> int:
 
 
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows: list[int],
-          *, broadcast: bool, op: str) -> torch.Tensor:
+          *, broadcast: bool, op: str, partials: torch.dtype = torch.float32) -> torch.Tensor:
     """One call: scattered partial GEMM with the reduction in its epilogue (its own start
     barrier), or start barrier + broadcast GEMM + finish (one-shot), into ``out``.
 
     ``rows[s]``: rows of the product owned by rank s (reduce-scatter). ``broadcast``: every rank
     receives every partial and reduces all rows (one-shot all-reduce; ``rows`` unused).
+    ``partials``: dtype of the partial tiles in the slots (fp32, or the input dtype: see
+    ``LOWP_PARTIALS``); the sums are fp32 either way.
     """
     group.check()
     ws = group.workspace(PURPOSE)
@@ -39,8 +49,8 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     w, rank = group.world_size, group.rank
     slot_rows = m if broadcast else max(rows)
-    data = ws.ensure_data(max(1, w * slot_rows * n * 4))
-    buf = data.local.view(torch.float32)
+    data = ws.ensure_data(max(1, w * slot_rows * n * partials.itemsize))
+    buf = data.local.view(partials)
     offsets = None if broadcast else ws.row_offsets(rows, op)  # (uploads before any wait)
     if not _tma_ok(a):
         a = _padded_copy(a)
@@ -96,11 +106,13 @@ def _warmup(device: torch.device) -> None:
     one-rank calls and check them."""
     cfg = tile_config(device)
     offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
-    buf = torch.zeros(64 * 64, dtype=torch.float32, device=device)
-    table = pointer_table(buf)
     tiles_cfg = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                      GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    for dtype, aligned in itertools.product((torch.float16, torch.bfloat16), (True, False)):
+    variants = itertools.product((torch.float16, torch.bfloat16), (True, False),
+                                 (False, True) if LOWP_PARTIALS else (False,))
+    for dtype, aligned, lowp in variants:
+        buf = torch.zeros(64 * 64, dtype=dtype if lowp else torch.float32, device=device)
+        table = pointer_table(buf)
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
         outs = []

@@ -14,7 +14,8 @@ and a rank-ordered reference sum. ``deterministic=False`` (default): ``impl`` de
 baseline uses cuBLAS (whose kernel choice depends on M, so not batch invariant) and rounds the
 partial product before the collective sum (NCCL's on multi-GPU groups, in NCCL's order; ditron's
 rank-ordered one elsewhere); the fused path is the same schedule as deterministic mode (it does
-not yet reduce in arrival order). In every mode results differ across world sizes (different
+not yet reduce in arrival order; with ``DITRON_GEMM_RS_LOWP=1``, experimental, its partial tiles
+are rounded to the input dtype before the fp32 sum). In every mode results differ across world sizes (different
 summation).
 """
 from __future__ import annotations
@@ -155,6 +156,12 @@ def _fused_wanted(group: Group, impl: str, deterministic: bool, op: str, flops: 
     return multi_gpu and op == "gemm_rs" and flops >= AUTO_MIN_FLOPS_RS
 
 
+def _partials(a: torch.Tensor, deterministic: bool) -> torch.dtype:
+    """Dtype of the fused path's partial tiles: fp32, or the input dtype in the default mode
+    with ``_launch.LOWP_PARTIALS`` (experimental)."""
+    return a.dtype if _launch.LOWP_PARTIALS and not deterministic else torch.float32
+
+
 def _partial(a: torch.Tensor, b: torch.Tensor, deterministic: bool) -> torch.Tensor:
     """This rank's product for the unfused paths: fp32 from our fixed-config GEMM when
     deterministic (one rounding after the sum), else cuBLAS in the input dtype."""
@@ -172,7 +179,8 @@ def _gemm_rs_impl(a, b, group_name, shard_sizes, deterministic, impl):
         return out
     flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
     if _fused_wanted(group, impl, deterministic, "gemm_rs", flops) and a.shape[1] > 0:
-        return _launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs")
+        return _launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs",
+                             partials=_partials(a, deterministic))
     part = _partial(a, b, deterministic) if a.shape[1] else a.new_zeros(a.shape[0], b.shape[1])
     if not deterministic and nccl.reduce_scatter_rows(part, group, rows, out):
         return out
@@ -201,10 +209,11 @@ def _gemm_ar_impl(a, b, group_name, deterministic, impl, algorithm):
         if algorithm == "auto":
             algorithm = "one_shot" if m * n * 4 <= ONE_SHOT_MAX_BYTES else "two_shot"
         if algorithm == "one_shot":
-            return _launch.fused(group, a, b, out, [m] * group.world_size, broadcast=True, op="gemm_ar")
+            return _launch.fused(group, a, b, out, [m] * group.world_size, broadcast=True,
+                                 op="gemm_ar", partials=_partials(a, deterministic))
         rows = split_sizes(m, group.world_size)
         mine = _launch.fused(group, a, b, a.new_empty((rows[group.rank], n)), rows,
-                             broadcast=False, op="gemm_ar")
+                             broadcast=False, op="gemm_ar", partials=_partials(a, deterministic))
         if nccl.all_gather_rows(mine, group, rows, out=out) is not None:  # a copy: exact
             return out
         return out.copy_(all_gather(mine, group, shard_sizes=rows))
