@@ -9,7 +9,9 @@ two-shot) deterministic and bitwise equal to the rank-ordered fp32 sum, the unfu
 (``impl="baseline"``: NCCL), flash_decode; then CUDA-graph capture and replay, 300 back-to-back
 calls of varying sizes, and last a rank that skips a call: its peer must raise
 ``DitronTimeoutError`` within the group's timeout, not hang. Rank 0 prints ``CHECK <name> ok``
-per check and ``ALL OK`` at the end; any failure raises (non-zero exit).
+per check and ``ALL OK`` at the end; any failure raises (non-zero exit). ``DITRON_CHECKS_SKIP``
+leaves parts out (``PARTS``); ``DITRON_CHECKS_DUMP_S`` prints progress and, after that many
+seconds, every rank's stack.
 """
 from __future__ import annotations
 
@@ -47,12 +49,14 @@ def _progress(group, step: str) -> None:
         print(f"[rank {group.rank}] {step}", flush=True)
 
 
-def _check_ops(group, dtype: torch.dtype) -> None:
-    w = group.world_size
+def _check_collectives(group, dtype: torch.dtype) -> None:
     gpu = group.device.type == "cuda"
     for rows, cols in ((1, 1), (4099, 1001), (8192, 4096)) if gpu else ((1, 1), (67, 33)):
         check_collectives(group, rows, cols, dtype)
-    _say(group, "collectives")
+
+
+def _check_ag_gemm(group, dtype: torch.dtype) -> None:
+    w, gpu = group.world_size, group.device.type == "cuda"
     default = ag_launch.PRODUCER
     for producer in ag_launch.PRODUCERS:
         ag_launch.PRODUCER = producer
@@ -63,16 +67,16 @@ def _check_ops(group, dtype: torch.dtype) -> None:
     ag_launch.PRODUCER = default
     check_ag_gemm(group, [2048 if gpu else 8] * w, 7168 // w, 4096 if gpu else 64, dtype,
                   impl="baseline")
-    _say(group, "ag_gemm (copy and pull producers, uneven, baseline)")
+
+
+def _check_gemm_reduce(group, dtype: torch.dtype) -> None:
+    w, gpu = group.world_size, group.device.type == "cuda"
     for m, n, k in ((4096, 4096, 14336 // w),) * gpu + ((8 * w + 3, 136, 264), (1, 264, 136)):
         for algorithm in ("one_shot", "two_shot"):
             _progress(group, f"gemm_reduce {m}x{n}x{k} {algorithm}")
             check_gemm_reduce(group, m, n, k, dtype, algorithm=algorithm)
     _progress(group, "gemm baselines")
     _check_baselines(group, dtype, (2048, 4096, 3584) if gpu else (16, 32, 24))
-    _say(group, "gemm_rs / gemm_ar (deterministic bitwise; NCCL baselines)")
-    _check_flash_decode(group, dtype)
-    _say(group, "flash_decode")
 
 
 def _check_baselines(group, dtype: torch.dtype, mnk: tuple[int, int, int]) -> None:
@@ -191,18 +195,34 @@ def main() -> int:
     return 0
 
 
+PARTS = {  # name: (check, its CHECK line, needs symmetric memory on a GPU)
+    "collectives": (_check_collectives, "collectives", False),
+    "ag_gemm": (_check_ag_gemm, "ag_gemm (copy and pull producers, uneven, baseline)", False),
+    "flash_decode": (_check_flash_decode, "flash_decode", False),
+    "gemm_reduce": (_check_gemm_reduce,
+                    "gemm_rs / gemm_ar (deterministic bitwise; NCCL baselines)", False),
+    "graphs": (_check_graphs, "CUDA graphs", True),
+    "back_to_back": (_check_back_to_back, "300 back-to-back calls", True),
+}
+"""The checks in run order, the timeout check after them (``DITRON_CHECKS_SKIP``: a comma list
+of names to leave out, e.g. a part that stalls, so the others still report)."""
+
+
 def _run_all() -> None:
+    skip = {name for name in os.environ.get("DITRON_CHECKS_SKIP", "").split(",") if name}
     with torchrun_group() as group:
         dtype = torch.bfloat16 if group.device.type == "cuda" else torch.float32
+        heap = group.has_symmetric_memory and group.device.type == "cuda"
         if group.rank == 0:
             print(f"torchrun checks: {group.world_size} ranks, {group.backend} backend, "
-                  f"{dtype}", flush=True)
-        _check_ops(group, dtype)
-        if group.has_symmetric_memory and group.device.type == "cuda":
-            _check_graphs(group, dtype)
-            _say(group, "CUDA graphs")
-            _check_back_to_back(group, dtype)
-            _say(group, "300 back-to-back calls")
+                  f"{dtype}" + (f"; skipping {sorted(skip)}" if skip else ""), flush=True)
+        for name, (check, line, needs_heap) in PARTS.items():
+            if name in skip or (needs_heap and not heap):
+                continue
+            _progress(group, name)
+            check(group, dtype)
+            _say(group, line)
+        if heap and "timeout" not in skip:
             _check_timeout(group, dtype)
             torch.distributed.barrier()  # the skipping rank stays until its peers have raised
             if group.rank == 0:
@@ -210,7 +230,7 @@ def _run_all() -> None:
         if group.rank == 0:
             print("ALL OK", flush=True)
         sys.stdout.flush()
-        if group.has_symmetric_memory and group.device.type == "cuda":
+        if heap:
             # the timed-out group is failed: finalize's collective frees would wait on the rank
             # that skipped a call, so the process ends here
             os._exit(0)
