@@ -47,16 +47,31 @@ def test_every_op_over_gloo():
         assert rows and all(ok for _, ok in rows), (rank, rows)
 
 
-def test_torchrun_checks_suite_on_cpu():
-    """The multi-GPU suite's own code, under torchrun with 2 CPU processes (torch backend, gloo):
-    a Python error in it shows here instead of on a lent multi-GPU machine."""
+def _torchrun_cpu(args, timeout=240):
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "ditron_ops.testing.torchrun_checks"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+           *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert "torch backend" in proc.stdout and "ALL OK" in proc.stdout, proc.stdout[-2000:]
+    return proc.stdout
+
+
+def test_tp_mlp_example_on_cpu():
+    """``examples/tp_mlp_torchrun.py`` (ag_gemm -> gelu -> gemm_rs, trained with autograd) on 2
+    CPU processes: it checks its own first step against one process and that the loss falls."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "tp_mlp_torchrun.py"
+    out = _torchrun_cpu([str(example)])
+    assert "2 ranks, torch backend" in out and "losses:" in out, out[-2000:]
+
+
+def test_torchrun_checks_suite_on_cpu():
+    """The multi-GPU suite's own code, under torchrun with 2 CPU processes (torch backend, gloo):
+    a Python error in it shows here instead of on a lent multi-GPU machine."""
+    out = _torchrun_cpu(["-m", "ditron_ops.testing.torchrun_checks"])
+    assert "torch backend" in out and "ALL OK" in out, out[-2000:]
