@@ -8,6 +8,7 @@
 #   tests  tests/gpu/test_torchrun.py: the multi-process GPU tier (tests.log)
 #   checks the suite that test runs, directly under torchrun, output streamed (checks.log)
 #   fd1    flash_decode on one GPU under torchrun (fd1.log, CSV): its scaling's first point
+#   example  examples/tp_mlp_torchrun.py (example.log)
 #   tp     torchrun -m ditron_ops.bench tp: ours vs NCCL + cuBLAS, flash_decode (tp.log, CSV)
 #   symm   torchrun -m ditron_ops.bench tp_symm_mem: PyTorch's fused ops (symm.log, CSV)
 #   quick  the tp bench with --quick (a smoke run of the bench code)
@@ -54,6 +55,10 @@ triton.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.v
       DITRON_CHECKS_DUMP_S=${DUMP_S:-100} run checks.log ${CHECKS_S:-240} torchrun --nproc-per-node "$NPROC" -m ditron_ops.testing.torchrun_checks
       grep -vE "^W1|^ *\^+$" "$OUT/checks.log" | head -80 | cut -c1-200
       ;;
+    example)  # examples/tp_mlp_torchrun.py: a TP MLP layer trained a few steps, checked
+      run example.log 200 torchrun --nproc-per-node "$NPROC" examples/tp_mlp_torchrun.py
+      grep -E "ranks|losses|Error" "$OUT/example.log" | head -5
+      ;;
     fd1)  # flash_decode on one GPU (nvshmem, one PE): the first point of its scaling
       DITRON_TP_ONLY=flash_decode run fd1.log 150 torchrun --nproc-per-node 1 -m ditron_ops.bench \
         tp --out "$OUT/bench"
@@ -79,7 +84,7 @@ triton.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.v
         --nproc-per-node "$NPROC" -m ditron_ops.bench tp_symm_mem --out "$OUT/bench"
       grep -E "geo|ag_gemm|gemm_rs" "$OUT/symm.log" | tail -24 | cut -c1-150
       ;;
-    *) echo "unknown part: $part (env, check, tests, checks, fd1, quick, tp, lowp, symm)"; exit 2 ;;
+    *) echo "unknown part: $part (env, check, tests, checks, example, fd1, quick, tp, lowp, symm)"; exit 2 ;;
   esac
 done
 rm -f "$OUT"/bench/*.png "$OUT"/bench_quick/*.png "$OUT"/bench_lowp/*.png
