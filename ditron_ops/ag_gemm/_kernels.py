@@ -186,11 +186,11 @@ def ag_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr
     ``B_KN``: ``b_desc`` is over ``B [K, N]``, else over ``B^T [N, K]`` (a Linear weight).
     ``C_TMA``: C is stored through ``c_desc`` in two ``BLOCK_N / 2`` halves (fewer live
     registers), else with masked pointer stores (any strides).
-    ``FLAT`` (experimental, ``world_size <= W_MAX``, a power of two: the chunks unrolled in the
-    waits): the tile and K loops flattened into one
-    software-pipelined loop (``tl.range(flatten=True)``), which prefetches the next tile's first
-    K steps during this tile's last ones; so a program waits for its *next* tile's chunks at
-    the top of each tile (``_wait_rows_once``), and for its first tile before the loop.
+    ``FLAT`` (experimental; ``world_size <= W_MAX``, a power of two, the chunks the waits
+    unroll): the tile and K loops flattened into one software-pipelined loop
+    (``tl.range(flatten=True)``), which prefetches the next tile's first K steps during this
+    tile's last ones; so a program waits for its *next* tile's chunks at the top of each tile
+    (``_wait_rows_once``), and for its first tile before the loop.
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)

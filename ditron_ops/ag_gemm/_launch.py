@@ -28,9 +28,9 @@ FLAT_CONSUMER = _env._flag("DITRON_AG_GEMM_FLAT")
 """Experimental (``DITRON_AG_GEMM_FLAT=1``, read at import so the warm-up compiles the same
 variant, every chunk bucket of ``flat_w_max``): the consumer's tile and K loops flattened into
 one pipelined loop (``FLAT`` in ``ag_gemm_kernel``) for groups of at most ``FLAT_MAX_WORLD``
-ranks. On the H200 a stand-alone
-kernel of the same tiles ran at 0.976-0.982x cuBLAS flattened against our 0.954-0.958x
-(``tools/p1_kernel_variants.py``); this library form is not yet measured, hence off."""
+ranks. On the H200 a stand-alone kernel of the same tiles ran at 0.976-0.982x cuBLAS flattened
+against our 0.954-0.958x (``tools/p1_kernel_variants.py``); this library form is not yet
+measured, hence off."""
 FLAT_MAX_WORLD = 8
 PULL_SM_FRACTION = 8
 """Pull mode: one SM in this many of a rank's share runs the pull kernel (at least one)."""
@@ -300,8 +300,9 @@ def _copy_plan(ws, data, dtype: torch.dtype, first: int, rows: int, pitch: int, 
     for i in range(w):
         dst = (rank + i) % w
         region = data.peers[dst].view(dtype)[first * pitch:(first + rows) * pitch] if rows else None
-        plan.append((region, [(sig_peers[dst][2 * w + rank:2 * w + rank + 1], sig[3 * w + 1:3 * w + 2]),
-                              (sig_peers[dst][rank:rank + 1], sig[3 * w:3 * w + 1])]))
+        meta = (sig_peers[dst][2 * w + rank:2 * w + rank + 1], sig[3 * w + 1:3 * w + 2])
+        arrival = (sig_peers[dst][rank:rank + 1], sig[3 * w:3 * w + 1])
+        plan.append((region, [meta, arrival]))
     ws._ag_copy_plan = (data, key, plan)
     return plan
 
