@@ -31,6 +31,7 @@ from ..errors import DitronError
 from ..language import nvshmem as _lang
 from . import group as _group_module
 from .group import Group, SymmetricBuffer, register_group, set_default_group, unregister_group
+from .warmup import warmup
 
 __all__ = ["NvshmemGroup", "init_nvshmem", "finalize_nvshmem", "nvshmem_available"]
 
@@ -290,8 +291,10 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
     Returns
     -------
     NvshmemGroup
-        Registered (``resolve_group(group.group_name)``) and made the default group.
-        A second call in the same process with a compatible request returns the same object.
+        Registered (``resolve_group(group.group_name)``) and made the default group, after
+        every op's kernel variants were compiled and loaded on this GPU (``warmup``; tens of
+        seconds with a cold Triton cache) and all ranks met in a barrier. A second call in the
+        same process with a compatible request returns the same object.
 
     Raises
     ------
@@ -343,6 +346,9 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
             _check_pe(rank, world)
             _lang.install_module_init_hook()
             _lang._on_nvshmem_init()  # modules loaded earlier (or before a previous finalize)
+            # every kernel variant compiled and loaded now, not while a peer's kernel spins on
+            # this rank (a compile there can outlast the wait bound)
+            warmup(dev)
         except BaseException:
             _lang._on_nvshmem_finalize()
             nvs.finalize()  # leave no NVSHMEM without an owner behind
@@ -350,6 +356,7 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
         register_group(group)
         set_default_group(group)
         _owner = group
+        group.barrier()  # ranks leave together: no first wait counts a peer's warm-up time
         return group
 
 
