@@ -75,3 +75,22 @@ def test_torchrun_checks_suite_on_cpu():
     a Python error in it shows here instead of on a lent multi-GPU machine."""
     out = _torchrun_cpu(["-m", "ditron_ops.testing.torchrun_checks"])
     assert "torch backend" in out and "ALL OK" in out, out[-2000:]
+
+
+def _layout_agreement(group):
+    from ditron_ops.runtime import nccl
+
+    nccl._agree(group, "all_gather", ((4, 2), (4, 4), torch.float32))  # all ranks agree
+    agreed = ("all_gather", ((4, 2), (4, 4), torch.float32)) in group._nccl_layouts
+    try:  # a new layout on which rank 1 disagrees (6 rows, 5 elsewhere): all raise, none hangs
+        rows = 5 + (group.rank == 1)
+        nccl._agree(group, "all_gather", ((rows, 2), (rows, rows), torch.float32))
+    except ditron_ops.DitronSizeMismatchError as exc:
+        return agreed, exc.op
+    return agreed, "no error"
+
+
+def test_nccl_paths_agree_on_layouts_first():
+    """The NCCL fast paths (which cannot detect size disagreements) check each new layout with
+    the peers once: a disagreement raises DitronSizeMismatchError on every rank."""
+    assert run_gloo(_layout_agreement, 2) == [(True, "all_gather")] * 2

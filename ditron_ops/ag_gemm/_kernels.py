@@ -190,7 +190,11 @@ def ag_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr
     unroll): the tile and K loops flattened into one software-pipelined loop
     (``tl.range(flatten=True)``), which prefetches the next tile's first K steps during this
     tile's last ones; so a program waits for its *next* tile's chunks at the top of each tile
-    (``_wait_rows_once``), and for its first tile before the loop.
+    (``_wait_rows_once``), and for its first tile before the loop. (A review of the compiled
+    sm_90a IR found the top of a tile scheduled with that tile's first loads, two K steps ahead
+    of the MMAs: waiting for the tile's own rows there may already be safe, and the look-ahead
+    can hold a tile up by two waves during a real all-gather. To settle with the first
+    measurement; with every chunk present, as in P1/P2, the two forms wait alike.)
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)

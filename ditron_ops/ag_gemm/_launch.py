@@ -128,10 +128,10 @@ def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor
                     bias: Optional[torch.Tensor], *, group: Optional[Group], wait: bool,
                     sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
                     record: torch.Tensor, m: int, programs: Optional[int] = None,
-                    w_max: Optional[int] = None) -> torch.Tensor:
+                    w_max: Optional[int] = None, flat: Optional[bool] = None) -> torch.Tensor:
     """Launch the persistent GEMM (``wait=False``: a plain GEMM; the waiting arguments are
-    unused). ``w_max``: the flattened consumer's chunk bucket (default from the group; the
-    warm-up compiles every bucket)."""
+    unused). ``flat`` / ``w_max``: the consumer form and the flattened one's chunk bucket
+    (default from ``FLAT_CONSUMER`` and the group; the warm-up compiles every one in use)."""
     cfg = tile_config(out.device)
     b_desc, b_kn = b_descriptor(b, cfg)
     c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
@@ -140,7 +140,8 @@ def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor
     grid = programs or consumer_programs(out.device, group, tiles)
     rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
     timeout_us = group.timeout_us() if group is not None else 1
-    flat = FLAT_CONSUMER and world <= FLAT_MAX_WORLD
+    if flat is None:
+        flat = FLAT_CONSUMER and world <= FLAT_MAX_WORLD
     w_max = flat_w_max(w_max or world, wait) if flat else 1
     ag_gemm_kernel[(grid,)](
         a_desc, b_desc, c_desc, out, bias if bias is not None else out, sig, offsets, claim, record,
@@ -324,16 +325,18 @@ def _warmup(device: torch.device) -> None:
     for dtype in (torch.float16, torch.bfloat16):
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
-        buckets = [flat_w_max(w, True) for w in range(1, FLAT_MAX_WORLD + 1)] if FLAT_CONSUMER \
-            else [1]
+        # the plain form always (groups above FLAT_MAX_WORLD run it), the flattened one in
+        # every chunk bucket when it is on
+        forms = [(False, 1)] + ([(True, flat_w_max(w, True)) for w in (1, 2, 4, 8)]
+                                if FLAT_CONSUMER else [])
         variants = itertools.product((a.clone(), a.clone().t()), (False, True), (False, True),
-                                     sorted(set(buckets)))
-        for b, wait, c_tma, w_max in variants:
+                                     forms)
+        for b, wait, c_tma, (flat, w_max) in variants:
             if w_max > 1 and not wait:
-                continue  # no waits: one variant
+                continue  # no waits: one variant per form
             out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
             launch_consumer(a_desc, b, out, None, group=None, wait=wait, sig=sig, offsets=offsets,
-                            claim=claim, record=record, m=64, programs=1, w_max=w_max)
+                            claim=claim, record=record, m=64, programs=1, w_max=w_max, flat=flat)
             torch.cuda.synchronize(device)
             if int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64)):
                 raise RuntimeError(f"ditron: ag_gemm warm-up failed for {dtype} (kernel bug)")

@@ -9,6 +9,14 @@ the caller falls back to ditron's own collectives.
 Only exact operations go through NCCL when a caller promises determinism: an all-gather is a
 copy, but NCCL's sums are neither rank ordered nor fp32, so deterministic reductions stay on
 ditron's kernels.
+
+NCCL does not notice ranks that disagree on sizes (it hangs or returns garbage), where ditron's
+kernels raise ``DitronSizeMismatchError``. So the first call with a new layout (shapes and
+dtype) agrees on it with the peers over the process group (a host exchange, once per layout;
+refused during CUDA-graph capture like every other first-time set-up) and raises that error on
+every rank when they differ. A layout one rank has already agreed on is not checked again, so
+a program whose ranks first agree on a layout and later disagree about it can still reach NCCL
+with mismatched sizes.
 """
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from ..errors import DitronSizeMismatchError
 from .group import Group
 
 
@@ -31,6 +40,22 @@ def nccl_pg(group: Group) -> Optional[dist.ProcessGroup]:
     return found
 
 
+def _agree(group: Group, op: str, layout: tuple) -> None:
+    """Raise ``DitronSizeMismatchError`` on every rank unless all ranks call ``op`` with the same
+    ``layout`` (checked once per layout: a host exchange over the process group)."""
+    agreed = group.__dict__.setdefault("_nccl_layouts", set())
+    if (op, layout) in agreed:
+        return
+    group.refuse_during_capture(f"checks a new {op} layout with its peers")
+    layouts = group.all_gather_object(layout)
+    differ = [q for q, other in enumerate(layouts) if other != layout]
+    if differ:
+        raise DitronSizeMismatchError(
+            op, group.rank, differ[0], -1,
+            detail=f"ranks called it with different sizes: {dict(enumerate(layouts))}")
+    agreed.add((op, layout))
+
+
 def all_gather_rows(x: torch.Tensor, group: Group, sizes: Sequence[int],
                     out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """``[ΣM_r, ...]`` gathered by NCCL into ``out`` (new if None), or None (no NCCL group or
@@ -38,6 +63,7 @@ def all_gather_rows(x: torch.Tensor, group: Group, sizes: Sequence[int],
     pg = nccl_pg(group)
     if pg is None or len(set(sizes)) != 1:
         return None
+    _agree(group, "all_gather", (tuple(x.shape), tuple(sizes), x.dtype))
     if out is None:
         out = x.new_empty((sum(sizes), *x.shape[1:]))
     dist.all_gather_into_tensor(out, x.contiguous(), group=pg)
@@ -51,6 +77,7 @@ def reduce_scatter_rows(x: torch.Tensor, group: Group, rows: Sequence[int],
     pg = nccl_pg(group)
     if pg is None or len(set(rows)) != 1:
         return False
+    _agree(group, "reduce_scatter", (tuple(x.shape), tuple(rows), x.dtype))
     dist.reduce_scatter_tensor(out, x.contiguous(), group=pg)
     return True
 
@@ -60,5 +87,6 @@ def all_reduce_(x: torch.Tensor, group: Group) -> bool:
     pg = nccl_pg(group)
     if pg is None or not x.is_contiguous():
         return False
+    _agree(group, "all_reduce", (tuple(x.shape), x.dtype))
     dist.all_reduce(x, group=pg)
     return True

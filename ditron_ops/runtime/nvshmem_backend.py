@@ -293,8 +293,9 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
     NvshmemGroup
         Registered (``resolve_group(group.group_name)``) and made the default group, after
         every op's kernel variants were compiled and loaded on this GPU (``warmup``; tens of
-        seconds with a cold Triton cache) and all ranks met in a barrier. A second call in the
-        same process with a compatible request returns the same object.
+        seconds with a cold Triton cache) and every rank reported success (if one failed, all
+        finalize NVSHMEM and raise). A second call in the same process with a compatible request
+        returns the same object.
 
     Raises
     ------
@@ -341,6 +342,7 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
         except Exception as exc:  # noqa: BLE001
             raise DitronError(f"ditron.init_nvshmem: NVSHMEM init failed on rank {rank}/{world} "
                               f"({exc!r}); NVSHMEM_DEBUG=INFO prints the cause") from exc
+        failure: Optional[BaseException] = None
         try:
             group = NvshmemGroup(nvs, pg, rank, world, dev, local_rank, local_world, timeout_s)
             _check_pe(rank, world)
@@ -349,14 +351,23 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
             # every kernel variant compiled and loaded now, not while a peer's kernel spins on
             # this rank (a compile there can outlast the wait bound)
             warmup(dev)
-        except BaseException:
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the peers know
+            failure = exc
+        # every rank learns whether all set up (and they leave together, so no first wait
+        # counts a peer's warm-up time); on any failure all finalize and raise
+        oks: list[Any] = [None] * world
+        dist.all_gather_object(oks, failure is None, group=pg)
+        if not all(oks):
             _lang._on_nvshmem_finalize()
             nvs.finalize()  # leave no NVSHMEM without an owner behind
-            raise
+            if failure is not None:
+                raise failure
+            failed = [q for q, ok in enumerate(oks) if not ok]
+            raise DitronError(f"ditron.init_nvshmem: rank(s) {failed} failed to set up (see "
+                              "their errors); NVSHMEM was finalized on every rank")
         register_group(group)
         set_default_group(group)
         _owner = group
-        group.barrier()  # ranks leave together: no first wait counts a peer's warm-up time
         return group
 
 

@@ -33,10 +33,10 @@ def started_by_torchrun() -> bool:
 
 
 def select_local_device() -> None:
-    """Under torchrun on GPUs: make ``LOCAL_RANK``'s GPU current (before any CUDA work, so no
-    process also opens a context on GPU 0). No-op otherwise."""
-    if started_by_torchrun() and torch.cuda.is_available() and not _env.use_interpreter():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    """On GPUs: make ``LOCAL_RANK``'s GPU current when a launcher set it (before any CUDA work,
+    so no process also opens a context on GPU 0). No-op otherwise."""
+    if "LOCAL_RANK" in os.environ and torch.cuda.is_available() and not _env.use_interpreter():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 
 
 @contextlib.contextmanager
@@ -65,7 +65,8 @@ def torchrun_group(backend: Optional[str] = None) -> Iterator[Group]:
         os.environ.setdefault(key, value)
     _env.prepare_cuda_for_virtual_ranks()  # eager module loading: no load while peers spin
     gpu = torch.cuda.is_available() and not _env.use_interpreter()
-    select_local_device()
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if backend is None:
         backend = "nvshmem" if gpu and nvshmem_available() else "torch"
     if backend not in ("nvshmem", "torch"):

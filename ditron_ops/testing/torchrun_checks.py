@@ -85,8 +85,9 @@ def _check_baselines(group, dtype: torch.dtype, mnk: tuple[int, int, int]) -> No
     a, b = gemm_rs_inputs(group, *mnk, dtype)
     want = order_exact(a, b, group).float()
     scale = want.abs().max()
-    rows = want.shape[0] // group.world_size
-    mine = want[group.rank * rows:(group.rank + 1) * rows]
+    m, w = want.shape[0], group.world_size
+    start = split_start(m, w, group.rank)
+    mine = want[start:start + split_sizes(m, w)[group.rank]]
     for impl in ("baseline", "fused"):
         got_rs = gemm_rs(a, b, group, impl=impl, deterministic=False).float()
         got_ar = gemm_ar(a, b, group, impl=impl, deterministic=False).float()
