@@ -37,6 +37,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from ..runtime.torchrun import started_by_torchrun
+
 __all__ = ["Bench", "BenchConfig", "Result", "BENCHES", "register", "discover", "time_spmd", "warm_gpu",
            "host_time_spmd", "paired_graph_times", "rows_over_worlds", "machine_info", "write_csv",
            "read_csv", "plot_title", "plot_ratios", "format_table", "finish", "DTYPES"]
@@ -501,8 +503,7 @@ def finish(bench: str, results: Sequence[Result], cfg: BenchConfig,
     """
     stream = sys.stdout if stream is None else stream
     machine = machine_info(cfg.device)
-    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # one file per world size
-    world = f"-w{os.environ['WORLD_SIZE']}" if torchrun else ""
+    world = f"-w{os.environ['WORLD_SIZE']}" if started_by_torchrun() else ""  # a file per W
     stem = f"{bench}{world}-{cfg.dtype_name}-{cfg.device.type}" + ("-quick" if cfg.quick else "")
     csv_path = write_csv(results, cfg.out_dir / f"{stem}.csv", machine)
     baselines = ", ".join(dict.fromkeys(r.baseline for r in results))

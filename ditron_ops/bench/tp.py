@@ -76,11 +76,16 @@ def _problems(group, cfg: BenchConfig, m: int, n: int, k: int) -> dict:
     }
 
 
+def _timing(cfg: BenchConfig) -> str:
+    """``"graph"`` on a GPU unless ``DITRON_BENCH_TIMING=eager``, else ``"eager"``."""
+    graph = cfg.device.type == "cuda" and os.environ.get("DITRON_BENCH_TIMING", "graph") != "eager"
+    return "graph" if graph else "eager"
+
+
 def _measure(group, cfg: BenchConfig, fns: dict[str, Callable]) -> dict[str, float]:
     """Device µs per call of each function: CUDA-graph replays timed in turns
-    (``paired_graph_times``), or eager calls (``time_spmd``) with ``DITRON_BENCH_TIMING=eager``
-    or on CPU."""
-    if cfg.device.type == "cuda" and os.environ.get("DITRON_BENCH_TIMING", "graph") != "eager":
+    (``paired_graph_times``), or eager calls (``time_spmd``; see ``_timing``)."""
+    if _timing(cfg) == "graph":
         return paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
     return {name: time_spmd(group, fn, rounds=cfg.rounds, target_ms=cfg.target_ms)
             for name, fn in fns.items()}
@@ -95,8 +100,7 @@ def _gemm_rows(group, cfg: BenchConfig, bench: str, ours: dict[str, Callable],
     (T_gemm + T_comm) / max(T_gemm, T_comm)``, the most any overlap can gain over the sequential
     pair (perfect overlap, GEMM as fast as cuBLAS)."""
     rows = []
-    timing = ("eager" if cfg.device.type != "cuda"
-              or os.environ.get("DITRON_BENCH_TIMING", "graph") == "eager" else "graph")
+    timing = _timing(cfg)
     for model, m, n, k in _cases(cfg, group.world_size):
         for op, ((a, b), comm, gemm, seq) in _problems(group, cfg, m, n, k).items():
             if op not in ours:

@@ -238,7 +238,7 @@ def _reduce_store(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, off_m, off_n,
 
 @dl.jit
 def _reduce_store_tma(acc, slots_desc, c_desc, off_m, off_n, lo, slot_rows, rank, world_size):
-    """``_reduce_store`` of a whole own tile through TMA: the peers' fp32 tiles are loaded from
+    """``_reduce_store`` of a whole own tile through TMA: the peers' partial tiles are loaded from
     ``slots_desc`` (the slot buffer as ``[W * slot_rows, N]``) straight into ``acc``'s layout,
     so ``acc`` never leaves its registers; the sum is stored through ``c_desc`` (over ``out``).
     The tile's rows past this rank's last row read the next slot's rows (or zeros past the
@@ -256,8 +256,8 @@ def _reduce_store_tma(acc, slots_desc, c_desc, off_m, off_n, lo, slot_rows, rank
 @dl.jit
 def _store_partial(acc, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slot_rows, rank,
                    world_size, BROADCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store an fp32 tile at rows ``off_m..``, columns ``off_n..`` into slot ``rank`` of the
-    owners of those rows (every rank with ``BROADCAST``)."""
+    """Store an fp32 tile (as the slots' dtype) at rows ``off_m..``, columns ``off_n..`` into
+    slot ``rank`` of the owners of those rows (every rank with ``BROADCAST``)."""
     rm = off_m + tl.arange(0, BLOCK_M)
     rn = off_n + tl.arange(0, BLOCK_N)
     col_ok = (rn < N)[None, :]

@@ -59,7 +59,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     record, claim = group._error_tensors()
     sig = ws.signal_pad()
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    aligned = n % 16 == 0 and out.stride(0) % 16 == 0  # vector loads/stores of the fp32 slots and out
+    aligned = n % 16 == 0 and out.stride(0) % 16 == 0  # vector loads/stores of the slots and out
     c_desc, slots_desc = (None, None) if broadcast else _epilogue_descriptors(out, buf,
                                                                               w * slot_rows, cfg)
     ws.calls += 1
@@ -80,9 +80,9 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
         else:
             gemm_rs_kernel[(programs,)](a_desc, b_desc, slots_desc, c_desc, buf, data.ptr_table,
                                         offsets, out, sig, ws.signal.ptr_table, claim, record, m,
-                                        n, k, slot_rows,
-                                        out.stride(0), rank, w, group.timeout_us(), op_id(op),
-                                        C_TMA=c_desc is not None, **tiles_cfg)
+                                        n, k, slot_rows, out.stride(0), rank, w,
+                                        group.timeout_us(), op_id(op), C_TMA=c_desc is not None,
+                                        **tiles_cfg)
     if _env.sync_check():
         group.synchronize()
     return out
@@ -90,7 +90,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
 
 def _epilogue_descriptors(out: torch.Tensor, buf: torch.Tensor, slot_rows_total: int, cfg):
     """``(c_desc, slots_desc)`` for the TMA epilogue of whole own tiles (``_reduce_store_tma``):
-    ``out [rows_r, N]`` and the fp32 slots ``[W * slot_rows, N]`` in half-tile blocks; or
+    ``out [rows_r, N]`` and the slots ``[W * slot_rows, N]`` in half-tile blocks; or
     ``(None, None)`` (masked pointer epilogue) when ``out`` cannot back a descriptor."""
     if not _tma_ok(out):
         return None, None

@@ -65,8 +65,7 @@ def torchrun_group(backend: Optional[str] = None) -> Iterator[Group]:
         os.environ.setdefault(key, value)
     _env.prepare_cuda_for_virtual_ranks()  # eager module loading: no load while peers spin
     gpu = torch.cuda.is_available() and not _env.use_interpreter()
-    if gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    select_local_device()
     if backend is None:
         backend = "nvshmem" if gpu and nvshmem_available() else "torch"
     if backend not in ("nvshmem", "torch"):
