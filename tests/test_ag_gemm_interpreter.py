@@ -1,4 +1,6 @@
 """ag_gemm on the CPU virtual world (Triton interpreter): fused path vs all_gather + matmul."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -190,7 +192,8 @@ def test_shard_size_disagreement_is_reported(flat, monkeypatch):
     check every chunk's size and report a disagreement instead of computing garbage."""
     from ditron_ops.ag_gemm import _launch
 
-    monkeypatch.setattr(_launch, "FLAT_CONSUMER", flat)
+    monkeypatch.setattr(_launch, "INTERPRETER_CONFIG",
+                        dataclasses.replace(_launch.INTERPRETER_CONFIG, flat=flat))
     assert ditron_ops.launch(_lying_shard, 2, device="cpu", timeout_s=5.0) == ["ag_gemm"] * 2
 
 
@@ -201,7 +204,63 @@ def test_flat_consumer_matches_reference(world_size, sizes, monkeypatch):
     from ditron_ops.ag_gemm import _launch
     from ditron_ops.testing.ag_gemm_checks import check_ag_gemm
 
-    monkeypatch.setattr(_launch, "FLAT_CONSUMER", True)
+    monkeypatch.setattr(_launch, "INTERPRETER_CONFIG",
+                        dataclasses.replace(_launch.INTERPRETER_CONFIG, flat=True))
     errs = ditron_ops.launch(check_ag_gemm, world_size, device="cpu",
                              args=(sizes, 24, 40, torch.float32))
     assert max(errs) <= 1e-5
+
+
+def _split_tail(monkeypatch, programs: int, flat: bool = False):
+    """Interpreter tiles of 16 x 32 (halves 16 wide) with ``split_tail`` on ``programs``
+    consumer programs (the interpreter runs them one after the other)."""
+    from ditron_ops.ag_gemm import _launch
+
+    cfg = _launch.TileConfig(16, 32, 16, 2, 4, 1, flat=flat, split_tail=True)
+    monkeypatch.setattr(_launch, "INTERPRETER_CONFIG", cfg)
+    monkeypatch.setattr(_launch, "INTERPRETER_PROGRAMS", programs)
+    return cfg
+
+
+def test_tail_tiles_rule():
+    """A partial last wave of at most half the grid runs as halves; anything else does not."""
+    from ditron_ops.ag_gemm._launch import TileConfig, tail_tiles
+
+    on = TileConfig(128, 256, 64, 8, 8, 3, split_tail=True)
+    assert tail_tiles(448, 132, on) == 52  # 8192 x 1792: 3 waves + 52 -> 104 halves
+    assert tail_tiles(960, 132, on) == 36  # 8192 x 3696
+    assert tail_tiles(384, 132, on) == 0  # 120 left: 240 halves would need two waves
+    assert tail_tiles(396, 132, on) == 0  # whole waves
+    assert tail_tiles(7, 14, on) == 7  # small M: every tile as halves
+    assert tail_tiles(448, 132, TileConfig(128, 256, 64, 8, 8, 3)) == 0
+
+
+@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("m,n,k,programs", [(40, 70, 24, 4), (33, 96, 17, 7), (48, 50, 16, 12),
+                                            (16, 20, 9, 3)])
+def test_split_tail_matmul_matches_reference(monkeypatch, flat, m, n, k, programs):
+    """The plain GEMM with its last partial wave as half tiles (an odd N whose last half is past
+    N, a bias, strided output), against an fp32 reference."""
+    from ditron_ops.ag_gemm import _launch
+
+    cfg = _split_tail(monkeypatch, programs, flat)
+    tiles = -(-m // 16) * -(-n // 32)
+    grid = _launch.consumer_grid(torch.device("cpu"), None, tiles, cfg)
+    assert _launch.tail_tiles(tiles, grid, cfg) > 0  # the tail loop runs
+    gen = torch.Generator().manual_seed(m * n)
+    a, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    out = torch.empty(m, 2 * n)[:, ::2]
+    got = matmul(a, w.t(), bias=bias, out=out)
+    torch.testing.assert_close(got, a @ w.t() + bias, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("world_size,sizes", [(2, [21, 19]), (3, [17, 0, 30]), (4, [3, 18, 1, 25])])
+def test_split_tail_ag_gemm_matches_reference(monkeypatch, flat, world_size, sizes):
+    """The fused consumer with split tails (each half waits for its rows' chunks)."""
+    from ditron_ops.ag_gemm import _launch
+
+    cfg = _split_tail(monkeypatch, 4, flat)
+    assert _launch.tail_tiles(6, _launch.consumer_grid(torch.device("cpu"), None, 6, cfg), cfg) == 2
+    ditron_ops.launch(check_ag_gemm, world_size, args=(sizes, 45, 20, torch.float32))

@@ -4,7 +4,8 @@
 #   bash tools/h200_session.sh tests      # tests/gpu, one pytest run per file (about 7 minutes)
 #   bash tools/h200_session.sh benches    # ag_gemm, gemm_rs, flash_decode benches (about 3-4)
 #   bash tools/h200_session.sh main       # python -m ditron_ops (main.log)
-#   bash tools/h200_session.sh flat       # DITRON_AG_GEMM_FLAT=1: GPU tests + ag_gemm bench
+#   AG_CONFIG=name bash tools/h200_session.sh config  # ag_gemm/gemm_rs GPU tests with that tile
+#                                                     # configuration (DITRON_AG_GEMM_CONFIG)
 #
 # nvshmem4py is installed from .whl when the call carries it (../shared/tools/gpu-wheels.sh
 # downloads it), so the one-PE NVSHMEM smoke test runs instead of skipping.
@@ -39,19 +40,15 @@ for part in "$@"; do
       done
       rm -f "$OUT"/bench/*.png
       ;;
-    flat)  # the experimental flattened ag_gemm consumer: its GPU tests, then its bench (A/B)
-      DITRON_AG_GEMM_FLAT=1 timeout 240 python -m pytest -q tests/gpu/test_ag_gemm_gpu.py \
-        tests/gpu/test_gemm_rs_gpu.py > "$OUT/flat.log" 2>&1
-      echo "flat tests: $(grep -E "passed|failed|error" "$OUT/flat.log" | tail -1)"
-      DITRON_AG_GEMM_FLAT=1 timeout 240 python -m ditron_ops.bench ag_gemm --out "$OUT/flat" \
-        >> "$OUT/flat.log" 2>&1
-      echo "flat bench: rc=$?"; grep -E "geo|P1|P2" "$OUT/flat.log" | cut -c1-110
-      rm -f "$OUT"/flat/*.png
+    config)  # the GPU tests of the ops built on the persistent GEMM, another tile configuration
+      DITRON_AG_GEMM_CONFIG="$AG_CONFIG" timeout 240 python -m pytest -q tests/gpu/test_ag_gemm_gpu.py \
+        tests/gpu/test_gemm_rs_gpu.py > "$OUT/config.log" 2>&1
+      echo "tests with $AG_CONFIG: $(grep -E "passed|failed|error" "$OUT/config.log" | tail -1)"
       ;;
     main)
       timeout 240 python -m ditron_ops > "$OUT/main.log" 2>&1
       echo "python -m ditron_ops: rc=$?"; tail -16 "$OUT/main.log"
       ;;
-    *) echo "unknown part: $part (tests, benches, main, flat)"; exit 2 ;;
+    *) echo "unknown part: $part (tests, benches, main, config)"; exit 2 ;;
   esac
 done

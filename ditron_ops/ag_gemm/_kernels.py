@@ -172,35 +172,68 @@ def _wait_rows_once(sig_ptr, offsets_ptr, row_lo, row_hi, rank, world_size, epoc
     return new
 
 
-@dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias", "rank",
-                           "world_size", "timeout_us", "op_id"))
-def ag_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr, err_claim,
-                   err_record, M, N, K, stride_cm, stride_cn, has_bias, rank, world_size,
-                   timeout_us, op_id,
+@dl.jit
+def _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm, stride_cn, has_bias,
+                C_TMA: tl.constexpr, IN_HALVES: tl.constexpr):
+    """Epilogue of one tile: ``+ bias`` (fp32), then the store, through ``c_desc`` (blocks of
+    half the full tile's width: a full tile in two halves when ``IN_HALVES``, fewer live
+    registers; a half tile at once) or with masked pointer stores (any strides)."""
+    BM: tl.constexpr = acc.shape[0]
+    BN: tl.constexpr = acc.shape[1]
+    rn = off_n + tl.arange(0, BN)
+    if has_bias != 0:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if C_TMA:
+        if IN_HALVES:
+            c0, c1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+            c_desc.store([off_m, off_n], c0.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BN // 2], c1.to(c_desc.dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+    else:
+        rm = off_m + tl.arange(0, BM)
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        c_offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+        tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias", "tail_tiles",
+                           "rank", "world_size", "timeout_us", "op_id"))
+def ag_gemm_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr,
+                   err_claim, err_record, M, N, K, stride_cm, stride_cn, has_bias, tail_tiles,
+                   rank, world_size, timeout_us, op_id,
                    B_KN: tl.constexpr, C_TMA: tl.constexpr, WAIT: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, FLAT: tl.constexpr = False, W_MAX: tl.constexpr = 8):
+                   GROUP_M: tl.constexpr, FLAT: tl.constexpr = False, W_MAX: tl.constexpr = 8,
+                   SPLIT_TAIL: tl.constexpr = False):
     """Persistent GEMM ``C[M, N] = A[M, K] @ B[K, N] (+ bias)``; with ``WAIT`` A is the gathered
     buffer and each tile first waits for the chunks its rows come from.
 
     ``B_KN``: ``b_desc`` is over ``B [K, N]``, else over ``B^T [N, K]`` (a Linear weight).
-    ``C_TMA``: C is stored through ``c_desc`` in two ``BLOCK_N / 2`` halves (fewer live
-    registers), else with masked pointer stores (any strides).
-    ``FLAT`` (experimental; ``world_size <= W_MAX``, a power of two, the chunks the waits
-    unroll): the tile and K loops flattened into one software-pipelined loop
+    ``C_TMA``: C is stored through ``c_desc`` (blocks ``[BLOCK_M, BLOCK_N / 2]``), else with
+    masked pointer stores (any strides).
+    ``SPLIT_TAIL``: the last ``tail_tiles`` tiles (the host passes a partial last wave, at most
+    half the grid, and 0 otherwise; the first ``tiles - tail_tiles`` are then a whole number of
+    waves) run after the main loop as twice as many ``BLOCK_N / 2`` wide half tiles through
+    ``bh_desc`` (B in half-width blocks), so the last wave is spread over up to twice the
+    programs and takes about half as long (a half past N is skipped).
+    ``FLAT`` (``world_size <= W_MAX``, a power of two, the chunks the waits unroll): the main
+    tile loop and the K loop flattened into one software-pipelined loop
     (``tl.range(flatten=True)``), which prefetches the next tile's first K steps during this
     tile's last ones; so a program waits for its *next* tile's chunks at the top of each tile
     (``_wait_rows_once``), and for its first tile before the loop. (A review of the compiled
     sm_90a IR found the top of a tile scheduled with that tile's first loads, two K steps ahead
     of the MMAs: waiting for the tile's own rows there may already be safe, and the look-ahead
-    can hold a tile up by two waves during a real all-gather. To settle with the first
+    can hold a tile up by two waves during a real all-gather. To settle with a multi-GPU
     measurement; with every chunk present, as in P1/P2, the two forms wait alike.)
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles = tiles_m * tiles_n
+    main_tiles = tiles_m * tiles_n
+    if SPLIT_TAIL:
+        main_tiles -= tail_tiles
     group_tiles = GROUP_M * tiles_n
     shift = 0
     epoch = tl.zeros((), tl.int64)
@@ -209,23 +242,21 @@ def ag_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr
         epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64)
         shift = tl.load(offsets_ptr + rank) // BLOCK_M  # own rows first
         deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     seen = tl.zeros((), tl.int64)  # FLAT: chunks this program has seen land
-    if FLAT and WAIT and pid < tiles:
+    if FLAT and WAIT and pid < main_tiles:
         first_m, _ = _tile_coords(pid, tiles_m, group_tiles, shift, GROUP_M)
         seen = _wait_rows_once(sig_ptr, offsets_ptr, first_m * BLOCK_M,
                                tl.minimum(first_m * BLOCK_M + BLOCK_M, M), rank, world_size,
                                epoch, deadline, err_claim, err_record, op_id, seen, W_MAX)
     # (flattened with _wait_rows' Triton spin loop inside measured 2x slower on the H200: the
     # loop stops the pipeliner; FLAT uses the inline-asm spin instead)
-    for tile in tl.range(pid, tiles, nprog, flatten=FLAT):
+    for tile in tl.range(pid, main_tiles, nprog, flatten=FLAT):
         pid_m, pid_n = _tile_coords(tile, tiles_m, group_tiles, shift, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         if WAIT:
             if FLAT:
-                if tile + nprog < tiles:  # the next tile's rows, before its loads are issued
+                if tile + nprog < main_tiles:  # the next tile's rows, before its loads are issued
                     next_m, _ = _tile_coords(tile + nprog, tiles_m, group_tiles, shift, GROUP_M)
                     seen = _wait_rows_once(sig_ptr, offsets_ptr, next_m * BLOCK_M,
                                            tl.minimum(next_m * BLOCK_M + BLOCK_M, M), rank,
@@ -236,19 +267,22 @@ def ag_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr
                            world_size, epoch, deadline, err_claim, err_record, op_id)
         # A zero accumulator (the first MMA need not read it) and the bias added after the K
         # loop (H200, one run: a plain kernel of the same tiles without the bias seed ran 1.4%
-        # faster than this one with it; this form is not yet timed there).
+        # faster than this one with it).
         acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), off_m,
                           off_n, K, B_KN, BLOCK_K)
-        rn = off_n + offs_n
-        if has_bias != 0:
-            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-        if C_TMA:
-            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-            c0, c1 = tl.split(halves)
-            c_desc.store([off_m, off_n], c0.to(c_desc.dtype))
-            c_desc.store([off_m, off_n + BLOCK_N // 2], c1.to(c_desc.dtype))
-        else:
-            rm = off_m + offs_m
-            mask = (rm[:, None] < M) & (rn[None, :] < N)
-            c_offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
-            tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+        _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm, stride_cn,
+                    has_bias, C_TMA, True)
+    if SPLIT_TAIL:
+        HALF: tl.constexpr = BLOCK_N // 2
+        for sub in range(pid, 2 * tail_tiles, nprog):
+            pid_m, pid_n = _tile_coords(main_tiles + sub // 2, tiles_m, group_tiles, shift, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N + (sub % 2) * HALF
+            if off_n < N:
+                if WAIT:
+                    _wait_rows(sig_ptr, offsets_ptr, off_m, tl.minimum(off_m + BLOCK_M, M), rank,
+                               world_size, epoch, deadline, err_claim, err_record, op_id)
+                acc = tile_matmul(a_desc, bh_desc, tl.zeros((BLOCK_M, HALF), dtype=tl.float32),
+                                  off_m, off_n, K, B_KN, BLOCK_K)
+                _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm,
+                            stride_cn, has_bias, C_TMA, False)

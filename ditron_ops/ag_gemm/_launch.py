@@ -24,13 +24,6 @@ PRODUCER = "copy"
 """How the fused path moves the shards: ``"copy"``, copy engines on a side stream (no SM); or
 ``"pull"``, ``ag_pull_kernel`` on ``pull_programs`` SMs taken from the GEMM. The ``ag_gemm``
 bench measures both (``producer`` rows)."""
-FLAT_CONSUMER = _env._flag("DITRON_AG_GEMM_FLAT")
-"""Experimental (``DITRON_AG_GEMM_FLAT=1``, read at import so the warm-up compiles the same
-variant, every chunk bucket of ``flat_w_max``): the consumer's tile and K loops flattened into
-one pipelined loop (``FLAT`` in ``ag_gemm_kernel``) for groups of at most ``FLAT_MAX_WORLD``
-ranks. On the H200 a stand-alone kernel of the same tiles ran at 0.976-0.982x cuBLAS flattened
-against our 0.954-0.958x (``tools/p1_kernel_variants.py``); this library form is not yet
-measured, hence off."""
 FLAT_MAX_WORLD = 8
 PULL_SM_FRACTION = 8
 """Pull mode: one SM in this many of a rank's share runs the pull kernel (at least one)."""
@@ -39,44 +32,88 @@ _PULL_BLOCK, _PULL_WARPS = 4096, 8
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
+    """Tiles and schedule of the persistent GEMM (``ag_gemm_kernel``; gemm_rs uses the tiles).
+
+    ``flat``: the tile and K loops flattened into one pipelined loop (``FLAT``; groups of at
+    most ``FLAT_MAX_WORLD`` ranks, larger ones run the plain loop). ``split_tail``: a partial
+    last wave of at most half the grid runs as half-width tiles (``SPLIT_TAIL``, ``tail_tiles``).
+    """
     block_m: int
     block_n: int
     block_k: int
     group_m: int
     num_warps: int
     num_stages: int
+    flat: bool = False
+    split_tail: bool = False
 
 
 GPU_CONFIGS = {
     "128x256x64/s3": TileConfig(128, 256, 64, 8, 8, 3),
     "128x256x64/s4": TileConfig(128, 256, 64, 8, 8, 4),
+    "128x256x64/s3/tail": TileConfig(128, 256, 64, 8, 8, 3, split_tail=True),
+    "128x256x64/s3/flat": TileConfig(128, 256, 64, 8, 8, 3, flat=True),
+    "128x256x64/s3/flat+tail": TileConfig(128, 256, 64, 8, 8, 3, flat=True, split_tail=True),
 }
-"""Candidates the ``ag_gemm`` bench compares; ``GPU_CONFIG`` names the one used. Measured on the
-H200 (bf16, local model shapes M=8192, CUDA-graph replay), the bench: 128x256x64 with 3 stages
+"""Candidates the ``ag_gemm`` bench compares; ``GPU_CONFIG`` names the one used (every rank the
+same; ``DITRON_AG_GEMM_CONFIG`` picks another at import, so the warm-up compiles it). Measured on
+the H200 (bf16, local model shapes M=8192, CUDA-graph replay), the bench: 128x256x64 with 3 stages
 0.983x cuBLAS (geo-mean), 4 stages 0.979x. A one-off sweep (graphs, s3 at 0.975x there):
 128x128x64 (4-5 stages, 4 or 8 warps) 0.91-0.92x, 256x128x64 0.93x, 128x128x128 0.89x, GROUP_M 16
 0.974x, the best configuration per shape 0.978x (not worth a shape rule). The same tiles with
-``tl.range(flatten=True)`` ran at 0.45x. With paired timing (two runs, 2026-12-01): 3 stages
-0.953x / 0.954x, 4 stages 0.965x / 0.965x; in the same kind of run a tutorial-style plain kernel
-of these tiles (no bias seed, specialised sizes) ran at 0.972x and flattened at 0.982x, where
-ours ran at 0.958x (``tools/p1_kernel_variants.py``; before the bias moved to the epilogue)."""
-GPU_CONFIG = "128x256x64/s3"
-_INTERPRETER_CONFIG = TileConfig(16, 16, 16, 4, 4, 1)
+``tl.range(flatten=True)`` and a Triton spin loop inside ran at 0.45x. With paired timing (two
+runs, 2026-12-01): 3 stages 0.953x / 0.954x, 4 stages 0.965x / 0.965x; in the same kind of run a
+tutorial-style plain kernel of these tiles (no bias seed, specialised sizes) ran at 0.972x and
+flattened at 0.982x, where ours ran at 0.958x (``tools/p1_kernel_variants.py``). The shapes that
+trail most fill their last wave worst (8192x1792: 448 tiles = 3.4 waves of 132 SMs; 8192x3696:
+7.3 waves): what ``split_tail`` is for."""
+GPU_CONFIG = _env.ag_gemm_config("128x256x64/s3")
+if GPU_CONFIG not in GPU_CONFIGS:
+    raise ValueError(f"DITRON_AG_GEMM_CONFIG must be one of {sorted(GPU_CONFIGS)}, got {GPU_CONFIG!r}")
+INTERPRETER_CONFIG = TileConfig(16, 16, 16, 4, 4, 1)
+"""Small tiles in the interpreter (its cost is per element of every block, masked or not); tests
+swap in variants (``flat``, ``split_tail`` with ``block_n=32``)."""
+INTERPRETER_PROGRAMS = 1
+"""Consumer programs in the interpreter (it runs a grid's programs one after the other, so a
+waiting program must not need a later one; the fused path's producer runs first there)."""
 
 
 def tile_config(device: torch.device) -> TileConfig:
-    """``GPU_CONFIGS[GPU_CONFIG]`` on the GPU (Hopper: TMA + wgmma); small tiles in the
-    interpreter (its cost is per element of every block, masked or not). Rank-independent."""
-    return GPU_CONFIGS[GPU_CONFIG] if device.type == "cuda" else _INTERPRETER_CONFIG
+    """``GPU_CONFIGS[GPU_CONFIG]`` on the GPU (Hopper: TMA + wgmma), ``INTERPRETER_CONFIG`` in
+    the interpreter. Rank-independent."""
+    return GPU_CONFIGS[GPU_CONFIG] if device.type == "cuda" else INTERPRETER_CONFIG
+
+
+def program_budget(device: torch.device, group: Optional[Group]) -> int:
+    """Programs a persistent consumer may use: every SM (the default all-gather runs on copy
+    engines), or this rank's share of them in a virtual world (all ranks' waiting grids must be
+    resident together); ``INTERPRETER_PROGRAMS`` in the interpreter."""
+    if device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    return group.sm_share() if group is not None else sm_count(device)
 
 
 def consumer_programs(device: torch.device, group: Optional[Group], tiles: int) -> int:
-    """Persistent GEMM grid: every SM (the default all-gather runs on copy engines), or this
-    rank's share of them in a virtual world (all ranks' waiting grids must be resident
-    together); pull mode gives ``pull_programs`` of them to the producer (see ``fused``)."""
-    if device.type != "cuda":
-        return 1
-    return max(1, min(tiles, group.sm_share() if group is not None else sm_count(device)))
+    """Persistent GEMM grid: one program per tile up to ``program_budget``; pull mode gives
+    ``pull_programs`` of them to the producer (see ``fused``)."""
+    return max(1, min(tiles, program_budget(device, group)))
+
+
+def tail_tiles(tiles: int, programs: int, cfg: TileConfig) -> int:
+    """Tiles the consumer runs as half tiles (``split_tail``): a partial last wave of at most
+    half the grid (its halves then fit in one wave), else 0 (e.g. 448 tiles on 132 programs:
+    the last 52 as 104 halves, 3.5 waves instead of 4)."""
+    left = tiles % programs
+    return left if cfg.split_tail and 0 < 2 * left <= programs else 0
+
+
+def consumer_grid(device: torch.device, group: Optional[Group], tiles: int,
+                  cfg: TileConfig) -> int:
+    """``consumer_programs``, doubled when ``split_tail`` can run every tile as two halves
+    within the budget (small M: e.g. 7 tiles on 14 programs)."""
+    if cfg.split_tail and 2 * tiles <= program_budget(device, group):
+        return 2 * tiles
+    return consumer_programs(device, group, tiles)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -95,19 +132,22 @@ def _padded_copy(t: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-def b_descriptor(b: torch.Tensor, cfg: TileConfig) -> tuple[TensorDescriptor, bool]:
-    """TMA descriptor for ``b [K, N]`` and whether it is over ``b`` (True) or ``b.T`` (False).
+def b_descriptor(b: torch.Tensor, cfg: TileConfig, block_n: Optional[int] = None
+                 ) -> tuple[TensorDescriptor, bool]:
+    """TMA descriptor for ``b [K, N]`` (blocks ``block_n`` wide, default ``cfg.block_n``) and
+    whether it is over ``b`` (True) or ``b.T`` (False).
 
     ``[K, N]`` row-major and ``w.t()`` of a row-major Linear weight ``w [N, K]`` are used as they
     are; any other stride pattern is copied once into an aligned row-major buffer.
     """
+    bn = block_n or cfg.block_n
     if _tma_ok(b):
-        return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, cfg.block_n]), True
+        return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, bn]), True
     bt = b.t()
     if _tma_ok(bt):
-        return TensorDescriptor(bt, list(bt.shape), list(bt.stride()), [cfg.block_n, cfg.block_k]), False
+        return TensorDescriptor(bt, list(bt.shape), list(bt.stride()), [bn, cfg.block_k]), False
     b = _padded_copy(b)
-    return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, cfg.block_n]), True
+    return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, bn]), True
 
 
 def _c_descriptor(out: torch.Tensor, cfg: TileConfig) -> Optional[TensorDescriptor]:
@@ -128,28 +168,29 @@ def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor
                     bias: Optional[torch.Tensor], *, group: Optional[Group], wait: bool,
                     sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
                     record: torch.Tensor, m: int, programs: Optional[int] = None,
-                    w_max: Optional[int] = None, flat: Optional[bool] = None) -> torch.Tensor:
+                    w_max: Optional[int] = None, cfg: Optional[TileConfig] = None) -> torch.Tensor:
     """Launch the persistent GEMM (``wait=False``: a plain GEMM; the waiting arguments are
-    unused). ``flat`` / ``w_max``: the consumer form and the flattened one's chunk bucket
-    (default from ``FLAT_CONSUMER`` and the group; the warm-up compiles every one in use)."""
-    cfg = tile_config(out.device)
+    unused) with tile configuration ``cfg`` (default ``tile_config``). ``w_max``: the flattened
+    form's chunk bucket (default from the group; the warm-up compiles every one in use)."""
+    cfg = cfg or tile_config(out.device)
     b_desc, b_kn = b_descriptor(b, cfg)
     c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
     n, k = b.shape[1], b.shape[0]
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    grid = programs or consumer_programs(out.device, group, tiles)
+    grid = programs or consumer_grid(out.device, group, tiles, cfg)
+    tail = tail_tiles(tiles, grid, cfg)
+    bh_desc = b_descriptor(b, cfg, cfg.block_n // 2)[0] if cfg.split_tail else b_desc
     rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
     timeout_us = group.timeout_us() if group is not None else 1
-    if flat is None:
-        flat = FLAT_CONSUMER and world <= FLAT_MAX_WORLD
+    flat = cfg.flat and world <= FLAT_MAX_WORLD
     w_max = flat_w_max(w_max or world, wait) if flat else 1
     ag_gemm_kernel[(grid,)](
-        a_desc, b_desc, c_desc, out, bias if bias is not None else out, sig, offsets, claim, record,
-        m, n, k, out.stride(0), out.stride(1), int(bias is not None),
+        a_desc, b_desc, bh_desc, c_desc, out, bias if bias is not None else out, sig, offsets,
+        claim, record, m, n, k, out.stride(0), out.stride(1), int(bias is not None), tail,
         rank, world, timeout_us, op_id("ag_gemm"),
         B_KN=b_kn, C_TMA=c_desc is not None, WAIT=wait, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FLAT=flat, W_MAX=w_max,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SPLIT_TAIL=cfg.split_tail, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
@@ -167,11 +208,12 @@ def _dummies(device: torch.device) -> tuple:
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+           out: Optional[torch.Tensor] = None, cfg: Optional[TileConfig] = None) -> torch.Tensor:
     """Our persistent Triton GEMM alone (the ag_gemm consumer without waits): ``a @ b + bias``.
 
     ``a [M, K]``, ``b [K, N]`` (any strides; ``w.t()`` works without a copy), fp16/bf16 on GPU.
-    The core the benchmarks compare with cuBLAS.
+    The core the benchmarks compare with cuBLAS (``cfg``: a tile configuration other than
+    ``tile_config``'s, e.g. ``GPU_CONFIGS[name]``).
     """
     m = a.shape[0]
     out = a.new_empty((m, b.shape[1])) if out is None else out
@@ -179,13 +221,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         return out
     if a.shape[1] == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
-    cfg = tile_config(a.device)
+    cfg = cfg or tile_config(a.device)
     if not _tma_ok(a):
         a = _padded_copy(a)
     a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, cfg.block_k])
     sig, offsets, claim, record = _dummies(a.device)
     return launch_consumer(a_desc, b, out, bias, group=None, wait=False, sig=sig, offsets=offsets,
-                           claim=claim, record=record, m=m)
+                           claim=claim, record=record, m=m, cfg=cfg)
 
 
 def k_pitch(k: int, elem: int) -> int:
@@ -326,17 +368,19 @@ def _warmup(device: torch.device) -> None:
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
         # the plain form always (groups above FLAT_MAX_WORLD run it), the flattened one in
-        # every chunk bucket when it is on
-        forms = [(False, 1)] + ([(True, flat_w_max(w, True)) for w in (1, 2, 4, 8)]
-                                if FLAT_CONSUMER else [])
+        # every chunk bucket when the configuration has it; with split_tail two programs on the
+        # one tile run it as halves (the second past N), so the tail loop runs too
+        forms = [(dataclasses.replace(cfg, flat=False), 1)] + (
+            [(cfg, flat_w_max(w, True)) for w in (1, 2, 4, 8)] if cfg.flat else [])
         variants = itertools.product((a.clone(), a.clone().t()), (False, True), (False, True),
                                      forms)
-        for b, wait, c_tma, (flat, w_max) in variants:
+        for b, wait, c_tma, (form, w_max) in variants:
             if w_max > 1 and not wait:
                 continue  # no waits: one variant per form
             out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
             launch_consumer(a_desc, b, out, None, group=None, wait=wait, sig=sig, offsets=offsets,
-                            claim=claim, record=record, m=64, programs=1, w_max=w_max, flat=flat)
+                            claim=claim, record=record, m=64, programs=2 if cfg.split_tail else 1,
+                            w_max=w_max, cfg=form)
             torch.cuda.synchronize(device)
             if int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64)):
                 raise RuntimeError(f"ditron: ag_gemm warm-up failed for {dtype} (kernel bug)")

@@ -6,7 +6,7 @@ Cases (one run, one GPU)::
                   on the local shapes M=8192, N = model N / 8, K (shapes.LAYER_CONFIGS), per
                   tile configuration of ``_launch.GPU_CONFIGS``
     P2  present   the ag_gemm consumer with every chunk already present (flags pre-set, waits
-                  and swizzle active) vs the same kernel as a plain GEMM
+                  and swizzle active) vs the same kernel as a plain GEMM, per tile configuration
     host          eager ag_gemm at W=1 on a tiny problem vs the same call replayed in a CUDA graph
     fused         ag_gemm(impl="fused") vs impl="baseline" (all_gather + torch.matmul) on the
                   virtual world (W ranks share one GPU: the collective is HBM copies), M sweep,
@@ -59,13 +59,6 @@ def _geo(results: list[Result], bench: str, case: str, impl: str, baseline: str)
     return Result(bench, case, 1, results[0].dtype, impl, 1.0, baseline, ratio, shape="geo-mean")
 
 
-def _with_config(name: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``matmul(a, b)`` with tile configuration ``name`` (read by the launcher on every call,
-    so a graph captured through this keeps it)."""
-    _launch.GPU_CONFIG = name
-    return matmul(a, b)
-
-
 def _core(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> None:
     """P1: our GEMM per tile configuration vs cuBLAS, on the local model shapes."""
     per_config: dict[str, list[Result]] = {c: [] for c in configs}
@@ -75,9 +68,10 @@ def _core(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> Non
         ref = torch.matmul(a, b)
         fns, errs = {"cublas": lambda: torch.matmul(a, b)}, {}
         for name in configs:
-            got = _with_config(name, a, b)
+            tc = _launch.GPU_CONFIGS[name]
+            got = matmul(a, b, cfg=tc)
             errs[name] = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-            fns[name] = lambda name=name: _with_config(name, a, b)
+            fns[name] = lambda tc=tc: matmul(a, b, cfg=tc)
         times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
         for name in configs:
             t_cublas, t, err = times["cublas"], times[name], errs[name]
@@ -91,36 +85,45 @@ def _core(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> Non
         out.append(_geo(rows, "ag_gemm", f"P1 core {name}", "triton persistent TMA", "cuBLAS torch.matmul"))
 
 
-def _present(group, cfg: BenchConfig, out: list[Result]) -> None:
-    """P2: consumer with all chunks present (W=1 pad pre-set) vs the same kernel without waits."""
-    rows: list[Result] = []
-    tc = _launch.tile_config(group.device)
+def _present(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> None:
+    """P2 per tile configuration: the consumer with all chunks present (W=1 pad pre-set) vs the
+    same configuration's plain GEMM (no waits), all timed in turns per shape."""
+    rows: dict[str, list[Result]] = {c: [] for c in configs}
     for (m, n, k), models in _local_shapes(cfg.quick).items():
         a, w = _inputs(m, n, k, cfg.dtype, group.device)
         b = w.t()
-        a_desc = TensorDescriptor(a, [m, k], [k, 1], [tc.block_m, tc.block_k])
         sig = torch.zeros(16, dtype=torch.int64, device=group.device)
         sig[0], sig[2], sig[3] = 1, m, 1  # W=1 pad: flag[0] = epoch = 1, rows[0] = m
         offsets = torch.tensor([0, m], dtype=torch.int32, device=group.device)
         record, claim = group._error_tensors()
-        c = torch.empty(m, n, dtype=cfg.dtype, device=group.device)
+        fns, equal = {}, {}
+        for name in configs:
+            tc = _launch.GPU_CONFIGS[name]
+            a_desc = TensorDescriptor(a, [m, k], [k, 1], [tc.block_m, tc.block_k])
+            c = torch.empty(m, n, dtype=cfg.dtype, device=group.device)
 
-        def fused_present():
-            _launch.launch_consumer(a_desc, b, c, None, group=group, wait=True, sig=sig,
-                                    offsets=offsets, claim=claim, record=record, m=m)
+            def fused_present(tc=tc, a_desc=a_desc, c=c):
+                _launch.launch_consumer(a_desc, b, c, None, group=group, wait=True, sig=sig,
+                                        offsets=offsets, claim=claim, record=record, m=m, cfg=tc)
 
-        fused_present()
-        group.synchronize()
-        ok = torch.equal(c, matmul(a, b))
-        times = paired_graph_times(group, {"plain": lambda: matmul(a, b), "present": fused_present},
-                                   rounds=cfg.rounds, target_ms=cfg.target_ms)
-        t_plain, t = times["plain"], times["present"]
-        r = Result("ag_gemm", "P2 chunks present", 1, cfg.dtype_name, "ag_gemm consumer (waits)", t,
-                   "our plain GEMM", t_plain, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
-                   extra={"overhead_pct": round(100 * (t / t_plain - 1), 2), "equal": ok})
-        rows.append(r)
-        out.append(r)
-    out.append(_geo(rows, "ag_gemm", "P2 chunks present", "ag_gemm consumer (waits)", "our plain GEMM"))
+            fused_present()
+            group.synchronize()
+            equal[name] = torch.equal(c, matmul(a, b, cfg=tc)) and int(record[0]) == 0
+            fns[f"plain {name}"] = lambda tc=tc: matmul(a, b, cfg=tc)
+            fns[f"present {name}"] = fused_present
+        times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
+        for name in configs:
+            t_plain, t = times[f"plain {name}"], times[f"present {name}"]
+            r = Result("ag_gemm", f"P2 chunks present {name}", 1, cfg.dtype_name,
+                       "ag_gemm consumer (waits)", t, "our plain GEMM", t_plain,
+                       shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
+                       extra={"overhead_pct": round(100 * (t / t_plain - 1), 2),
+                              "equal": equal[name]})
+            rows[name].append(r)
+            out.append(r)
+    for name in configs:
+        out.append(_geo(rows[name], "ag_gemm", f"P2 chunks present {name}",
+                        "ag_gemm consumer (waits)", "our plain GEMM"))
 
 
 def _host(group, cfg: BenchConfig, out: list[Result]) -> None:
@@ -182,13 +185,11 @@ def run(cfg: BenchConfig, configs: Optional[list[str]] = None) -> list[Result]:
     if cfg.device.type != "cuda":
         raise SystemExit("ditron.bench ag_gemm: needs a CUDA GPU (TMA GEMM)")
     configs = configs or list(_launch.GPU_CONFIGS)
-    chosen = _launch.GPU_CONFIG
     out: list[Result] = []
 
     def single(group):
         _core(group, cfg, out, configs)
-        _launch.GPU_CONFIG = chosen
-        _present(group, cfg, out)
+        _present(group, cfg, out, configs)
         _host(group, cfg, out)
 
     launch(single, 1, cfg.device)
