@@ -1,6 +1,4 @@
 """ag_gemm on the CPU virtual world (Triton interpreter): fused path vs all_gather + matmul."""
-import dataclasses
-
 import pytest
 import torch
 
@@ -186,37 +184,17 @@ def _lying_shard(group):
     return "no error"
 
 
-@pytest.mark.parametrize("flat", [False, True])
-def test_shard_size_disagreement_is_reported(flat, monkeypatch):
-    """Both consumer forms (per-tile waits, and the flattened one with waits a tile ahead)
-    check every chunk's size and report a disagreement instead of computing garbage."""
-    from ditron_ops.ag_gemm import _launch
-
-    monkeypatch.setattr(_launch, "INTERPRETER_CONFIG",
-                        dataclasses.replace(_launch.INTERPRETER_CONFIG, flat=flat))
+def test_shard_size_disagreement_is_reported():
+    """Every chunk's size is checked: a disagreement is reported instead of computing garbage."""
     assert ditron_ops.launch(_lying_shard, 2, device="cpu", timeout_s=5.0) == ["ag_gemm"] * 2
 
 
-@pytest.mark.parametrize("world_size,sizes", [(2, [130, 5]), (3, [1, 200, 64]), (4, [0, 129, 128, 7])])
-def test_flat_consumer_matches_reference(world_size, sizes, monkeypatch):
-    """The flattened consumer (waits for the next tile's chunks) on uneven chunks that straddle
-    tiles, an empty rank included (the Triton interpreter runs it as the plain loop)."""
-    from ditron_ops.ag_gemm import _launch
-    from ditron_ops.testing.ag_gemm_checks import check_ag_gemm
-
-    monkeypatch.setattr(_launch, "INTERPRETER_CONFIG",
-                        dataclasses.replace(_launch.INTERPRETER_CONFIG, flat=True))
-    errs = ditron_ops.launch(check_ag_gemm, world_size, device="cpu",
-                             args=(sizes, 24, 40, torch.float32))
-    assert max(errs) <= 1e-5
-
-
-def _split_tail(monkeypatch, programs: int, flat: bool = False):
+def _split_tail(monkeypatch, programs: int):
     """Interpreter tiles of 16 x 32 (halves 16 wide) with ``split_tail`` on ``programs``
     consumer programs (the interpreter runs them one after the other)."""
     from ditron_ops.ag_gemm import _launch
 
-    cfg = _launch.TileConfig(16, 32, 16, 2, 4, 1, flat=flat, split_tail=True)
+    cfg = _launch.TileConfig(16, 32, 16, 2, 4, 1, split_tail=True)
     monkeypatch.setattr(_launch, "INTERPRETER_CONFIG", cfg)
     monkeypatch.setattr(_launch, "INTERPRETER_PROGRAMS", programs)
     return cfg
@@ -235,15 +213,14 @@ def test_tail_tiles_rule():
     assert tail_tiles(448, 132, TileConfig(128, 256, 64, 8, 8, 3)) == 0
 
 
-@pytest.mark.parametrize("flat", [False, True])
 @pytest.mark.parametrize("m,n,k,programs", [(40, 70, 24, 4), (33, 96, 17, 7), (48, 50, 16, 12),
                                             (16, 20, 9, 3)])
-def test_split_tail_matmul_matches_reference(monkeypatch, flat, m, n, k, programs):
+def test_split_tail_matmul_matches_reference(monkeypatch, m, n, k, programs):
     """The plain GEMM with its last partial wave as half tiles (an odd N whose last half is past
     N, a bias, strided output), against an fp32 reference."""
     from ditron_ops.ag_gemm import _launch
 
-    cfg = _split_tail(monkeypatch, programs, flat)
+    cfg = _split_tail(monkeypatch, programs)
     tiles = -(-m // 16) * -(-n // 32)
     grid = _launch.consumer_grid(torch.device("cpu"), None, tiles, cfg)
     assert _launch.tail_tiles(tiles, grid, cfg) > 0  # the tail loop runs
@@ -255,12 +232,11 @@ def test_split_tail_matmul_matches_reference(monkeypatch, flat, m, n, k, program
     torch.testing.assert_close(got, a @ w.t() + bias, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("flat", [False, True])
 @pytest.mark.parametrize("world_size,sizes", [(2, [21, 19]), (3, [17, 0, 30]), (4, [3, 18, 1, 25])])
-def test_split_tail_ag_gemm_matches_reference(monkeypatch, flat, world_size, sizes):
+def test_split_tail_ag_gemm_matches_reference(monkeypatch, world_size, sizes):
     """The fused consumer with split tails (each half waits for its rows' chunks)."""
     from ditron_ops.ag_gemm import _launch
 
-    cfg = _split_tail(monkeypatch, 4, flat)
+    cfg = _split_tail(monkeypatch, 4)
     assert _launch.tail_tiles(6, _launch.consumer_grid(torch.device("cpu"), None, 6, cfg), cfg) == 2
     ditron_ops.launch(check_ag_gemm, world_size, args=(sizes, 45, 20, torch.float32))

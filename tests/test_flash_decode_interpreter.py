@@ -130,33 +130,3 @@ def test_one_rank_single_partial_writes_output_directly(monkeypatch, determinist
     assert torch.equal(one, two[0]) and torch.equal(one, two[1])
     assert torch.equal(one[0], torch.zeros_like(one[0]))
     ditron_ops.launch(_check, 1, args=(4, 4, 2, 64, 24, torch.float16, lens))  # asserts inside
-
-
-@pytest.mark.parametrize("deterministic", [True, False])
-def test_one_rank_split_kv_combines_itself(monkeypatch, deterministic):
-    """One rank, several partials and programs per pair: the last program of each (batch, KV
-    head) merges them (``COMBINE``, tickets reused call after call). The bits equal a two-rank
-    call whose second rank holds no keys (chunk combine + rank merge) for every split of the
-    chunks over programs, and the result matches the reference."""
-    from ditron_ops.flash_decode import api
-
-    lens = lambda i, r: (1100, 0, 777)[i] if r == 0 else 0  # noqa: E731
-    plans = [(512, 512, 3, 3), (512, 1024, 3, 2), (512, 1536, 3, 1), (400, 400, 3, 3)]
-
-    def body(group):
-        q, k, v, kv_lens = _inputs(group, 3, 4, 2, 64, 1100, torch.float32, lens)
-        outs = []
-        for plan in plans:
-            monkeypatch.setattr(api, "partition", lambda *a, plan=plan: plan)
-            outs += [ditron_ops.flash_decode(q, k, v, kv_lens, group, deterministic=deterministic)
-                     for _ in range(2)]
-        return outs, reference.flash_decode(q, k, v, kv_lens, group)
-
-    (two, _), _ = ditron_ops.launch(body, 2)
-    combines = []
-    monkeypatch.setattr(api, "_launch_combine", lambda *a, **k: combines.append(1))
-    ((one, want),) = ditron_ops.launch(body, 1)
-    assert not combines  # no separate combine launch at one rank
-    assert all(torch.equal(a, b) for a, b in zip(one, two))
-    assert all(torch.equal(o, one[0]) for o in one[:6])  # 512-key chunks: same bits however split
-    assert max((o - want).abs().max().item() for o in one) < 1e-5

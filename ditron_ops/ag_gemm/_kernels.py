@@ -147,32 +147,6 @@ def _wait_rows(sig_ptr, offsets_ptr, row_lo, row_hi, rank, world_size, epoch, de
 
 
 @dl.jit
-def _wait_rows_once(sig_ptr, offsets_ptr, row_lo, row_hi, rank, world_size, epoch, deadline,
-                    err_claim, err_record, op_id, seen, W_MAX: tl.constexpr):
-    """``_wait_rows`` for the flattened consumer: chunks unrolled up to ``W_MAX`` and each spun
-    on in one inline-asm block (``dl.spin_at_least``), so no loop enters the Triton IR of the
-    pipelined loop around it, and only until this program has seen the chunk (bit ``s`` of the
-    returned ``seen``; a timed-out chunk is marked too, so a lost peer costs one timeout). The
-    proxy fence runs only when a chunk was newly seen."""
-    new = seen
-    for s in tl.static_range(W_MAX):
-        bit = tl.full((), 1 << s, tl.int64)
-        live = s < world_size
-        lo = tl.load(offsets_ptr + tl.minimum(s, world_size))
-        hi = tl.load(offsets_ptr + tl.minimum(s + 1, world_size))
-        if live & ((seen & bit) == 0) & (lo < row_hi) & (hi > row_lo):
-            late = dl.spin_at_least(sig_ptr + s, epoch, deadline) < epoch
-            got = tl.load(sig_ptr + 2 * world_size + s, volatile=True)
-            if late | (got != (hi - lo)):  # one error path per chunk: less unrolled code
-                dl.record_error(err_claim, err_record, op_id, rank, s, epoch,
-                                tl.where(late, dl.TIMEOUT, dl.SIZE_MISMATCH))
-            new = new | bit
-    if new != seen:
-        dl.fence_proxy_async()
-    return new
-
-
-@dl.jit
 def _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm, stride_cn, has_bias,
                 C_TMA: tl.constexpr, IN_HALVES: tl.constexpr):
     """Epilogue of one tile: ``+ bias`` (fp32), then the store, through ``c_desc`` (blocks of
@@ -204,8 +178,7 @@ def ag_gemm_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, of
                    rank, world_size, timeout_us, op_id,
                    B_KN: tl.constexpr, C_TMA: tl.constexpr, WAIT: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, FLAT: tl.constexpr = False, W_MAX: tl.constexpr = 8,
-                   SPLIT_TAIL: tl.constexpr = False):
+                   GROUP_M: tl.constexpr, SPLIT_TAIL: tl.constexpr = False):
     """Persistent GEMM ``C[M, N] = A[M, K] @ B[K, N] (+ bias)``; with ``WAIT`` A is the gathered
     buffer and each tile first waits for the chunks its rows come from.
 
@@ -217,15 +190,8 @@ def ag_gemm_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, of
     waves) run after the main loop as twice as many ``BLOCK_N / 2`` wide half tiles through
     ``bh_desc`` (B in half-width blocks), so the last wave is spread over up to twice the
     programs and takes about half as long (a half past N is skipped).
-    ``FLAT`` (``world_size <= W_MAX``, a power of two, the chunks the waits unroll): the main
-    tile loop and the K loop flattened into one software-pipelined loop
-    (``tl.range(flatten=True)``), which prefetches the next tile's first K steps during this
-    tile's last ones; so a program waits for its *next* tile's chunks at the top of each tile
-    (``_wait_rows_once``), and for its first tile before the loop. (A review of the compiled
-    sm_90a IR found the top of a tile scheduled with that tile's first loads, two K steps ahead
-    of the MMAs: waiting for the tile's own rows there may already be safe, and the look-ahead
-    can hold a tile up by two waves during a real all-gather. To settle with a multi-GPU
-    measurement; with every chunk present, as in P1/P2, the two forms wait alike.)
+    (No flattened tile + K loop: ``tl.range(flatten=True)`` measured 0.75-0.83x cuBLAS in this
+    kernel on the H200 against 0.89-0.96x plain, see ``_launch.GPU_CONFIGS``.)
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -242,29 +208,13 @@ def ag_gemm_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, of
         epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64)
         shift = tl.load(offsets_ptr + rank) // BLOCK_M  # own rows first
         deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
-    seen = tl.zeros((), tl.int64)  # FLAT: chunks this program has seen land
-    if FLAT and WAIT and pid < main_tiles:
-        first_m, _ = _tile_coords(pid, tiles_m, group_tiles, shift, GROUP_M)
-        seen = _wait_rows_once(sig_ptr, offsets_ptr, first_m * BLOCK_M,
-                               tl.minimum(first_m * BLOCK_M + BLOCK_M, M), rank, world_size,
-                               epoch, deadline, err_claim, err_record, op_id, seen, W_MAX)
-    # (flattened with _wait_rows' Triton spin loop inside measured 2x slower on the H200: the
-    # loop stops the pipeliner; FLAT uses the inline-asm spin instead)
-    for tile in tl.range(pid, main_tiles, nprog, flatten=FLAT):
+    for tile in range(pid, main_tiles, nprog):
         pid_m, pid_n = _tile_coords(tile, tiles_m, group_tiles, shift, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         if WAIT:
-            if FLAT:
-                if tile + nprog < main_tiles:  # the next tile's rows, before its loads are issued
-                    next_m, _ = _tile_coords(tile + nprog, tiles_m, group_tiles, shift, GROUP_M)
-                    seen = _wait_rows_once(sig_ptr, offsets_ptr, next_m * BLOCK_M,
-                                           tl.minimum(next_m * BLOCK_M + BLOCK_M, M), rank,
-                                           world_size, epoch, deadline, err_claim, err_record,
-                                           op_id, seen, W_MAX)
-            else:
-                _wait_rows(sig_ptr, offsets_ptr, off_m, tl.minimum(off_m + BLOCK_M, M), rank,
-                           world_size, epoch, deadline, err_claim, err_record, op_id)
+            _wait_rows(sig_ptr, offsets_ptr, off_m, tl.minimum(off_m + BLOCK_M, M), rank,
+                       world_size, epoch, deadline, err_claim, err_record, op_id)
         # A zero accumulator (the first MMA need not read it) and the bias added after the K
         # loop (H200, one run: a plain kernel of the same tiles without the bias seed ran 1.4%
         # faster than this one with it).

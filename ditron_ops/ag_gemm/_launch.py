@@ -24,7 +24,6 @@ PRODUCER = "copy"
 """How the fused path moves the shards: ``"copy"``, copy engines on a side stream (no SM); or
 ``"pull"``, ``ag_pull_kernel`` on ``pull_programs`` SMs taken from the GEMM. The ``ag_gemm``
 bench measures both (``producer`` rows)."""
-FLAT_MAX_WORLD = 8
 PULL_SM_FRACTION = 8
 """Pull mode: one SM in this many of a rank's share runs the pull kernel (at least one)."""
 _PULL_BLOCK, _PULL_WARPS = 4096, 8
@@ -34,9 +33,8 @@ _PULL_BLOCK, _PULL_WARPS = 4096, 8
 class TileConfig:
     """Tiles and schedule of the persistent GEMM (``ag_gemm_kernel``; gemm_rs uses the tiles).
 
-    ``flat``: the tile and K loops flattened into one pipelined loop (``FLAT``; groups of at
-    most ``FLAT_MAX_WORLD`` ranks, larger ones run the plain loop). ``split_tail``: a partial
-    last wave of at most half the grid runs as half-width tiles (``SPLIT_TAIL``, ``tail_tiles``).
+    ``split_tail``: a partial last wave of at most half the grid runs as half-width tiles
+    (``SPLIT_TAIL``, ``tail_tiles``).
     """
     block_m: int
     block_n: int
@@ -44,7 +42,6 @@ class TileConfig:
     group_m: int
     num_warps: int
     num_stages: int
-    flat: bool = False
     split_tail: bool = False
 
 
@@ -52,27 +49,26 @@ GPU_CONFIGS = {
     "128x256x64/s3": TileConfig(128, 256, 64, 8, 8, 3),
     "128x256x64/s4": TileConfig(128, 256, 64, 8, 8, 4),
     "128x256x64/s3/tail": TileConfig(128, 256, 64, 8, 8, 3, split_tail=True),
-    "128x256x64/s3/flat": TileConfig(128, 256, 64, 8, 8, 3, flat=True),
-    "128x256x64/s3/flat+tail": TileConfig(128, 256, 64, 8, 8, 3, flat=True, split_tail=True),
+    "128x256x64/s4/tail": TileConfig(128, 256, 64, 8, 8, 4, split_tail=True),
 }
 """Candidates the ``ag_gemm`` bench compares; ``GPU_CONFIG`` names the one used (every rank the
-same; ``DITRON_AG_GEMM_CONFIG`` picks another at import, so the warm-up compiles it). Measured on
-the H200 (bf16, local model shapes M=8192, CUDA-graph replay), the bench: 128x256x64 with 3 stages
-0.983x cuBLAS (geo-mean), 4 stages 0.979x. A one-off sweep (graphs, s3 at 0.975x there):
-128x128x64 (4-5 stages, 4 or 8 warps) 0.91-0.92x, 256x128x64 0.93x, 128x128x128 0.89x, GROUP_M 16
-0.974x, the best configuration per shape 0.978x (not worth a shape rule). The same tiles with
-``tl.range(flatten=True)`` and a Triton spin loop inside ran at 0.45x. With paired timing (two
-runs, 2026-12-01): 3 stages 0.953x / 0.954x, 4 stages 0.965x / 0.965x; in the same kind of run a
-tutorial-style plain kernel of these tiles (no bias seed, specialised sizes) ran at 0.972x and
-flattened at 0.982x, where ours ran at 0.958x (``tools/p1_kernel_variants.py``). The shapes that
-trail most fill their last wave worst (8192x1792: 448 tiles = 3.4 waves of 132 SMs; 8192x3696:
-7.3 waves): what ``split_tail`` is for."""
-GPU_CONFIG = _env.ag_gemm_config("128x256x64/s3")
+same; ``DITRON_AG_GEMM_CONFIG`` picks another at import, so the warm-up compiles it).
+
+Measured on the H200 (bf16, local model shapes M=8192, CUDA-graph replay, paired timing):
+earlier sessions 3 stages 0.953-0.954x cuBLAS (geo-mean), 4 stages 0.965x; 128x128x64 (4-5
+stages, 4 or 8 warps) 0.91-0.92x, 256x128x64 0.93x, 128x128x128 0.89x, GROUP_M 16 0.974x (one
+unpaired sweep where s3 read 0.975x). The shapes that trail most fill their last wave worst
+(8192x1792: 448 tiles = 3.4 waves of 132 SMs; 8192x3696: 7.3 waves): ``split_tail``. One run on
+2026-12-01 (9ad02c3; a machine where cuBLAS ran 7-10% faster than before, 777 TFLOPS on
+8192x6144x12288): s3 0.905x, s4 0.936x, s3/tail 0.946x (8192x1792: 0.885 -> 0.957, 8192x3696:
+0.866 -> 0.943), and the flattened tile + K loop (``tl.range(flatten=True)``, since removed)
+0.766x, with split tail 0.816x."""
+GPU_CONFIG = _env.ag_gemm_config("128x256x64/s3/tail")
 if GPU_CONFIG not in GPU_CONFIGS:
     raise ValueError(f"DITRON_AG_GEMM_CONFIG must be one of {sorted(GPU_CONFIGS)}, got {GPU_CONFIG!r}")
 INTERPRETER_CONFIG = TileConfig(16, 16, 16, 4, 4, 1)
 """Small tiles in the interpreter (its cost is per element of every block, masked or not); tests
-swap in variants (``flat``, ``split_tail`` with ``block_n=32``)."""
+swap in variants (``split_tail`` with ``block_n=32``)."""
 INTERPRETER_PROGRAMS = 1
 """Consumer programs in the interpreter (it runs a grid's programs one after the other, so a
 waiting program must not need a later one; the fused path's producer runs first there)."""
@@ -158,20 +154,13 @@ def _c_descriptor(out: torch.Tensor, cfg: TileConfig) -> Optional[TensorDescript
     return None
 
 
-def flat_w_max(world: int, wait: bool) -> int:
-    """``W_MAX`` of the flattened consumer: the next power of two at or above ``world`` (its
-    waits unroll that many chunks), 1 without waits (one compiled variant per bucket)."""
-    return 1 << (world - 1).bit_length() if wait else 1
-
-
 def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
                     bias: Optional[torch.Tensor], *, group: Optional[Group], wait: bool,
                     sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
                     record: torch.Tensor, m: int, programs: Optional[int] = None,
-                    w_max: Optional[int] = None, cfg: Optional[TileConfig] = None) -> torch.Tensor:
+                    cfg: Optional[TileConfig] = None) -> torch.Tensor:
     """Launch the persistent GEMM (``wait=False``: a plain GEMM; the waiting arguments are
-    unused) with tile configuration ``cfg`` (default ``tile_config``). ``w_max``: the flattened
-    form's chunk bucket (default from the group; the warm-up compiles every one in use)."""
+    unused) with tile configuration ``cfg`` (default ``tile_config``)."""
     cfg = cfg or tile_config(out.device)
     b_desc, b_kn = b_descriptor(b, cfg)
     c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
@@ -182,15 +171,12 @@ def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor
     bh_desc = b_descriptor(b, cfg, cfg.block_n // 2)[0] if cfg.split_tail else b_desc
     rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
     timeout_us = group.timeout_us() if group is not None else 1
-    flat = cfg.flat and world <= FLAT_MAX_WORLD
-    w_max = flat_w_max(w_max or world, wait) if flat else 1
     ag_gemm_kernel[(grid,)](
         a_desc, b_desc, bh_desc, c_desc, out, bias if bias is not None else out, sig, offsets,
         claim, record, m, n, k, out.stride(0), out.stride(1), int(bias is not None), tail,
         rank, world, timeout_us, op_id("ag_gemm"),
         B_KN=b_kn, C_TMA=c_desc is not None, WAIT=wait, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FLAT=flat, W_MAX=w_max,
-        SPLIT_TAIL=cfg.split_tail, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_TAIL=cfg.split_tail, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
@@ -367,20 +353,13 @@ def _warmup(device: torch.device) -> None:
     for dtype in (torch.float16, torch.bfloat16):
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
-        # the plain form always (groups above FLAT_MAX_WORLD run it), the flattened one in
-        # every chunk bucket when the configuration has it; with split_tail two programs on the
-        # one tile run it as halves (the second past N), so the tail loop runs too
-        forms = [(dataclasses.replace(cfg, flat=False), 1)] + (
-            [(cfg, flat_w_max(w, True)) for w in (1, 2, 4, 8)] if cfg.flat else [])
-        variants = itertools.product((a.clone(), a.clone().t()), (False, True), (False, True),
-                                     forms)
-        for b, wait, c_tma, (form, w_max) in variants:
-            if w_max > 1 and not wait:
-                continue  # no waits: one variant per form
+        # with split_tail two programs on the one tile run it as halves (the second past N),
+        # so the tail loop runs too
+        variants = itertools.product((a.clone(), a.clone().t()), (False, True), (False, True))
+        for b, wait, c_tma in variants:
             out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
             launch_consumer(a_desc, b, out, None, group=None, wait=wait, sig=sig, offsets=offsets,
-                            claim=claim, record=record, m=64, programs=2 if cfg.split_tail else 1,
-                            w_max=w_max, cfg=form)
+                            claim=claim, record=record, m=64, programs=2 if cfg.split_tail else 1)
             torch.cuda.synchronize(device)
             if int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64)):
                 raise RuntimeError(f"ditron: ag_gemm warm-up failed for {dtype} (kernel bug)")

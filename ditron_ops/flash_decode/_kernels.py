@@ -8,9 +8,7 @@ Schedule of one call (rank r)::
     keys -> (o, lse) (online softmax in   |   else push to slot r of every |   -> out
     fp32; no keys -> lse = -inf)          |   rank's exchange buffer       |
 
-With one rank, split-KV combines as well (``COMBINE``): the last of a (b, KV head)'s programs
-to finish merges its heads' partials into the output (one launch instead of two; the same
-merge function, so the same bits). With W > 1 the start barrier (``ag_start_kernel``) precedes the push: a slot is rewritten only
+With W > 1 the start barrier (``ag_start_kernel``) precedes the push: a slot is rewritten only
 after every rank has entered this call, so nobody still reads the previous call's partials. One
 rank with one chunk per pair skips the combine: split-KV writes the output (``DIRECT``; the
 combine of one partial would return it unchanged).
@@ -53,24 +51,17 @@ def _flush(o_part, lse_part, acc, m, l, pair, num_parts, part, g_ok, D: tl.const
 
 
 @dl.jit(do_not_specialize=("heads", "part_len", "prog_len", "num_parts"))  # strides specialise
-def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, out_ptr, count_ptr, sm_scale,
-                    heads, part_len, prog_len, num_parts, stride_qb, stride_qh, stride_kb,
-                    stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, heads, part_len, prog_len,
+                    num_parts, stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
+                    stride_vb, stride_vs, stride_vh,
                     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
-                    BLOCK_N: tl.constexpr, FLUSH: tl.constexpr, DIRECT: tl.constexpr,
-                    COMBINE: tl.constexpr = False, BLOCK_C: tl.constexpr = 32):
+                    BLOCK_N: tl.constexpr, FLUSH: tl.constexpr, DIRECT: tl.constexpr):
     """Attention of the G query heads of KV head ``program_id(1)`` over keys
     ``[s * prog_len, (s + 1) * prog_len)`` of batch ``program_id(0)`` (``s = program_id(2)``),
     one partial per ``part_len`` keys (``FLUSH``: several per program; else ``part_len ==
     prog_len``). A partial's value never depends on which program computed it. ``DIRECT`` (one
     rank, one partial per pair): the program's partial is the output, written to ``o_part``
-    in the output's dtype (zeros for an empty sequence), and no combine follows.
-
-    ``COMBINE`` (one rank, several partials per pair): the last program of each (batch, KV
-    head) to finish (a ticket in ``count_ptr[b * Hkv + kvh]``, reset by it for the next call)
-    merges the G heads' partials into ``out_ptr`` with ``_combine_parts``, the function and
-    block sizes of ``chunk_combine_kernel``, so the bits are the same whichever program merges;
-    one launch less than split-KV + combine."""
+    in the output's dtype (zeros for an empty sequence), and no combine follows."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     lo = tl.program_id(2) * prog_len
@@ -113,18 +104,6 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, out_ptr, co
     elif not FLUSH:
         if lo < hi:
             _flush(o_part, lse_part, acc, m, l, pair, num_parts, lo // part_len, g_ok, D, False)
-    if COMBINE:
-        ticket = count_ptr + b * tl.num_programs(1) + kvh
-        tl.debug_barrier()  # every thread's partial stores before the release below
-        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == tl.num_programs(2) - 1:
-            tl.store(ticket, 0)
-            first = b * heads + kvh * G
-            for g in range(G):
-                offs_p = first + g + tl.arange(0, 1)
-                o, _ = _combine_parts(o_part, lse_part, lens_ptr, offs_p, offs_p >= 0, heads,
-                                      part_len, num_parts, D, BLOCK_C)
-                tl.store(out_ptr + offs_p.to(tl.int64)[:, None] * D + offs_d[None, :],
-                         o.to(out_ptr.dtype.element_ty))
 
 
 @dl.jit
@@ -142,51 +121,39 @@ def _finish(acc, total, top):
     return o, tl.where(has, top + tl.log(tl.where(has, total, 1.0)), NEG_INF)
 
 
-@dl.jit
-def _combine_parts(o_part, lse_part, lens_ptr, offs_p, p_ok, heads, part_len, num_parts,
-                   D: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Merge the partials of pairs ``offs_p`` (``part_len`` keys each; only those below
-    ``kv_lens`` exist): max first, then the weighted sum in blocks of ``BLOCK_C`` partials (a
-    fixed tree inside a block, blocks left to right), so the result depends only on the
-    partials' values and positions. Loads bypass L1 (other programs of the running kernel may
-    have just written them). Returns ``(o [P, D], lse [P])``."""
+@dl.jit(do_not_specialize=("pairs", "heads", "part_len", "num_parts", "rank", "world_size"))
+def chunk_combine_kernel(o_part, lse_part, lens_ptr, out_ptr, buf_ptr, buf_table, pairs, heads,
+                         part_len, num_parts, rank, world_size, D: tl.constexpr,
+                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, FINAL: tl.constexpr):
+    """Merge this rank's partials (``part_len`` keys each; only those below ``kv_lens`` exist) of
+    ``BLOCK_P`` (batch, head) pairs; FINAL (one rank): write the output, else push ``(o, lse)``
+    to slot ``rank`` of every rank's exchange buffer.
+
+    Max first, then the weighted sum in blocks of ``BLOCK_C`` partials (a fixed tree inside a
+    block, blocks left to right), so the result depends only on the partials' values and positions.
+    """
+    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_ok = offs_p < pairs
     length = tl.load(lens_ptr + offs_p // heads, mask=p_ok, other=0).to(tl.int32)
     valid = (length + part_len - 1) // part_len
     base = offs_p.to(tl.int64) * num_parts
     offs_c = tl.arange(0, BLOCK_C)
     offs_d = tl.arange(0, D)
-    top = tl.full(offs_p.shape, NEG_INF, tl.float32)
+    top = tl.full((BLOCK_P,), NEG_INF, tl.float32)
     for c0 in range(0, num_parts, BLOCK_C):
         ok = p_ok[:, None] & (c0 + offs_c[None, :] < valid[:, None])
-        lse = tl.load(lse_part + base[:, None] + c0 + offs_c[None, :], mask=ok, other=NEG_INF,
-                      cache_modifier=".cg")
+        lse = tl.load(lse_part + base[:, None] + c0 + offs_c[None, :], mask=ok, other=NEG_INF)
         top = tl.maximum(top, tl.max(lse, axis=1))
-    acc = tl.zeros((offs_p.shape[0], D), tl.float32)
-    total = tl.zeros(offs_p.shape, tl.float32)
+    acc = tl.zeros((BLOCK_P, D), tl.float32)
+    total = tl.zeros((BLOCK_P,), tl.float32)
     for c0 in range(0, num_parts, BLOCK_C):
         ok = p_ok[:, None] & (c0 + offs_c[None, :] < valid[:, None])
         rows = base[:, None] + c0 + offs_c[None, :]
-        w = _weights(tl.load(lse_part + rows, mask=ok, other=NEG_INF, cache_modifier=".cg"),
-                     top[:, None])
-        o = tl.load(o_part + rows[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None],
-                    other=0.0, cache_modifier=".cg")
+        w = _weights(tl.load(lse_part + rows, mask=ok, other=NEG_INF), top[:, None])
+        o = tl.load(o_part + rows[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
         acc += tl.sum(o * w[:, :, None], axis=1)
         total += tl.sum(w, axis=1)
-    return _finish(acc, total, top)
-
-
-@dl.jit(do_not_specialize=("pairs", "heads", "part_len", "num_parts", "rank", "world_size"))
-def chunk_combine_kernel(o_part, lse_part, lens_ptr, out_ptr, buf_ptr, buf_table, pairs, heads,
-                         part_len, num_parts, rank, world_size, D: tl.constexpr,
-                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, FINAL: tl.constexpr):
-    """Merge this rank's partials of ``BLOCK_P`` (batch, head) pairs (``_combine_parts``); FINAL
-    (one rank): write the output, else push ``(o, lse)`` to slot ``rank`` of every rank's
-    exchange buffer."""
-    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    p_ok = offs_p < pairs
-    offs_d = tl.arange(0, D)
-    o, lse = _combine_parts(o_part, lse_part, lens_ptr, offs_p, p_ok, heads, part_len, num_parts,
-                            D, BLOCK_C)
+    o, lse = _finish(acc, total, top)
     if FINAL:
         tl.store(out_ptr + offs_p.to(tl.int64)[:, None] * D + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=p_ok[:, None])

@@ -164,37 +164,20 @@ def merge_programs(group: Group, pairs: int) -> int:
 
 
 def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict,
-                     direct: bool = False, out: Optional[torch.Tensor] = None) -> None:
+                     direct: bool = False) -> None:
     """Split-KV partials into ``o_part`` / ``lse_part``; ``direct`` (one partial per pair, one
-    rank): ``o_part`` is the output and holds the result; ``out`` (one rank): the last program
-    of each (batch, KV head) also combines the partials into ``out`` (``COMBINE``)."""
+    rank): ``o_part`` is the output and holds the result."""
     b, hq, d = q.shape
     hkv = k.shape[2]
     g = hq // hkv
     part, prog, num_parts, splits = plan
     assert not direct or (prog == part and num_parts == 1), plan  # the only partial, unflushed
-    combine = out is not None
     split_kv_kernel[(b, hkv, splits)](
-        q, k, v, lens, o_part, lse_part, out if combine else o_part,
-        _tickets(q.device, b * hkv) if combine else lens, scale, hq, part, prog, num_parts,
+        q, k, v, lens, o_part, lse_part, scale, hq, part, prog, num_parts,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         G=g, D=d, BLOCK_G=max(16, 1 << (g - 1).bit_length()), FLUSH=prog != part, DIRECT=direct,
-        COMBINE=combine, BLOCK_C=COMBINE_CONFIG["BLOCK_C"], **cfg)
-
-
-_TICKETS: dict[str, list[torch.Tensor]] = {}
-
-
-def _tickets(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 tickets, one per (batch, KV head), for ``COMBINE`` (each call leaves them
-    zero). Grown by allocating anew; older buffers stay alive, since captured CUDA graphs may
-    still use them."""
-    held = _TICKETS.setdefault(str(device), [])
-    if not held or held[-1].numel() < n:
-        held.append(torch.zeros(max(n, 2 * held[-1].numel() if held else 256), dtype=torch.int32,
-                                device=device))
-    return held[-1]
+        **cfg)
 
 
 def _launch_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size) -> None:
@@ -223,14 +206,13 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
     pairs = b * hq
     o_part = torch.empty(pairs * plan[2] * d, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(pairs * plan[2], dtype=torch.float32, device=q.device)
-    if group.world_size == 1 and group.has_symmetric_memory:  # split-KV combines: one launch
-        _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, plan, cfg,
-                         out=out)
-        return out
     _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, plan, cfg)
     if not group.has_symmetric_memory:
         return _merge_over_process_group(group, o_part, lse_part, kv_lens, plan, b, hq, d).to(q.dtype)
     w, rank = group.world_size, group.rank
+    if w == 1:  # nothing to exchange: the combine writes the output
+        _launch_combine(o_part, lse_part, kv_lens, out, o_part, o_part, plan, 0, 1)
+        return out
     group.check()
     ws = group.workspace(PURPOSE)
     data = ws.ensure_data(w * pairs * (d + 1) * 4)
@@ -295,7 +277,6 @@ def _warmup(device: torch.device) -> None:
     sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
     lens = torch.full((1,), 64, dtype=torch.int32, device=device)
     one_part, two_parts = (64, 64, 1, 1), (64, 128, 2, 1)  # FLUSH off / on (keys 64..127 unused)
-    outs_g: list[torch.Tensor] = []  # split-KV's own combine (one rank): all ones
     for dtype in GPU_DTYPES:
         for d in HEAD_DIMS:
             for g in (1, 4, 8):
@@ -305,9 +286,6 @@ def _warmup(device: torch.device) -> None:
                 lse_part = torch.empty(2 * g, dtype=torch.float32, device=device)
                 for plan, cfg in itertools.product((one_part, two_parts), (SPLIT_CONFIG, WIDE_SPLIT_CONFIG)):
                     _launch_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, plan, cfg)
-                    combined = torch.empty(1, g, d, dtype=dtype, device=device)  # one rank
-                    _launch_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, plan, cfg, out=combined)
-                    outs_g.append(combined)
                 for cfg in (SPLIT_CONFIG, WIDE_SPLIT_CONFIG):  # one rank, one partial: the output
                     _launch_split_kv(q, kv, kv, lens, q.clone(), q, 0.1, one_part, cfg, direct=True)
             buf = torch.zeros(d + 1, dtype=torch.float32, device=device)
@@ -324,9 +302,6 @@ def _warmup(device: torch.device) -> None:
             ones = torch.ones(1, 1, d, device=device)
             if int(record[0]) != 0 or not all(torch.allclose(o.float(), ones, atol=1e-2) for o in outs):
                 raise RuntimeError(f"ditron: flash_decode warm-up failed for {dtype}, D={d} (kernel bug)")
-    if not all(torch.allclose(o.float(), torch.ones_like(o, dtype=torch.float32), atol=1e-2)
-               for o in outs_g):
-        raise RuntimeError("ditron: flash_decode warm-up of the combining split-KV failed (kernel bug)")
 
 
 register_warmup(PURPOSE, _warmup)
