@@ -110,6 +110,7 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
     rest = (tiles_m - n_full) * tiles_n  # phase-1 tiles, then r's whole tiles: one GEMM loop
     started = pid < 0  # every rank has counted this call in (checked before the first push)
     flagged = pid < 0  # every rank's partials for this rank have landed (waited for once)
+    peers_in = pid < 0  # every other rank's have (all whole own tiles need)
     ticketed = pid >= rest  # no phase-1 tile (always at W=1): count out before any GEMM
     if ticketed:
         _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
@@ -127,10 +128,10 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
             if not ticketed:  # this program's phase 1 is over
                 _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
                 ticketed = pid >= 0
-            if not flagged:
-                flagged = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id,
-                                      rank, world_size)
-            if flagged:
+            if not peers_in:  # a whole own tile reads the peers' slots, never its own
+                peers_in = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id,
+                                       rank, world_size, rank)
+            if peers_in:
                 _reduce_epilogue(acc, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
                                  pid_n * BLOCK_N, lo, hi, N, slot_rows, stride_om, rank, world_size,
                                  BLOCK_M, BLOCK_N)
@@ -150,9 +151,9 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
     for tile in range(pid, n_edge * tiles_n, nprog):
         top = (tile < tiles_n) & has_top
         off_m = tl.where(top, lo // BLOCK_M, full_end) * BLOCK_M
-        if not flagged:
+        if not flagged:  # boundary rows: this rank's own rows come from its own slot too
             flagged = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank,
-                                  world_size)
+                                  world_size, -1)
         if flagged:
             _reduce_epilogue(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), False, buf_ptr, out_ptr,
                              slots_desc, c_desc, False, off_m, (tile % tiles_n) * BLOCK_N, lo, hi,
@@ -175,13 +176,16 @@ def _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog):
 
 
 @dl.jit
-def _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size):
-    """Every rank's partials for this rank have landed (bounded waits; False on timeout)."""
+def _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size, skip):
+    """Every rank's partials for this rank have landed, except rank ``skip``'s (-1: none
+    skipped) (bounded waits; False on timeout)."""
     ok = epoch >= 0
     for s in range(world_size):
-        ok = ok & dl.wait_at_least(sig_ptr + s, epoch, deadline, err_claim, err_record, op_id,
-                                   rank, s, epoch)
-    dl.fence_proxy_async()  # peers stored the partials with plain stores; TMA may read them next
+        if s != skip:
+            ok = ok & dl.wait_at_least(sig_ptr + s, epoch, deadline, err_claim, err_record,
+                                       op_id, rank, s, epoch)
+    if world_size - tl.where(skip >= 0, 1, 0) > 0:  # some partials were stored with plain
+        dl.fence_proxy_async()  # stores (peers, or phase 1 here); TMA may read them next
     return ok
 
 
