@@ -77,7 +77,8 @@ within 1% of s4/tail, the lower P2, and the smaller shared-memory footprint (180
 that gemm_rs, which uses the same tiles and stages, also gets."""
 GPU_CONFIG = _env.ag_gemm_config("128x256x64/s3/tail")
 if GPU_CONFIG not in GPU_CONFIGS:
-    raise ValueError(f"DITRON_AG_GEMM_CONFIG must be one of {sorted(GPU_CONFIGS)}, got {GPU_CONFIG!r}")
+    raise ValueError(f"ditron: DITRON_AG_GEMM_CONFIG must be one of {sorted(GPU_CONFIGS)}, "
+                     f"got {GPU_CONFIG!r}")
 INTERPRETER_CONFIG = TileConfig(16, 16, 16, 4, 4, 1)
 """Small tiles in the interpreter (its cost is per element of every block, masked or not); tests
 swap in variants (``split_tail`` with ``block_n=32``)."""
@@ -188,7 +189,8 @@ def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor
         claim, record, m, n, k, out.stride(0), out.stride(1), int(bias is not None), tail,
         rank, world, timeout_us, op_id("ag_gemm"),
         B_KN=b_kn, C_TMA=c_desc is not None, WAIT=wait, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_TAIL=cfg.split_tail, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_TAIL=cfg.split_tail,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
