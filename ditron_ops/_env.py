@@ -23,12 +23,12 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-@functools.cache
 def ag_gemm_config(default: str) -> str:
     """``DITRON_AG_GEMM_CONFIG``: the ag_gemm tile configuration's name (``ag_gemm._launch``)."""
     return os.environ.get("DITRON_AG_GEMM_CONFIG", "").strip() or default
 
 
+@functools.cache
 def use_interpreter() -> bool:
     """True when kernels run in the Triton interpreter (set once per process)."""
     if _flag("TRITON_INTERPRET"):
