@@ -52,17 +52,6 @@ if use_interpreter():
     def fence_proxy_async():
         pass
 
-    @jit
-    def spin_at_least(flag_ptr, target, deadline_ns):
-        """``wait_at_least``'s spin alone: acquire loads of the local flag until it is
-        ``>= target`` or the deadline passes; returns the last value (no error record)."""
-        value = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys").to(tl.int64)
-        now = now_ns()
-        while (value < target) & (now < deadline_ns):
-            value = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys").to(tl.int64)
-            now = now_ns()
-        return value
-
 else:
 
     @jit
@@ -83,29 +72,6 @@ else:
         global reads: after waiting for data that other SMs stored with plain stores."""
         tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
                                   dtype=tl.int32, is_pure=False, pack=1)
-
-    @jit
-    def spin_at_least(flag_ptr, target, deadline_ns):
-        """``wait_at_least``'s spin alone, as one inline-asm block: acquire loads of the local
-        flag until it is ``>= target`` or ``%globaltimer`` passes the deadline; returns the last
-        value (no error record). No loop appears in the Triton IR, so a software-pipelined
-        (flattened) loop around it stays pipelined; a Triton ``while`` there stops the
-        pipeliner (compiled for sm_90a: 2 TMA load sites and 82 KB of shared memory instead of
-        6 and 180 KB)."""
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .pred p, q;
-            .reg .u64 t;
-            $$L__spin${:uid}:
-            ld.acquire.sys.global.s64 $0, [$1];
-            setp.ge.s64 p, $0, $2;
-            @p bra $$L__done${:uid};
-            mov.u64 t, %globaltimer;
-            setp.lt.u64 q, t, $3;
-            @q bra $$L__spin${:uid};
-            $$L__done${:uid}:
-            }""", "=l,l,l,l", [flag_ptr, target.to(tl.int64), deadline_ns.to(tl.int64)],
-            dtype=tl.int64, is_pure=False, pack=1)
 
 
 @jit
