@@ -197,9 +197,7 @@ def ag_gemm_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, of
     nprog = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    main_tiles = tiles_m * tiles_n
-    if SPLIT_TAIL:
-        main_tiles -= tail_tiles
+    main_tiles = tiles_m * tiles_n - tail_tiles  # (the host passes 0 without SPLIT_TAIL)
     group_tiles = GROUP_M * tiles_n
     shift = 0
     epoch = tl.zeros((), tl.int64)

@@ -184,8 +184,8 @@ def _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, wo
         if s != skip:
             ok = ok & dl.wait_at_least(sig_ptr + s, epoch, deadline, err_claim, err_record,
                                        op_id, rank, s, epoch)
-    if world_size - tl.where(skip >= 0, 1, 0) > 0:  # some partials were stored with plain
-        dl.fence_proxy_async()  # stores (peers, or phase 1 here); TMA may read them next
+    if world_size - tl.where(skip >= 0, 1, 0) > 0:  # a flag was waited for: its partials were
+        dl.fence_proxy_async()  # stored with plain stores (peers, or phase 1 here); TMA reads next
     return ok
 
 
