@@ -10,11 +10,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from .. import reference
 from .._library import define_op
 from .._validation import check_sizes, check_tensor
-from ..collectives import all_gather
-from ..runtime import nccl
+from ..collectives.unfused import gather_rows
 from ..runtime.group import Group, current_group, resolve_group
 from . import _launch
 
@@ -134,13 +132,8 @@ def _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl):
             return gathered
         _launch.fused(group, a, b, bias, out, list(shard_sizes), gathered if return_gathered else None)
         return gathered
-    full = nccl.all_gather_rows(a, group, shard_sizes)  # multi-GPU: NCCL, the fastest unfused
-    if full is None:
-        full = all_gather(a, group, shard_sizes=shard_sizes) if group.has_symmetric_memory else \
-            reference.all_gather(a, group, shard_sizes)
+    full = gather_rows(a, group, shard_sizes, out=gathered if return_gathered else None)
     torch.matmul(full, b, out=out) if bias is None else torch.addmm(bias, full, b, out=out)
-    if return_gathered:
-        gathered.copy_(full)
     return gathered
 
 

@@ -24,13 +24,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from .. import reference
 from .._library import define_op
 from .._validation import check_sizes, check_tensor
 from ..ag_gemm._launch import matmul
-from ..collectives import all_gather, all_reduce, reduce_scatter
+from ..collectives.unfused import gather_rows, reduce_rows, sum_all
 from ..deterministic import resolve_deterministic
-from ..runtime import nccl
 from ..runtime.group import Group, current_group, resolve_group
 from ..runtime.split import split_sizes
 from . import _launch
@@ -162,13 +160,17 @@ def _partials(a: torch.Tensor, deterministic: bool) -> torch.dtype:
     return a.dtype if _launch.LOWP_PARTIALS and not deterministic else torch.float32
 
 
-def _partial(a: torch.Tensor, b: torch.Tensor, deterministic: bool) -> torch.Tensor:
+def _partial(a: torch.Tensor, b: torch.Tensor, deterministic: bool,
+             out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """This rank's product for the unfused paths: fp32 from our fixed-config GEMM when
-    deterministic (one rounding after the sum), else cuBLAS in the input dtype."""
+    deterministic (one rounding after the sum), else cuBLAS in the input dtype (into ``out``
+    when given, of the product's shape)."""
+    if a.shape[1] == 0:
+        return a.new_zeros(a.shape[0], b.shape[1]) if out is None else out.zero_()
     if deterministic:
         return matmul(a, b, out=torch.empty(a.shape[0], b.shape[1], dtype=torch.float32,
                                             device=a.device))
-    return a @ b
+    return a @ b if out is None else torch.matmul(a, b, out=out)
 
 
 def _gemm_rs_impl(a, b, group_name, shard_sizes, deterministic, impl):
@@ -181,17 +183,7 @@ def _gemm_rs_impl(a, b, group_name, shard_sizes, deterministic, impl):
     if _fused_wanted(group, impl, deterministic, "gemm_rs", flops) and a.shape[1] > 0:
         return _launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs",
                              partials=_partials(a, deterministic))
-    part = _partial(a, b, deterministic) if a.shape[1] else a.new_zeros(a.shape[0], b.shape[1])
-    if not deterministic and nccl.reduce_scatter_rows(part, group, rows, out):
-        return out
-    if rows == split_sizes(a.shape[0], group.world_size):
-        red = reduce_scatter(part, group) if group.has_symmetric_memory else \
-            reference.reduce_scatter(part, group)
-    else:
-        full = all_reduce(part, group) if group.has_symmetric_memory else reference.all_reduce(part, group)
-        start = sum(rows[:group.rank])
-        red = full[start:start + rows[group.rank]]
-    return out.copy_(red)
+    return reduce_rows(_partial(a, b, deterministic), group, rows, out, deterministic)
 
 
 def _gemm_rs_fake(a, b, group_name, shard_sizes, deterministic, impl):
@@ -214,14 +206,8 @@ def _gemm_ar_impl(a, b, group_name, deterministic, impl, algorithm):
         rows = split_sizes(m, group.world_size)
         mine = _launch.fused(group, a, b, a.new_empty((rows[group.rank], n)), rows,
                              broadcast=False, op="gemm_ar", partials=_partials(a, deterministic))
-        if nccl.all_gather_rows(mine, group, rows, out=out) is not None:  # a copy: exact
-            return out
-        return out.copy_(all_gather(mine, group, shard_sizes=rows))
-    part = _partial(a, b, deterministic) if a.shape[1] else a.new_zeros(m, n)
-    if not deterministic and nccl.all_reduce_(part, group):
-        return part
-    red = all_reduce(part, group) if group.has_symmetric_memory else reference.all_reduce(part, group)
-    return out.copy_(red)
+        return gather_rows(mine, group, rows, out=out)  # a copy: exact
+    return sum_all(_partial(a, b, deterministic, out), group, out, deterministic)
 
 
 def _gemm_ar_fake(a, b, group_name, deterministic, impl, algorithm):

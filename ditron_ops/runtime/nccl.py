@@ -1,10 +1,11 @@
 """torch.distributed's device collectives (NCCL) for groups that carry a GPU process group.
 
 The unfused paths of the GEMM ops (``impl="baseline"``, and ``impl="auto"`` where the fused
-kernels would not win) run these on multi-GPU groups: they are the fastest unfused collectives
-there and exactly the sequential baseline the fused ops are measured against. Each helper
-returns ``None`` / ``False`` when it does not apply (virtual world, CPU, gloo, uneven rows), and
-the caller falls back to ditron's own collectives.
+kernels would not win) run these on multi-GPU groups, through ``collectives.unfused``: they are
+the fastest unfused collectives there and exactly the sequential baseline the fused ops are
+measured against. Each helper returns ``None`` / ``False`` when it does not apply (virtual
+world, CPU, gloo, uneven rows), and ``collectives.unfused`` falls back to ditron's own
+collectives or the reference.
 
 Only exact operations go through NCCL when a caller promises determinism: an all-gather is a
 copy, but NCCL's sums are neither rank ordered nor fp32, so deterministic reductions stay on
