@@ -21,7 +21,6 @@ The ``ratio`` column is baseline / ours (>1: ours faster). ``geo-mean`` rows sum
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -29,7 +28,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..ag_gemm import _launch, ag_gemm, matmul
 from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, graph_time_spmd, host_time_spmd, paired_graph_times, register
+from .harness import (BenchConfig, Result, geo_mean_row, graph_time_spmd, host_time_spmd,
+                      paired_graph_times, register)
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS, get_model
 
 _SWEEP_M = (128, 512, 2048, 8192)
@@ -51,12 +51,6 @@ def _inputs(m: int, n: int, k: int, dtype, device, seed: int = 0):
     a = (torch.randn(m, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=device)
     w = (torch.randn(n, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=device)
     return a, w
-
-
-def _geo(results: list[Result], bench: str, case: str, impl: str, baseline: str) -> Result:
-    logs = [math.log(r.ratio) for r in results if r.ratio == r.ratio and r.ratio > 0]
-    ratio = math.exp(sum(logs) / len(logs)) if logs else math.nan
-    return Result(bench, case, 1, results[0].dtype, impl, 1.0, baseline, ratio, shape="geo-mean")
 
 
 def _core(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> None:
@@ -82,7 +76,7 @@ def _core(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> Non
             per_config[name].append(r)
             out.append(r)
     for name, rows in per_config.items():
-        out.append(_geo(rows, "ag_gemm", f"P1 core {name}", "triton persistent TMA", "cuBLAS torch.matmul"))
+        out.append(geo_mean_row(rows, f"P1 core {name}"))
 
 
 def _present(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> None:
@@ -122,8 +116,7 @@ def _present(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> 
             rows[name].append(r)
             out.append(r)
     for name in configs:
-        out.append(_geo(rows[name], "ag_gemm", f"P2 chunks present {name}",
-                        "ag_gemm consumer (waits)", "our plain GEMM"))
+        out.append(geo_mean_row(rows[name], f"P2 chunks present {name}"))
 
 
 def _host(group, cfg: BenchConfig, out: list[Result]) -> None:

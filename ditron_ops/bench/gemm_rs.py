@@ -19,14 +19,13 @@ threads of one process, are bound by Python and launch cost (the ``ag_gemm`` hos
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
 from ..ag_gemm import matmul
 from ..gemm_rs import gemm_ar, gemm_rs
 from ..runtime.virtual import launch
-from .harness import BenchConfig, Result, paired_graph_times, register
+from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
 
 _MS = (1, 16, 128, 1024, 8192)
@@ -50,15 +49,9 @@ def _inputs(m, k, n, dtype, device, seed=0):
     return a, w.t()
 
 
-def _geo(rows: list[Result], case: str) -> Result:
-    logs = [math.log(r.ratio) for r in rows if r.ratio == r.ratio and r.ratio > 0]
-    return Result("gemm_rs", case, rows[0].world_size, rows[0].dtype, rows[0].impl, 1.0,
-                  rows[0].baseline, math.exp(sum(logs) / len(logs)) if logs else math.nan,
-                  shape="geo-mean")
-
-
 def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
-    inv, present = [], []
+    """The one-rank cases: the batch-invariant GEMM vs cuBLAS, then ``present``."""
+    inv = []
     for (k, n), models in _shapes(cfg.quick).items():
         for m in ((8, 64) if cfg.quick else _MS):
             a, b = _inputs(m, k, n, cfg.dtype, group.device)
@@ -70,6 +63,15 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
                        t_ours, "cuBLAS a @ b", t_cublas, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models)
             inv.append(r)
             out.append(r)
+    out.append(geo_mean_row(inv, "invariant"))
+    present(group, cfg, out)
+
+
+def present(group, cfg: BenchConfig, out: list[Result]) -> None:
+    """``present``: gemm_rs fused at W=1 (deterministic) vs our plain GEMM, per shape, and the
+    geo-mean row (``tools/rs_present.py`` runs this alone)."""
+    rows = []
+    for (k, n), models in _shapes(cfg.quick).items():
         m = 64 if cfg.quick else DEFAULT_M
         a, b = _inputs(m, k, n, cfg.dtype, group.device)
         times = paired_graph_times(group, {
@@ -80,10 +82,9 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
         r = Result("gemm_rs", "present W=1", 1, cfg.dtype_name, "gemm_rs fused", t_fused,
                    "our plain GEMM", t_plain, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
                    extra={"overhead_pct": round(100 * (t_fused / t_plain - 1), 2)})
-        present.append(r)
+        rows.append(r)
         out.append(r)
-    out.append(_geo(inv, "invariant"))
-    out.append(_geo(present, "present W=1"))
+    out.append(geo_mean_row(rows, "present W=1"))
 
 
 def _virtual(cfg: BenchConfig, out: list[Result], world: int) -> None:

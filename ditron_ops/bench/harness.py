@@ -126,6 +126,16 @@ class Result:
         return math.nan
 
 
+def geo_mean_row(rows: Sequence[Result], case: str) -> Result:
+    """A ``shape="geo-mean"`` row summarising ``rows`` (same bench, impl and baseline): the
+    geometric mean of their ratios (rows without a positive ratio left out)."""
+    logs = [math.log(r.ratio) for r in rows if r.ratio == r.ratio and r.ratio > 0]
+    first = rows[0]
+    return Result(first.bench, case, first.world_size, first.dtype, first.impl, 1.0,
+                  first.baseline, math.exp(sum(logs) / len(logs)) if logs else math.nan,
+                  shape="geo-mean")
+
+
 @dataclasses.dataclass
 class Bench:
     """A registered bench: ``fn(cfg) -> list[Result]``."""
