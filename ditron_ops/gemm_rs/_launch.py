@@ -17,7 +17,7 @@ from ._kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kerne
 
 PURPOSE = "gemm_reduce"
 _FINISH_BLOCK = dict(BLOCK_R=8, BLOCK_C=256)
-LOWP_PARTIALS = _env._flag("DITRON_GEMM_RS_LOWP")
+LOWP_PARTIALS = _env.gemm_rs_lowp()
 """Experimental (``DITRON_GEMM_RS_LOWP=1``, read at import so the warm-up compiles it): in the
 default (non-deterministic) mode the partial tiles travel and wait in the input dtype instead of
 fp32 (half the NVLink bytes; each partial rounded once before the fp32 rank-ordered sum, the
