@@ -31,14 +31,15 @@ from .group import Group
 
 
 def nccl_pg(group: Group) -> Optional[dist.ProcessGroup]:
-    """The group's process group when it runs NCCL on the group's GPU, else ``None`` (cached)."""
-    found = group.__dict__.get("_nccl_pg", False)
-    if found is False:
-        pg = getattr(group, "pg", None)
-        nccl = (pg is not None and group.device.type == "cuda"
-                and "nccl" in str(dist.get_backend(pg)).lower())
-        found = group._nccl_pg = pg if nccl else None
-    return found
+    """The group's process group when it runs NCCL on the group's GPU, else ``None`` (the
+    backend check is cached; the process group is read live, so a released group has none)."""
+    pg = getattr(group, "pg", None)
+    if pg is None or group.device.type != "cuda":
+        return None
+    nccl = group.__dict__.get("_pg_is_nccl")
+    if nccl is None:
+        nccl = group._pg_is_nccl = "nccl" in str(dist.get_backend(pg)).lower()
+    return pg if nccl else None
 
 
 def _agree(group: Group, op: str, layout: tuple) -> None:
