@@ -277,25 +277,25 @@ def graph_time_spmd(group, fn: Callable[[], Any], *, rounds: int = 10, target_ms
 
 
 def paired_graph_times(group, fns: dict[str, Callable[[], Any]], *, rounds: int = 10,
-                       target_ms: float = 25.0, repeats: int = 3,
-                       max_iters: int = 1000) -> dict[str, float]:
+                       target_ms: float = 25.0, max_iters: int = 1000) -> dict[str, float]:
     """``graph_time_spmd`` of several functions measured in turns: every graph is captured once,
-    then ``repeats`` passes time each for ``ceil(rounds / repeats)`` rounds in order; each
-    function's result is the median of its passes. Ratios between the functions then compare
-    the GPU in one state (clocks and temperature drift over a long bench: timing a baseline
-    and, later, ours in one block each moved ratios by up to 8% between runs)."""
+    then ``rounds`` passes time one round of each, in order on even passes and in reverse on
+    odd ones; each function's result is the median of its passes. Ratios between the functions
+    then compare the GPU in one state: clocks and temperature drift over a long bench (timing a
+    baseline and, later, ours in one block each moved ratios by up to 8% between runs), and a
+    drift within a pass favours neither end of the order. (Passes of 4 rounds per function in
+    one order left up to +-3% between two builds of the same kernel on the H200.)"""
     if group.device.type != "cuda":
         return {name: time_spmd(group, fn, rounds=rounds, target_ms=target_ms, max_iters=max_iters)
                 for name, fn in fns.items()}
     for fn in fns.values():  # every workspace at its final size before any graph bakes one in
         fn()
     group.synchronize()
-    graphs = {name: _capture(group, fn, target_ms, max_iters) for name, fn in fns.items()}
-    per_pass = -(-rounds // repeats)
+    graphs = list({name: _capture(group, fn, target_ms, max_iters) for name, fn in fns.items()}.items())
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, (graph, iters) in graphs.items():
-            times[name].append(_timed_rounds(group, graph.replay, 1, per_pass, device_clock=True) / iters)
+    for i in range(rounds):
+        for name, (graph, iters) in graphs if i % 2 == 0 else reversed(graphs):
+            times[name].append(_timed_rounds(group, graph.replay, 1, 1, device_clock=True) / iters)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
