@@ -77,14 +77,16 @@ def _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slot
                    slot_rows, rank, world_size, BROADCAST, BLOCK_M, BLOCK_N // 2)
 
 
-@dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "stride_om", "rank", "world_size",
-                           "timeout_us", "op_id"))
+@dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "stride_om", "lo", "hi", "rank",
+                           "world_size", "timeout_us", "op_id"))
 def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offsets_ptr, out_ptr,
-                   sig_ptr, sig_table, err_claim, err_record, M, N, K, slot_rows, stride_om, rank,
-                   world_size, timeout_us, op_id, B_KN: tl.constexpr, BLOCK_M: tl.constexpr,
+                   sig_ptr, sig_table, err_claim, err_record, M, N, K, slot_rows, stride_om, lo,
+                   hi, rank, world_size, timeout_us, op_id, B_KN: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    ALIGNED: tl.constexpr, C_TMA: tl.constexpr):
-    """Reduce-scatter GEMM (schedule in the module docstring): ``out = (Σ_s a_s @ b_s)[lo:hi]``.
+    """Reduce-scatter GEMM (schedule in the module docstring): ``out = (Σ_s a_s @ b_s)[lo:hi]``
+    (``lo``, ``hi``: this rank's rows, also in ``offsets_ptr``; as arguments the first tile's
+    coordinates need no load).
     ``ALIGNED``: N and ``stride_om`` are multiples of 16 (vector loads and stores). ``C_TMA``:
     whole own tiles read the peers' partials through ``slots_desc`` and store through ``c_desc``
     (``BLOCK_N / 4`` wide blocks; see ``_reduce_store_tma``); boundary rows always use masked
@@ -96,8 +98,6 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     group_tiles = GROUP_M * tiles_n
-    lo = tl.load(offsets_ptr + rank)
-    hi = tl.load(offsets_ptr + rank + 1)
     full_first = tl.cdiv(lo, BLOCK_M)  # r's whole row tiles: [full_first, full_end)
     full_end = tl.where(hi == M, tiles_m, hi // BLOCK_M)
     n_full = tl.maximum(full_end - full_first, 0)
@@ -111,9 +111,7 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
     started = pid < 0  # every rank has counted this call in (checked before the first push)
     flagged = pid < 0  # every rank's partials for this rank have landed (waited for once)
     peers_in = pid < 0  # every other rank's have (all whole own tiles need)
-    ticketed = pid >= rest  # no phase-1 tile (always at W=1): count out before any GEMM
-    if ticketed:
-        _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
+    ticketed = pid < 0  # counted out (after the first own tile's GEMM, see below)
     for tile in range(pid, tiles_m * tiles_n, nprog):
         own = tile >= rest
         if own:
@@ -125,7 +123,7 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
         acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
                           off_m, pid_n * BLOCK_N, K, B_KN, BLOCK_K)
         if own:
-            if not ticketed:  # this program's phase 1 is over
+            if not ticketed:  # phase 1 is over; its stores drained during this GEMM
                 _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
                 ticketed = pid >= 0
             if not peers_in:  # a whole own tile reads the peers' slots, never its own

@@ -80,7 +80,8 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
         else:
             gemm_rs_kernel[(programs,)](a_desc, b_desc, slots_desc, c_desc, buf, data.ptr_table,
                                         offsets, out, sig, ws.signal.ptr_table, claim, record, m,
-                                        n, k, slot_rows, out.stride(0), rank, w,
+                                        n, k, slot_rows, out.stride(0), sum(rows[:rank]),
+                                        sum(rows[:rank + 1]), rank, w,
                                         group.timeout_us(), op_id(op), C_TMA=c_desc is not None,
                                         **tiles_cfg)
     if _env.sync_check():
@@ -126,7 +127,7 @@ def _warmup(device: torch.device) -> None:
                                       else (None, None))
                 gemm_rs_kernel[(1,)](a_desc, b_desc, slots_desc, c_desc, buf, table, offsets,
                                      outs[-1], sig, sig_table, claim, record, 64, 64, 64, 64, 64,
-                                     0, 1, 10**6, 0, B_KN=b_kn, ALIGNED=aligned, C_TMA=c_tma,
+                                     0, 64, 0, 1, 10**6, 0, B_KN=b_kn, ALIGNED=aligned, C_TMA=c_tma,
                                      **tiles_cfg)
                 records.append(record)
             gemm_broadcast_kernel[(1,)](a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1,
