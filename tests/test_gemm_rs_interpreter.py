@@ -207,3 +207,54 @@ def test_lowp_partials(world_size, m, n, k, monkeypatch):
     monkeypatch.setattr(_launch, "LOWP_PARTIALS", True)
     for err, exact in ditron_ops.launch(_lowp_vs_exact, world_size, device="cpu", args=(m, n, k)):
         assert 0 < err <= 4e-3 and exact, (err, exact)
+
+
+def _split_tail(monkeypatch, programs: int):
+    """Interpreter tiles of 16 x 32 (halves 16 wide) with ``split_tail`` on ``programs``
+    programs; returns the list every ``own_tail`` result is appended to."""
+    from ditron_ops.ag_gemm import _launch as ag_launch
+    from ditron_ops.gemm_rs import _launch
+
+    monkeypatch.setattr(ag_launch, "INTERPRETER_CONFIG",
+                        ag_launch.TileConfig(16, 32, 16, 2, 4, 1, split_tail=True))
+    monkeypatch.setattr(ag_launch, "INTERPRETER_PROGRAMS", programs)
+    seen, own_tail = [], _launch.own_tail
+    monkeypatch.setattr(_launch, "own_tail", lambda *a: seen.append(own_tail(*a)) or seen[-1])
+    return seen
+
+
+def test_own_tail_rule():
+    """The split tail applies when the partial last wave lies within the rank's whole tiles."""
+    from ditron_ops.ag_gemm._launch import TileConfig
+    from ditron_ops.gemm_rs._launch import own_tail
+
+    cfg = TileConfig(128, 256, 64, 8, 8, 3, split_tail=True)
+    assert own_tail(8192, 12288, 0, 8192, 132, cfg) == 36  # 3072 tiles: 23 waves + 36
+    assert own_tail(8192, 4096, 0, 8192, 132, cfg) == 0  # 1024 tiles: 100 left, over half
+    assert own_tail(8192, 16384, 4096, 8192, 66, cfg) == 4  # W=2: 4096 tiles, 2048 of them own
+    assert own_tail(8192, 16384, 8100, 8192, 66, cfg) == 0  # no whole own row tile
+    assert own_tail(8192, 16384, 0, 8192, 132, TileConfig(128, 256, 64, 8, 8, 3)) == 0
+
+
+@pytest.mark.parametrize("m,n,k,programs", [(40, 70, 24, 4), (33, 96, 17, 7), (64, 90, 20, 5)])
+def test_split_tail_one_rank(monkeypatch, m, n, k, programs):
+    """W=1 (every tile its own, no waits, so several programs run in the interpreter): the
+    rule's tail as halves (an N whose last half is past N), equal to the order-exact sum."""
+    seen = _split_tail(monkeypatch, programs)
+    ditron_ops.launch(lambda g: check_gemm_reduce(g, m, n, k, torch.float32), 1)
+    assert seen and all(t > 0 for t in seen), seen
+
+
+@pytest.mark.parametrize("world_size,m,n,shard_sizes", [(2, 40, 70, None), (3, 48, 50, [5, 40, 3]),
+                                                       (4, 70, 48, [0, 33, 16, 21])])
+def test_split_tail_forced(monkeypatch, world_size, m, n, shard_sizes):
+    """W > 1 needs one program per rank in the interpreter (a waiting program would block the
+    rank's later ones), which leaves no partial wave: the rule is forced to a 2-tile tail, so
+    own tiles run as halves next to peers' partials and boundary rows, bitwise order-exact."""
+    from ditron_ops.gemm_rs import _launch
+
+    seen = _split_tail(monkeypatch, 1)
+    monkeypatch.setattr(_launch, "tail_tiles", lambda tiles, programs, cfg: min(tiles, 2))
+    ditron_ops.launch(lambda g: check_gemm_reduce(g, m, n, 12, torch.float32,
+                                                  shard_sizes=shard_sizes), world_size)
+    assert any(t > 0 for t in seen), seen

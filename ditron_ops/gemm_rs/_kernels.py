@@ -12,6 +12,11 @@ has counted it in before its first store into a peer's slots)::
                                                     |                  | then r's boundary rows from
                                                     |                  |   the slots alone
 
+A program counts out (ticket) after its first own tile's GEMM, so its phase-1 stores drain
+meanwhile. A partial last wave of at most half the grid that lies within r's whole tiles runs as
+twice as many half-width tiles (split tail, as in ``ag_gemm``): the kernel ends about half a
+tile sooner.
+
 Waits for flags come after the program's ticket, and the only earlier wait (for the peers' start
 counts) depends on nothing but their program 0 having started, so every rank's contributions
 land whatever the others do (with all ranks' programs resident). A slot is written only after its
@@ -77,20 +82,23 @@ def _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slot
                    slot_rows, rank, world_size, BROADCAST, BLOCK_M, BLOCK_N // 2)
 
 
-@dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "stride_om", "lo", "hi", "rank",
-                           "world_size", "timeout_us", "op_id"))
-def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offsets_ptr, out_ptr,
-                   sig_ptr, sig_table, err_claim, err_record, M, N, K, slot_rows, stride_om, lo,
-                   hi, rank, world_size, timeout_us, op_id, B_KN: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   ALIGNED: tl.constexpr, C_TMA: tl.constexpr):
+@dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "stride_om", "lo", "hi", "tail_tiles",
+                           "rank", "world_size", "timeout_us", "op_id"))
+def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_table, offsets_ptr,
+                   out_ptr, sig_ptr, sig_table, err_claim, err_record, M, N, K, slot_rows,
+                   stride_om, lo, hi, tail_tiles, rank, world_size, timeout_us, op_id,
+                   B_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ALIGNED: tl.constexpr,
+                   C_TMA: tl.constexpr, SPLIT_TAIL: tl.constexpr):
     """Reduce-scatter GEMM (schedule in the module docstring): ``out = (Σ_s a_s @ b_s)[lo:hi]``
     (``lo``, ``hi``: this rank's rows, also in ``offsets_ptr``; as arguments the first tile's
     coordinates need no load).
     ``ALIGNED``: N and ``stride_om`` are multiples of 16 (vector loads and stores). ``C_TMA``:
     whole own tiles read the peers' partials through ``slots_desc`` and store through ``c_desc``
     (``BLOCK_N / 4`` wide blocks; see ``_reduce_store_tma``); boundary rows always use masked
-    pointer loads and stores."""
+    pointer loads and stores. ``SPLIT_TAIL``: the last ``tail_tiles`` tiles (whole own tiles; the
+    host passes a partial last wave of at most half the grid, else 0) run after the main loop as
+    twice as many ``BLOCK_N / 2`` wide halves through ``bh_desc``, as in ``ag_gemm_kernel``."""
     N = _multiple_of_16(N, ALIGNED)
     stride_om = _multiple_of_16(stride_om, ALIGNED)
     pid = tl.program_id(0)
@@ -112,7 +120,8 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
     flagged = pid < 0  # every rank's partials for this rank have landed (waited for once)
     peers_in = pid < 0  # every other rank's have (all whole own tiles need)
     ticketed = pid < 0  # counted out (after the first own tile's GEMM, see below)
-    for tile in range(pid, tiles_m * tiles_n, nprog):
+    main_tiles = tiles_m * tiles_n - tail_tiles  # (the host passes 0 without SPLIT_TAIL)
+    for tile in range(pid, main_tiles, nprog):
         own = tile >= rest
         if own:
             pm, pid_n = _tile_coords(tile - rest, n_full, group_tiles, 0, GROUP_M)
@@ -130,9 +139,12 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
                 peers_in = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id,
                                        rank, world_size, rank)
             if peers_in:
-                _reduce_epilogue(acc, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
-                                 pid_n * BLOCK_N, lo, hi, N, slot_rows, stride_om, rank, world_size,
-                                 BLOCK_M, BLOCK_N)
+                h0, h1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+                _reduce_half(h0, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
+                             pid_n * BLOCK_N, lo, hi, N, slot_rows, stride_om, rank, world_size)
+                _reduce_half(h1, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
+                             pid_n * BLOCK_N + BLOCK_N // 2, lo, hi, N, slot_rows, stride_om, rank,
+                             world_size)
         else:
             if not started:  # the owners' slots are free once they started this call
                 for r in range(world_size):
@@ -141,6 +153,24 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
                 started = pid >= 0
             _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, pid_n * BLOCK_N, M, N,
                           slot_rows, rank, world_size, False, BLOCK_M, BLOCK_N)
+    if SPLIT_TAIL:
+        HALF: tl.constexpr = BLOCK_N // 2
+        for sub in range(pid, 2 * tail_tiles, nprog):
+            pm, pid_n = _tile_coords(main_tiles + sub // 2 - rest, n_full, group_tiles, 0, GROUP_M)
+            off_m = (full_first + pm) * BLOCK_M
+            off_n = pid_n * BLOCK_N + (sub % 2) * HALF
+            if off_n < N:
+                acc = tile_matmul(a_desc, bh_desc, tl.zeros((BLOCK_M, HALF), dtype=tl.float32),
+                                  off_m, off_n, K, B_KN, BLOCK_K)
+                if not ticketed:
+                    _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
+                    ticketed = pid >= 0
+                if not peers_in:
+                    peers_in = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id,
+                                           rank, world_size, rank)
+                if peers_in:
+                    _reduce_half(acc, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
+                                 off_n, lo, hi, N, slot_rows, stride_om, rank, world_size)
     if not ticketed:
         _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
     has_top = (hi > lo) & (lo % BLOCK_M != 0)  # boundary tiles: r's rows came from the slots
@@ -153,9 +183,11 @@ def gemm_rs_kernel(a_desc, b_desc, slots_desc, c_desc, buf_ptr, buf_table, offse
             flagged = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank,
                                   world_size, -1)
         if flagged:
-            _reduce_epilogue(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), False, buf_ptr, out_ptr,
-                             slots_desc, c_desc, False, off_m, (tile % tiles_n) * BLOCK_N, lo, hi,
-                             N, slot_rows, stride_om, rank, world_size, BLOCK_M, BLOCK_N)
+            zero = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype=tl.float32)
+            for half in range(2):
+                _reduce_half(zero, False, buf_ptr, out_ptr, slots_desc, c_desc, False, off_m,
+                             (tile % tiles_n) * BLOCK_N + half * (BLOCK_N // 2), lo, hi, N,
+                             slot_rows, stride_om, rank, world_size)
 
 
 @dl.jit
@@ -188,30 +220,23 @@ def _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, wo
 
 
 @dl.jit
-def _reduce_epilogue(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, slots_desc, c_desc,
-                     C_TMA: tl.constexpr, off_m, off_n, lo, hi, N, slot_rows, stride_om, rank,
-                     world_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """With ``C_TMA`` (whole own tiles) ``_reduce_store_tma`` in two ``BLOCK_N / 2`` halves,
-    else ``_reduce_store`` in four ``BLOCK_N / 4`` quarters (fewer live registers: no spills
-    either way, compiled for sm_90a)."""
-    H: tl.constexpr = BLOCK_N // 2
-    Q: tl.constexpr = BLOCK_N // 4
-    h0, h1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))
+def _reduce_half(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, slots_desc, c_desc,
+                 C_TMA: tl.constexpr, off_m, off_n, lo, hi, N, slot_rows, stride_om, rank,
+                 world_size):
+    """Reduce and store a ``[BLOCK_M, BLOCK_N / 2]`` block of a tile at column ``off_n``: with
+    ``C_TMA`` (whole own tiles) ``_reduce_store_tma`` at once (the descriptors' block), else
+    ``_reduce_store`` in two quarters (fewer live registers: no spills either way, compiled for
+    sm_90a)."""
+    BM: tl.constexpr = acc.shape[0]
+    Q: tl.constexpr = acc.shape[1] // 2
     if C_TMA:
-        _reduce_store_tma(h0, slots_desc, c_desc, off_m, off_n, lo, slot_rows, rank, world_size)
-        _reduce_store_tma(h1, slots_desc, c_desc, off_m, off_n + H, lo, slot_rows, rank,
-                          world_size)
+        _reduce_store_tma(acc, slots_desc, c_desc, off_m, off_n, lo, slot_rows, rank, world_size)
     else:
-        q0, q1 = tl.split(tl.permute(tl.reshape(h0, (BLOCK_M, 2, Q)), (0, 2, 1)))
-        q2, q3 = tl.split(tl.permute(tl.reshape(h1, (BLOCK_M, 2, Q)), (0, 2, 1)))
+        q0, q1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, Q)), (0, 2, 1)))
         _reduce_store(q0, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n, lo, hi, N, slot_rows,
-                      stride_om, rank, world_size, BLOCK_M, Q)
+                      stride_om, rank, world_size, BM, Q)
         _reduce_store(q1, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + Q, lo, hi, N, slot_rows,
-                      stride_om, rank, world_size, BLOCK_M, Q)
-        _reduce_store(q2, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + 2 * Q, lo, hi, N,
-                      slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
-        _reduce_store(q3, OWN_IN_ACC, buf_ptr, out_ptr, off_m, off_n + 3 * Q, lo, hi, N,
-                      slot_rows, stride_om, rank, world_size, BLOCK_M, Q)
+                      stride_om, rank, world_size, BM, Q)
 
 
 @dl.jit

@@ -70,3 +70,19 @@ def _graph_replay(group):
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_cuda_graph_capture_and_replay(world_size):
     assert ditron_ops.launch(_graph_replay, world_size) == [True] * world_size
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_split_tail_forced(world_size, monkeypatch):
+    """Whole own tiles as halves next to peers' partials and boundary rows (the tail rule forced
+    to 5 tiles; the model shapes above meet the rule itself at W = 2 and 4), bitwise."""
+    from ditron_ops.ag_gemm._launch import tile_config
+    from ditron_ops.gemm_rs import _launch
+
+    if not tile_config(torch.device("cuda")).split_tail:
+        pytest.skip("tile configuration without split tail")
+    seen, own_tail = [], _launch.own_tail
+    monkeypatch.setattr(_launch, "tail_tiles", lambda tiles, programs, cfg: min(tiles, 5))
+    monkeypatch.setattr(_launch, "own_tail", lambda *a: seen.append(own_tail(*a)) or seen[-1])
+    ditron_ops.launch(lambda g: check_gemm_reduce(g, 4000, 1000, 520, torch.bfloat16), world_size)
+    assert seen and all(t == 5 for t in seen), seen
