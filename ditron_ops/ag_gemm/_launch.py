@@ -60,21 +60,25 @@ stages, 4 or 8 warps) 0.91-0.92x, 256x128x64 0.93x, 128x128x128 0.89x, GROUP_M 1
 unpaired sweep where s3 read 0.975x). The shapes that trail most fill their last wave worst
 (8192x1792: 448 tiles = 3.4 waves of 132 SMs; 8192x3696: 7.3 waves): ``split_tail``.
 
-Three runs on 2026-12-01, P1 geo-mean vs cuBLAS (P2 overhead geo-mean, consumer with every
-chunk present vs the same configuration's plain GEMM):
+Five runs on 2026-12-01, P1 geo-mean vs cuBLAS (P2 overhead geo-mean, consumer with every
+chunk present vs the same configuration's plain GEMM; the last run with the interleaved pairing
+of ``paired_graph_times``, the first four with blocks of rounds):
 
-    config     9ad02c3 (*)       a902b56          c6eb20b
-    s3         0.905 (+2.0%)     0.956 (-2.4%)    0.964 (-1.9%)
-    s4         0.936 (+1.5%)     0.969 (+1.2%)    0.978 (+0.4%)
-    s3/tail    0.946 (+2.5%)     0.986 (+1.4%)    0.990 (+1.9%)
-    s4/tail    -                 0.996 (+3.1%)    0.996 (+2.5%)
+    config     9ad02c3 (*)    a902b56        c6eb20b        ff305fc        97abeab
+    s3         0.905 (+2.0%)  0.956 (-2.4%)  0.964 (-1.9%)  0.961 (-1.8%)  0.948 (+0.7%)
+    s4         0.936 (+1.5%)  0.969 (+1.2%)  0.978 (+0.4%)  0.977 (+0.5%)  0.946 (+0.8%)
+    s3/tail    0.946 (+2.5%)  0.986 (+1.4%)  0.990 (+1.9%)  0.995 (+1.1%)  0.970 (+0.8%)
+    s4/tail    -              0.996 (+3.1%)  0.996 (+2.5%)  0.997 (+1.9%)  0.985 (+0.4%)
 
 (*) a machine whose cuBLAS ran 7-10% faster than in every other run (777 TFLOPS on
 8192x6144x12288; ours the same as elsewhere), where a flattened tile + K loop
-(``tl.range(flatten=True)``, since removed) also ran: 0.766x, 0.816x with split tail. Per-shape
-P2 moved by up to +-5% between runs (noise of the paired timing). s3/tail is the default: P1
-within 1% of s4/tail, the lower P2, and the smaller shared-memory footprint (180 KB, not 229 KB)
-that gemm_rs, which uses the same tiles and stages, also gets."""
+(``tl.range(flatten=True)``, since removed) also ran: 0.766x, 0.816x with split tail. In
+97abeab's run cuBLAS was again faster than in the middle three (136.5 us on 8192x1376x4096
+against 141.1, 703.2 on 8192x3696x8192 against 728.2) while ours was not. Before the
+interleaved pairing, per-shape P2 moved by up to +-5% between runs; with it, two builds of the
+same GEMM agree within 0.4% on five of the six shapes. s3/tail is the default: P1 within 1-1.5%
+of s4/tail, and the smaller shared-memory footprint (180 KB, not 229 KB) that gemm_rs, which
+uses the same tiles and stages, also gets."""
 GPU_CONFIG = _env.ag_gemm_config("128x256x64/s3/tail")
 if GPU_CONFIG not in GPU_CONFIGS:
     raise ValueError(f"ditron: DITRON_AG_GEMM_CONFIG must be one of {sorted(GPU_CONFIGS)}, "
