@@ -95,7 +95,7 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
     coordinates need no load).
     ``ALIGNED``: N and ``stride_om`` are multiples of 16 (vector loads and stores). ``C_TMA``:
     whole own tiles read the peers' partials through ``slots_desc`` and store through ``c_desc``
-    (``BLOCK_N / 4`` wide blocks; see ``_reduce_store_tma``); boundary rows always use masked
+    (``BLOCK_N / 2`` wide blocks; see ``_reduce_store_tma``); boundary rows always use masked
     pointer loads and stores. ``SPLIT_TAIL``: the last ``tail_tiles`` tiles (whole own tiles; the
     host passes a partial last wave of at most half the grid, else 0) run after the main loop as
     twice as many ``BLOCK_N / 2`` wide halves through ``bh_desc``, as in ``ag_gemm_kernel``."""
