@@ -145,15 +145,14 @@ def _padded_copy(t: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-def b_descriptor(b: torch.Tensor, cfg: TileConfig, block_n: Optional[int] = None
-                 ) -> tuple[TensorDescriptor, bool]:
-    """TMA descriptor for ``b [K, N]`` (blocks ``block_n`` wide, default ``cfg.block_n``) and
-    whether it is over ``b`` (True) or ``b.T`` (False).
+def b_descriptor(b: torch.Tensor, cfg: TileConfig) -> tuple[TensorDescriptor, bool]:
+    """TMA descriptor for ``b [K, N]`` (blocks ``cfg.block_n`` wide) and whether it is over
+    ``b`` (True) or ``b.T`` (False).
 
     ``[K, N]`` row-major and ``w.t()`` of a row-major Linear weight ``w [N, K]`` are used as they
     are; any other stride pattern is copied once into an aligned row-major buffer.
     """
-    bn = block_n or cfg.block_n
+    bn = cfg.block_n
     if _tma_ok(b):
         return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, bn]), True
     bt = b.t()
@@ -161,6 +160,16 @@ def b_descriptor(b: torch.Tensor, cfg: TileConfig, block_n: Optional[int] = None
         return TensorDescriptor(bt, list(bt.shape), list(bt.stride()), [bn, cfg.block_k]), False
     b = _padded_copy(b)
     return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, bn]), True
+
+
+def half_b_descriptor(b_desc: TensorDescriptor, b_kn: bool, cfg: TileConfig) -> TensorDescriptor:
+    """``b_desc`` (from ``b_descriptor``) in ``cfg.block_n / 2`` wide blocks for the split tail,
+    over the same memory (no second copy of an unaligned B); ``b_desc`` itself without it."""
+    if not cfg.split_tail:
+        return b_desc
+    half = cfg.block_n // 2
+    block = [cfg.block_k, half] if b_kn else [half, cfg.block_k]
+    return TensorDescriptor(b_desc.base, b_desc.shape, b_desc.strides, block)
 
 
 def _c_descriptor(out: torch.Tensor, cfg: TileConfig) -> Optional[TensorDescriptor]:
@@ -185,7 +194,7 @@ def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     grid = programs or consumer_grid(out.device, group, tiles, cfg)
     tail = tail_tiles(tiles, grid, cfg)
-    bh_desc = b_descriptor(b, cfg, cfg.block_n // 2)[0] if cfg.split_tail else b_desc
+    bh_desc = half_b_descriptor(b_desc, b_kn, cfg)
     rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
     timeout_us = group.timeout_us() if group is not None else 1
     ag_gemm_kernel[(grid,)](

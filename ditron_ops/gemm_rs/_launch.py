@@ -10,8 +10,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _env
 from ..ag_gemm._kernels import ag_start_kernel
-from ..ag_gemm._launch import (_padded_copy, _tma_ok, b_descriptor, consumer_programs, tail_tiles,
-                               tile_config)
+from ..ag_gemm._launch import (_padded_copy, _tma_ok, b_descriptor, consumer_programs,
+                               half_b_descriptor, tail_tiles, tile_config)
 from ..runtime.group import Group, op_id
 from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
 from ._kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
@@ -80,12 +80,14 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
                 **_FINISH_BLOCK)
         else:
             lo, hi = sum(rows[:rank]), sum(rows[:rank + 1])
-            gemm_rs_kernel[(programs,)](a_desc, b_desc, _half_b(b, b_desc, cfg), slots_desc, c_desc,
-                                        buf, data.ptr_table, offsets, out, sig, ws.signal.ptr_table,
-                                        claim, record, m, n, k, slot_rows, out.stride(0), lo, hi,
+            gemm_rs_kernel[(programs,)](a_desc, b_desc, half_b_descriptor(b_desc, b_kn, cfg),
+                                        slots_desc, c_desc, buf, data.ptr_table, offsets, out, sig,
+                                        ws.signal.ptr_table, claim, record, m, n, k, slot_rows,
+                                        out.stride(0), lo, hi,
                                         own_tail(m, n, lo, hi, programs, cfg), rank, w,
-                                        group.timeout_us(), op_id(op), C_TMA=c_desc is not None,
-                                        SPLIT_TAIL=cfg.split_tail, **tiles_cfg)
+                                        group.timeout_us(), op_id(op),
+                                        C_TMA=c_desc is not None, SPLIT_TAIL=cfg.split_tail,
+                                        **tiles_cfg)
     if _env.sync_check():
         group.synchronize()
     return out
@@ -99,11 +101,6 @@ def own_tail(m: int, n: int, lo: int, hi: int, programs: int, cfg) -> int:
     own = max(full_end - -(-lo // cfg.block_m), 0) * tiles_n
     tail = tail_tiles(tiles_m * tiles_n, programs, cfg)
     return tail if tail <= own else 0
-
-
-def _half_b(b: torch.Tensor, b_desc: TensorDescriptor, cfg) -> TensorDescriptor:
-    """B in ``BLOCK_N / 2`` wide blocks for the split tail (``b_desc`` itself without it)."""
-    return b_descriptor(b, cfg, cfg.block_n // 2)[0] if cfg.split_tail else b_desc
 
 
 def _epilogue_descriptors(out: torch.Tensor, buf: torch.Tensor, slot_rows_total: int, cfg):
@@ -142,9 +139,10 @@ def _warmup(device: torch.device) -> None:
                 outs.append(torch.empty(64, 64, dtype=dtype, device=device))
                 c_desc, slots_desc = (_epilogue_descriptors(outs[-1], buf, 64, cfg) if c_tma
                                       else (None, None))
-                gemm_rs_kernel[(1,)](a_desc, b_desc, _half_b(b, b_desc, cfg), slots_desc, c_desc,
-                                     buf, table, offsets, outs[-1], sig, sig_table, claim, record,
-                                     64, 64, 64, 64, 64, 0, 64, 0, 0, 1, 10**6, 0, B_KN=b_kn,
+                gemm_rs_kernel[(1,)](a_desc, b_desc, half_b_descriptor(b_desc, b_kn, cfg),
+                                     slots_desc, c_desc, buf, table, offsets, outs[-1], sig,
+                                     sig_table, claim, record, 64, 64, 64, 64, 64, 0, 64, 0, 0, 1,
+                                     10**6, 0, B_KN=b_kn,
                                      ALIGNED=aligned, C_TMA=c_tma, SPLIT_TAIL=cfg.split_tail,
                                      **tiles_cfg)
                 records.append(record)
