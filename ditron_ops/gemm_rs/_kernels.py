@@ -132,19 +132,10 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
         acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
                           off_m, pid_n * BLOCK_N, K, B_KN, BLOCK_K)
         if own:
-            if not ticketed:  # phase 1 is over; its stores drained during this GEMM
-                _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
-                ticketed = pid >= 0
-            if not peers_in:  # a whole own tile reads the peers' slots, never its own
-                peers_in = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id,
-                                       rank, world_size, rank)
-            if peers_in:
-                h0, h1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-                _reduce_half(h0, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
-                             pid_n * BLOCK_N, lo, hi, N, slot_rows, stride_om, rank, world_size)
-                _reduce_half(h1, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
-                             pid_n * BLOCK_N + BLOCK_N // 2, lo, hi, N, slot_rows, stride_om, rank,
-                             world_size)
+            ticketed, peers_in = _own_tile(
+                acc, ticketed, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr, sig_table,
+                err_claim, err_record, op_id, epoch, deadline, nprog, off_m, pid_n * BLOCK_N, lo,
+                hi, N, slot_rows, stride_om, rank, world_size, C_TMA, BLOCK_N)
         else:
             if not started:  # the owners' slots are free once they started this call
                 for r in range(world_size):
@@ -162,15 +153,10 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
             if off_n < N:
                 acc = tile_matmul(a_desc, bh_desc, tl.zeros((BLOCK_M, HALF), dtype=tl.float32),
                                   off_m, off_n, K, B_KN, BLOCK_K)
-                if not ticketed:
-                    _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
-                    ticketed = pid >= 0
-                if not peers_in:
-                    peers_in = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id,
-                                           rank, world_size, rank)
-                if peers_in:
-                    _reduce_half(acc, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
-                                 off_n, lo, hi, N, slot_rows, stride_om, rank, world_size)
+                ticketed, peers_in = _own_tile(
+                    acc, ticketed, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr,
+                    sig_table, err_claim, err_record, op_id, epoch, deadline, nprog, off_m, off_n,
+                    lo, hi, N, slot_rows, stride_om, rank, world_size, C_TMA, BLOCK_N)
     if not ticketed:
         _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
     has_top = (hi > lo) & (lo % BLOCK_M != 0)  # boundary tiles: r's rows came from the slots
@@ -188,6 +174,35 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
                 _reduce_half(zero, False, buf_ptr, out_ptr, slots_desc, c_desc, False, off_m,
                              (tile % tiles_n) * BLOCK_N + half * (BLOCK_N // 2), lo, hi, N,
                              slot_rows, stride_om, rank, world_size)
+
+
+@dl.jit
+def _own_tile(acc, ticketed, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr, sig_table,
+              err_claim, err_record, op_id, epoch, deadline, nprog, off_m, off_n, lo, hi, N,
+              slot_rows, stride_om, rank, world_size, C_TMA: tl.constexpr, BLOCK_N: tl.constexpr):
+    """After the GEMM of a whole own tile (``acc``: the full ``BLOCK_N`` wide tile, or a split
+    tail half): count this program out of phase 1 if not yet (its stores drained during this
+    GEMM), wait for the peers' flags if not yet (a whole own tile reads the peers' slots, never
+    its own), then reduce and store ``acc`` in ``BLOCK_N / 2`` wide blocks. Returns the new
+    ``(ticketed, peers_in)``."""
+    if not ticketed:
+        _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
+        ticketed = epoch >= 0
+    if not peers_in:
+        peers_in = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank,
+                               world_size, rank)
+    if peers_in:
+        if acc.shape[1] == BLOCK_N:
+            h0, h1 = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, BLOCK_N // 2)),
+                                         (0, 2, 1)))
+            _reduce_half(h0, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m, off_n, lo,
+                         hi, N, slot_rows, stride_om, rank, world_size)
+            _reduce_half(h1, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m,
+                         off_n + BLOCK_N // 2, lo, hi, N, slot_rows, stride_om, rank, world_size)
+        else:
+            _reduce_half(acc, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m, off_n, lo,
+                         hi, N, slot_rows, stride_om, rank, world_size)
+    return ticketed, peers_in
 
 
 @dl.jit
