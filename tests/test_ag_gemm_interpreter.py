@@ -4,7 +4,7 @@ import torch
 
 import ditron_ops
 from ditron_ops.ag_gemm import matmul
-from ditron_ops.testing.ag_gemm_checks import check_ag_gemm
+from ditron_ops.testing.ag_gemm_checks import check_ag_gemm, interpreter_split_tail
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
 
@@ -189,17 +189,6 @@ def test_shard_size_disagreement_is_reported():
     assert ditron_ops.launch(_lying_shard, 2, device="cpu", timeout_s=5.0) == ["ag_gemm"] * 2
 
 
-def _split_tail(monkeypatch, programs: int):
-    """Interpreter tiles of 16 x 32 (halves 16 wide) with ``split_tail`` on ``programs``
-    consumer programs (the interpreter runs them one after the other)."""
-    from ditron_ops.ag_gemm import _launch
-
-    cfg = _launch.TileConfig(16, 32, 16, 2, 4, 1, split_tail=True)
-    monkeypatch.setattr(_launch, "INTERPRETER_CONFIG", cfg)
-    monkeypatch.setattr(_launch, "INTERPRETER_PROGRAMS", programs)
-    return cfg
-
-
 def test_tail_tiles_rule():
     """A partial last wave of at most half the grid runs as halves; anything else does not."""
     from ditron_ops.ag_gemm._launch import TileConfig, tail_tiles
@@ -220,7 +209,7 @@ def test_split_tail_matmul_matches_reference(monkeypatch, m, n, k, programs):
     N, a bias, strided output), against an fp32 reference."""
     from ditron_ops.ag_gemm import _launch
 
-    cfg = _split_tail(monkeypatch, programs)
+    cfg = interpreter_split_tail(monkeypatch, programs)
     tiles = -(-m // 16) * -(-n // 32)
     grid = _launch.consumer_grid(torch.device("cpu"), None, tiles, cfg)
     assert _launch.tail_tiles(tiles, grid, cfg) > 0  # the tail loop runs
@@ -237,6 +226,6 @@ def test_split_tail_ag_gemm_matches_reference(monkeypatch, world_size, sizes):
     """The fused consumer with split tails (each half waits for its rows' chunks)."""
     from ditron_ops.ag_gemm import _launch
 
-    cfg = _split_tail(monkeypatch, 4)
+    cfg = interpreter_split_tail(monkeypatch, 4)
     assert _launch.tail_tiles(6, _launch.consumer_grid(torch.device("cpu"), None, 6, cfg), cfg) == 2
     ditron_ops.launch(check_ag_gemm, world_size, args=(sizes, 45, 20, torch.float32))

@@ -7,7 +7,8 @@ import torch
 
 import ditron_ops
 from ditron_ops import reference
-from ditron_ops.testing.gemm_rs_checks import check_gemm_reduce, gemm_rs_inputs
+from ditron_ops.testing.ag_gemm_checks import interpreter_split_tail
+from ditron_ops.testing.gemm_rs_checks import check_gemm_reduce, gemm_rs_inputs, spy_own_tail
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
 
@@ -209,18 +210,10 @@ def test_lowp_partials(world_size, m, n, k, monkeypatch):
         assert 0 < err <= 4e-3 and exact, (err, exact)
 
 
-def _split_tail(monkeypatch, programs: int):
-    """Interpreter tiles of 16 x 32 (halves 16 wide) with ``split_tail`` on ``programs``
-    programs; returns the list every ``own_tail`` result is appended to."""
-    from ditron_ops.ag_gemm import _launch as ag_launch
-    from ditron_ops.gemm_rs import _launch
-
-    monkeypatch.setattr(ag_launch, "INTERPRETER_CONFIG",
-                        ag_launch.TileConfig(16, 32, 16, 2, 4, 1, split_tail=True))
-    monkeypatch.setattr(ag_launch, "INTERPRETER_PROGRAMS", programs)
-    seen, own_tail = [], _launch.own_tail
-    monkeypatch.setattr(_launch, "own_tail", lambda *a: seen.append(own_tail(*a)) or seen[-1])
-    return seen
+def _split_tail(monkeypatch, programs: int) -> list:
+    """Interpreter split tail on ``programs`` programs; the ``own_tail`` results."""
+    interpreter_split_tail(monkeypatch, programs)
+    return spy_own_tail(monkeypatch)
 
 
 def test_own_tail_rule():

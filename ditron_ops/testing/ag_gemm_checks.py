@@ -59,3 +59,15 @@ def check_ag_gemm(group: Group, sizes: Sequence[int], n: int, k: int, dtype: tor
     err = ((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
     assert err <= REL_TOL[dtype], f"rank {group.rank}: relative error {err:.2e} > {REL_TOL[dtype]:.0e}"
     return err
+
+
+def interpreter_split_tail(monkeypatch, programs: int):
+    """Tests: interpreter tiles of 16 x 32 (halves 16 wide) with ``split_tail`` on ``programs``
+    programs (the interpreter runs them one after the other), through pytest's ``monkeypatch``;
+    returns the tile configuration."""
+    from ..ag_gemm import _launch
+
+    cfg = _launch.TileConfig(16, 32, 16, 2, 4, 1, split_tail=True)
+    monkeypatch.setattr(_launch, "INTERPRETER_CONFIG", cfg)
+    monkeypatch.setattr(_launch, "INTERPRETER_PROGRAMS", programs)
+    return cfg

@@ -48,3 +48,13 @@ def check_gemm_reduce(group: Group, m: int, n: int, k: int, dtype: torch.dtype, 
     assert torch.equal(rs, want[start:start + rows[group.rank]]), f"rank {group.rank}: gemm_rs differs"
     assert torch.equal(ar, want), f"rank {group.rank}: gemm_ar ({algorithm}) differs"
     return True
+
+
+def spy_own_tail(monkeypatch) -> list:
+    """Tests: the list every ``gemm_rs._launch.own_tail`` result is appended to (how many tiles
+    the reduce-scatter GEMM ran as split-tail halves), through pytest's ``monkeypatch``."""
+    from ..gemm_rs import _launch
+
+    seen, own_tail = [], _launch.own_tail
+    monkeypatch.setattr(_launch, "own_tail", lambda *a: seen.append(own_tail(*a)) or seen[-1])
+    return seen

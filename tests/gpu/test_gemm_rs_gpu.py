@@ -6,7 +6,7 @@ import torch
 
 import ditron_ops
 from ditron_ops.bench.shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, get_model
-from ditron_ops.testing.gemm_rs_checks import check_gemm_reduce, gemm_rs_inputs
+from ditron_ops.testing.gemm_rs_checks import check_gemm_reduce, gemm_rs_inputs, spy_own_tail
 
 pytestmark = pytest.mark.gpu
 _CAPTURE_LOCK = threading.Lock()
@@ -81,8 +81,7 @@ def test_split_tail_forced(world_size, monkeypatch):
 
     if not tile_config(torch.device("cuda")).split_tail:
         pytest.skip("tile configuration without split tail")
-    seen, own_tail = [], _launch.own_tail
+    seen = spy_own_tail(monkeypatch)
     monkeypatch.setattr(_launch, "tail_tiles", lambda tiles, programs, cfg: min(tiles, 5))
-    monkeypatch.setattr(_launch, "own_tail", lambda *a: seen.append(own_tail(*a)) or seen[-1])
     ditron_ops.launch(lambda g: check_gemm_reduce(g, 4000, 1000, 520, torch.bfloat16), world_size)
     assert seen and all(t == 5 for t in seen), seen
