@@ -291,7 +291,7 @@ def paired_graph_times(group, fns: dict[str, Callable[[], Any]], *, rounds: int 
     for fn in fns.values():  # every workspace at its final size before any graph bakes one in
         fn()
     group.synchronize()
-    graphs = list({name: _capture(group, fn, target_ms, max_iters) for name, fn in fns.items()}.items())
+    graphs = [(name, _capture(group, fn, target_ms, max_iters)) for name, fn in fns.items()]
     times: dict[str, list[float]] = {name: [] for name in fns}
     for i in range(rounds):
         for name, (graph, iters) in graphs if i % 2 == 0 else reversed(graphs):
