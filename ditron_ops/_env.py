@@ -9,7 +9,7 @@
 | ``CUDA_MODULE_LOADING``| (CUDA's) | set to ``EAGER`` by ``prepare_cuda_for_virtual_ranks``.          |
 | ``DITRON_VIRTUAL_GATE``| ``1`` | GPU virtual ranks launch waiting kernels together (``VirtualGroup.waiting_launch``). |
 | ``NVSHMEM_LIB_DIR`` | unset   | directory of ``libnvshmem_device.bc`` (``language.nvshmem``).        |
-| ``DITRON_AG_GEMM_CONFIG``| ``128x256x64/s3/tail`` | the persistent GEMM's tile configuration (``ag_gemm._launch.GPU_CONFIGS``). |
+| ``DITRON_AG_GEMM_CONFIG``| ``128x256x64/s4/tail`` | the persistent GEMM's tile configuration (``ag_gemm._launch.GPU_CONFIGS``). |
 | ``DITRON_GEMM_RS_LOWP``| ``0`` | experimental: ``1`` sends default-mode gemm_rs partials in the input dtype (``gemm_rs._launch``). |
 
 Without a CUDA device the interpreter is chosen automatically, so a CPU-only machine needs no

@@ -202,6 +202,21 @@ def test_tail_tiles_rule():
     assert tail_tiles(448, 132, TileConfig(128, 256, 64, 8, 8, 3)) == 0
 
 
+def test_fit_stages_rule(monkeypatch):
+    """Pipeline stages are cut only where A/B stages + the C store block pass the shared-memory
+    limit: on the H200 fp32 C at 4 stages (262,176 bytes compiled), not bf16 C (229,408)."""
+    from ditron_ops.ag_gemm import _launch
+
+    monkeypatch.setattr(_launch, "_shared_memory_limit", lambda index: 232448)
+    s4 = _launch.GPU_CONFIGS["128x256x64/s4/tail"]
+    gpu = torch.device("cuda", 0)
+    assert _launch.fit_stages(s4, gpu, 2, 2) is s4
+    assert _launch.fit_stages(s4, gpu, 2, 4) == _launch.TileConfig(128, 256, 64, 8, 8, 3,
+                                                                   split_tail=True)
+    assert _launch.fit_stages(s4, gpu, 4, 4).num_stages == 2  # never below 2
+    assert _launch.fit_stages(s4, torch.device("cpu"), 2, 4) is s4
+
+
 @pytest.mark.parametrize("m,n,k,programs", [(40, 70, 24, 4), (33, 96, 17, 7), (48, 50, 16, 12),
                                             (16, 20, 9, 3)])
 def test_split_tail_matmul_matches_reference(monkeypatch, m, n, k, programs):

@@ -6,6 +6,7 @@ so every rank of a group uses the same one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Optional
 
@@ -60,26 +61,29 @@ stages, 4 or 8 warps) 0.91-0.92x, 256x128x64 0.93x, 128x128x128 0.89x, GROUP_M 1
 unpaired sweep where s3 read 0.975x). The shapes that trail most fill their last wave worst
 (8192x1792: 448 tiles = 3.4 waves of 132 SMs; 8192x3696: 7.3 waves): ``split_tail``.
 
-Five runs on 2026-12-01, P1 geo-mean vs cuBLAS (P2 overhead geo-mean, consumer with every
-chunk present vs the same configuration's plain GEMM; the last run with the interleaved pairing
-of ``paired_graph_times``, the first four with blocks of rounds):
+Six runs, P1 geo-mean vs cuBLAS (P2 overhead geo-mean, consumer with every chunk present vs
+the same configuration's plain GEMM; the last two with the interleaved pairing of
+``paired_graph_times``, the first four with blocks of rounds; (+) is 3b9a903 with this default
+and ``fit_stages``):
 
-    config     9ad02c3 (*)    a902b56        c6eb20b        ff305fc        97abeab
-    s3         0.905 (+2.0%)  0.956 (-2.4%)  0.964 (-1.9%)  0.961 (-1.8%)  0.948 (+0.7%)
-    s4         0.936 (+1.5%)  0.969 (+1.2%)  0.978 (+0.4%)  0.977 (+0.5%)  0.946 (+0.8%)
-    s3/tail    0.946 (+2.5%)  0.986 (+1.4%)  0.990 (+1.9%)  0.995 (+1.1%)  0.970 (+0.8%)
-    s4/tail    -              0.996 (+3.1%)  0.996 (+2.5%)  0.997 (+1.9%)  0.985 (+0.4%)
+    config   9ad02c3 (*)   a902b56       c6eb20b       ff305fc       97abeab       (+)
+    s3       0.905 (+2.0%) 0.956 (-2.4%) 0.964 (-1.9%) 0.961 (-1.8%) 0.948 (+0.7%) 0.948 (+0.8%)
+    s4       0.936 (+1.5%) 0.969 (+1.2%) 0.978 (+0.4%) 0.977 (+0.5%) 0.946 (+0.8%) 0.950 (+0.4%)
+    s3/tail  0.946 (+2.5%) 0.986 (+1.4%) 0.990 (+1.9%) 0.995 (+1.1%) 0.970 (+0.8%) 0.970 (+0.5%)
+    s4/tail  -             0.996 (+3.1%) 0.996 (+2.5%) 0.997 (+1.9%) 0.985 (+0.4%) 0.985 (+0.4%)
 
 (*) a machine whose cuBLAS ran 7-10% faster than in every other run (777 TFLOPS on
 8192x6144x12288; ours the same as elsewhere), where a flattened tile + K loop
-(``tl.range(flatten=True)``, since removed) also ran: 0.766x, 0.816x with split tail. In
-97abeab's run cuBLAS was again faster than in the middle three (136.5 us on 8192x1376x4096
-against 141.1, 703.2 on 8192x3696x8192 against 728.2) while ours was not. Before the
-interleaved pairing, per-shape P2 moved by up to +-5% between runs; with it, two builds of the
-same GEMM agree within 0.4% on five of the six shapes. s3/tail is the default: P1 within 1-1.5%
-of s4/tail, and the smaller shared-memory footprint (180 KB, not 229 KB) that gemm_rs, which
-uses the same tiles and stages, also gets."""
-GPU_CONFIG = _env.ag_gemm_config("128x256x64/s3/tail")
+(``tl.range(flatten=True)``, since removed) also ran: 0.766x, 0.816x with split tail. In the
+last two runs cuBLAS was again faster than in the middle three (136.5-138.1 us on
+8192x1376x4096 against 141.1, 703.2-704.2 on 8192x3696x8192 against 728.2) while ours was not.
+Before the interleaved pairing, per-shape P2 moved by up to +-5% between runs; with it, two
+builds of the same GEMM agree within 0.4% on five of the six shapes. s4/tail is the default: the
+best P1 in every run that measured it, and in the last two the lowest per-shape P2 (at most
+1.2%, where s3/tail reached 3.3% and 3.0% on 8192x1792). It needs 229 KB of shared memory
+(s3: 180 KB), so fp32 products drop to 3 stages (``fit_stages``); gemm_rs, with the same tiles
+and stages, compiles to 229,408 bytes in every variant."""
+GPU_CONFIG = _env.ag_gemm_config("128x256x64/s4/tail")
 if GPU_CONFIG not in GPU_CONFIGS:
     raise ValueError(f"ditron: DITRON_AG_GEMM_CONFIG must be one of {sorted(GPU_CONFIGS)}, "
                      f"got {GPU_CONFIG!r}")
@@ -172,6 +176,29 @@ def half_b_descriptor(b_desc: TensorDescriptor, b_kn: bool, cfg: TileConfig) -> 
     return TensorDescriptor(b_desc.base, b_desc.shape, b_desc.strides, block)
 
 
+def fit_stages(cfg: TileConfig, device: torch.device, in_bytes: int, out_bytes: int) -> TileConfig:
+    """``cfg`` with as many of its pipeline stages as fit the device's shared memory per block:
+    each stage holds an A and a B block (``in_bytes`` per element), and the C store stages a
+    ``[block_m, block_n / 2]`` block (``out_bytes``). The one case cut on the H200 (232,448
+    bytes): fp32 C at 4 stages, 262,176 bytes compiled (the plain GEMM's fp32 products); bf16
+    C at 4 stages compiles to 229,408. The stage count never changes the K order (results are
+    the same)."""
+    if device.type != "cuda":
+        return cfg
+    limit = _shared_memory_limit(device.index if device.index is not None else 0)
+    stage = (cfg.block_m + cfg.block_n) * cfg.block_k * in_bytes
+    c_block = cfg.block_m * cfg.block_n // 2 * out_bytes
+    stages = cfg.num_stages
+    while stages > 2 and stages * stage + c_block + 1024 > limit:
+        stages -= 1
+    return cfg if stages == cfg.num_stages else dataclasses.replace(cfg, num_stages=stages)
+
+
+@functools.cache
+def _shared_memory_limit(index: int) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
 def _c_descriptor(out: torch.Tensor, cfg: TileConfig) -> Optional[TensorDescriptor]:
     """TMA store descriptor (two ``block_n / 2`` halves per tile) when ``out`` allows it."""
     if _tma_ok(out):
@@ -187,7 +214,8 @@ def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor
                     cfg: Optional[TileConfig] = None) -> torch.Tensor:
     """Launch the persistent GEMM (``wait=False``: a plain GEMM; the waiting arguments are
     unused) with tile configuration ``cfg`` (default ``tile_config``)."""
-    cfg = cfg or tile_config(out.device)
+    cfg = fit_stages(cfg or tile_config(out.device), out.device, b.element_size(),
+                     out.element_size())
     b_desc, b_kn = b_descriptor(b, cfg)
     c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
     n, k = b.shape[1], b.shape[0]
