@@ -72,6 +72,12 @@ and ``fit_stages``):
     s3/tail  0.946 (+2.5%) 0.986 (+1.4%) 0.990 (+1.9%) 0.995 (+1.1%) 0.970 (+0.8%) 0.970 (+0.5%)
     s4/tail  -             0.996 (+3.1%) 0.996 (+2.5%) 0.997 (+1.9%) 0.985 (+0.4%) 0.985 (+0.4%)
 
+A seventh run, 83e3a62 (the code of (+)), on a machine where cuBLAS and ours both ran 1-3%
+slower on the large shapes: s3 0.941, s4 0.941, s3/tail 0.962 (+1.0%), s4/tail 0.978 (+0.6%,
+at most 1.7% per shape; s3/tail 2.2%). The two shapes that trail are the ones whose N leaves a
+mostly empty last 256-wide tile (1376 = 5.4 tiles: 0.93x; 3696 = 14.4: 0.95x), a lead for a
+per-N tile width (rank-independent, so allowed), not yet measured.
+
 (*) a machine whose cuBLAS ran 7-10% faster than in every other run (777 TFLOPS on
 8192x6144x12288; ours the same as elsewhere), where a flattened tile + K loop
 (``tl.range(flatten=True)``, since removed) also ran: 0.766x, 0.816x with split tail. In the
