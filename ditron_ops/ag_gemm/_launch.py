@@ -74,9 +74,11 @@ and ``fit_stages``):
 
 A seventh run, 83e3a62 (the code of (+)), on a machine where cuBLAS and ours both ran 1-3%
 slower on the large shapes: s3 0.941, s4 0.941, s3/tail 0.962 (+1.0%), s4/tail 0.978 (+0.6%,
-at most 1.7% per shape; s3/tail 2.2%). The two shapes that trail are the ones whose N leaves a
-mostly empty last 256-wide tile (1376 = 5.4 tiles: 0.93x; 3696 = 14.4: 0.95x), a lead for a
-per-N tile width (rank-independent, so allowed), not yet measured.
+at most 1.7% per shape; s3/tail 2.2%). The two shapes that trail (8192x1376: 0.93x, 8192x3696:
+0.95x) leave their last 256-wide column mostly empty, but running that column as half tiles would
+not shorten them: counted in half tiles they still need as many waves (704 half tiles on 132
+programs, 6 per program as now; 1856, 7.5 waves as with ``split_tail`` now). Their gap is per
+tile, not padding.
 
 (*) a machine whose cuBLAS ran 7-10% faster than in every other run (777 TFLOPS on
 8192x6144x12288; ours the same as elsewhere), where a flattened tile + K loop
@@ -185,10 +187,10 @@ def half_b_descriptor(b_desc: TensorDescriptor, b_kn: bool, cfg: TileConfig) -> 
 def fit_stages(cfg: TileConfig, device: torch.device, in_bytes: int, out_bytes: int) -> TileConfig:
     """``cfg`` with as many of its pipeline stages as fit the device's shared memory per block:
     each stage holds an A and a B block (``in_bytes`` per element), and the C store stages a
-    ``[block_m, block_n / 2]`` block (``out_bytes``). The one case cut on the H200 (232,448
-    bytes): fp32 C at 4 stages, 262,176 bytes compiled (the plain GEMM's fp32 products); bf16
-    C at 4 stages compiles to 229,408. The stage count never changes the K order (results are
-    the same)."""
+    ``[block_m, block_n / 2]`` block (``out_bytes``), plus 1 KB for barriers and alignment.
+    The one case cut on the H200 (232,448 bytes): fp32 C at 4 stages, 262,176 bytes compiled
+    (the plain GEMM's fp32 products); bf16 C at 4 stages compiles to 229,408. The stage count
+    never changes the K order (results are the same)."""
     if device.type != "cuda":
         return cfg
     limit = _shared_memory_limit(device.index if device.index is not None else 0)
