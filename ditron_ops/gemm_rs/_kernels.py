@@ -26,18 +26,23 @@ which makes the one-rank call a plain GEMM plus a ticket. One-shot all-reduce
 (``gemm_broadcast_kernel``): every tile to slot r of every rank (after the ``ag_start_kernel``
 barrier), then ``reduce_finish_kernel`` flags, waits and sums.
 
-The partials stay fp32 and every owner adds them in rank order 0..W-1 from zero and rounds once:
-the result does not depend on arrival order, and with the fixed tile configuration each output
-row depends only on its own input row (batch invariance).
+The partials stay fp32 and every owner adds them in rank order 0..W-1 and rounds once: the
+result does not depend on arrival order, and with the fixed tile configuration each output row
+depends only on its own input row (batch invariance). The sum starts from its first term, slot 0
+(at rank 0 the own partial, straight from the registers), not from a zero tile: the same values
+as from +0.0 except that a sum of zeros keeps the sign of -0.0 (-0.0 is the additive identity,
++0.0 is not), which no comparison sees.
 
 Cost at one rank (the fused path with nothing to exchange, vs the plain GEMM of the same tiles;
 H200, 8192x4096x1376, %clock64 / %globaltimer per program and tile, 2026-12-01): the kernel
-spans about 5.5 µs more (+4%): the phase-1 count costs each program about 1.3 µs once (the
-system-scope atomic and its round trip; 1.1 µs at GPU scope), the reduce epilogue 0.3 µs more
-per tile (the zero tile and the add of the own partial: a bare store recovers it), the prologue
-0.3 µs. An epilogue that starts the sum from its first term measured 0.13 µs per tile better but
-spills scalars (none now) and did not beat the noise in graph replay, so it is not in; nor is
-the GPU-scope count.
+spanned about 5.5 µs more (+4%): the phase-1 count costs each program about 1.3 µs once (the
+system-scope atomic and its round trip; 1.1 µs at GPU scope), the reduce epilogue cost 0.3 µs
+more per tile (a zero tile plus the add of the own partial; a bare store recovers it), the
+prologue 0.3 µs. Starting the sum from its first term took the epilogue from 1.49 to 1.36 µs
+per tile (plain GEMM 1.20) and, in paired graph replay of the six bench shapes, the overhead
+from +1.66% to +0.86% geo-mean (8192x4096x1376, the worst: +4.52% to +3.69%; same run). The
+kernel sits at 255 registers with 128x256 fp32 tiles: epilogue edits move its spills (this one
+8 bytes in the TMA/aligned variant, which had none), so compile-check them for sm_90a.
 
 Signal pad (the ``ag_gemm`` layout): ``flag[s]`` at ``s`` = epoch of the last call whose
 partials from rank s have landed; start counts at ``[W, 2W)``; calls at ``3W`` (``gemm_rs_kernel``
@@ -266,23 +271,28 @@ def _reduce_half(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, slots_desc, c_
 @dl.jit
 def _reduce_store(acc, OWN_IN_ACC: tl.constexpr, buf_ptr, out_ptr, off_m, off_n, lo, hi, N,
                   slot_rows, stride_om, rank, world_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``out[rows - lo] = slot 0 + slot 1 + ...`` (fp32 from zero, rank order, one rounding) for
-    this rank's rows of the tile; slot ``rank`` is ``acc`` when ``OWN_IN_ACC``."""
+    """``out[rows - lo] = slot 0 + slot 1 + ...`` (fp32, rank order from the first term, one
+    rounding: module docstring) for this rank's rows of the tile; slot ``rank`` is ``acc`` when
+    ``OWN_IN_ACC``."""
     rm = off_m + tl.arange(0, BLOCK_M)
     rn = off_n + tl.arange(0, BLOCK_N)
     mask = ((rm >= lo) & (rm < hi))[:, None] & (rn < N)[None, :]
     local = (rm - lo).to(tl.int64)
     at = buf_ptr + local[:, None] * N + rn[None, :]
     slot = slot_rows.to(tl.int64) * N
-    total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for s in range(world_size):
-        if OWN_IN_ACC:
-            if s == rank:
-                total += acc
-            else:
-                total += tl.load(at + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
-        else:
-            total += tl.load(at + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
+    if OWN_IN_ACC:
+        total = acc
+        if rank > 0:  # slots 0..rank-1 first, then the own partial
+            pre = tl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in range(1, rank):
+                pre += tl.load(at + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
+            total = pre + acc
+        after = rank + 1
+    else:
+        total = tl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
+        after = 1
+    for s in range(after, world_size):
+        total += tl.load(at + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
     tl.store(out_ptr + local[:, None] * stride_om + rn[None, :], total.to(out_ptr.dtype.element_ty),
              mask=mask)
 
@@ -293,14 +303,17 @@ def _reduce_store_tma(acc, slots_desc, c_desc, off_m, off_n, lo, slot_rows, rank
     ``slots_desc`` (the slot buffer as ``[W * slot_rows, N]``) straight into ``acc``'s layout,
     so ``acc`` never leaves its registers; the sum is stored through ``c_desc`` (over ``out``).
     The tile's rows past this rank's last row read the next slot's rows (or zeros past the
-    buffer) and are clipped by ``c_desc``'s shape, as are columns past N."""
-    total = tl.zeros_like(acc)
+    buffer) and are clipped by ``c_desc``'s shape, as are columns past N. Rank order from the
+    first term (module docstring): at rank 0, and so at one rank, the sum starts from ``acc``."""
     row = off_m - lo
-    for s in range(world_size):
-        if s == rank:
-            total += acc
-        else:
-            total += slots_desc.load([s * slot_rows + row, off_n])
+    total = acc
+    if rank > 0:
+        pre = slots_desc.load([row, off_n])
+        for s in range(1, rank):
+            pre += slots_desc.load([s * slot_rows + row, off_n])
+        total = pre + acc
+    for s in range(rank + 1, world_size):
+        total += slots_desc.load([s * slot_rows + row, off_n])
     c_desc.store([row, off_n], total.to(c_desc.dtype))
 
 
