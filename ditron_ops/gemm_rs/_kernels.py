@@ -42,7 +42,11 @@ prologue 0.3 µs. Starting the sum from its first term took the epilogue from 1.
 per tile (plain GEMM 1.20) and, in paired graph replay of the six bench shapes, the overhead
 from +1.66% to +0.86% geo-mean (8192x4096x1376, the worst: +4.52% to +3.69%; same run). The
 kernel sits at 255 registers with 128x256 fp32 tiles: epilogue edits move its spills (this one
-8 bytes in the TMA/aligned variant, which had none), so compile-check them for sm_90a.
+8 bytes in the TMA/aligned variant, which had none), so compile-check them for sm_90a. Counting
+out at a one-rank program's start and reading the ticket at its end (thread 0's atomic by inline
+PTX, its result reduced CTA-wide at the end) measured worse (+5.57% against +3.79% on that shape,
+same run): the acq_rel atomic's acquire half waits out the round trip at the start anyway, and
+the live result spilled 108 bytes.
 
 Signal pad (the ``ag_gemm`` layout): ``flag[s]`` at ``s`` = epoch of the last call whose
 partials from rank s have landed; start counts at ``[W, 2W)``; calls at ``3W`` (``gemm_rs_kernel``
