@@ -74,7 +74,9 @@ and ``fit_stages``):
 
 A seventh run, 83e3a62 (the code of (+)), on a machine where cuBLAS and ours both ran 1-3%
 slower on the large shapes: s3 0.941, s4 0.941, s3/tail 0.962 (+1.0%), s4/tail 0.978 (+0.6%,
-at most 1.7% per shape; s3/tail 2.2%). The two shapes that trail (8192x1376: 0.93x, 8192x3696:
+at most 1.7% per shape; s3/tail 2.2%). An eighth, 577d1d7 (same GEMM code): s3 0.947 (+0.7%),
+s4 0.944 (+0.9%), s3/tail 0.966 (+0.5%), s4/tail 0.984 (+0.6%, at most 1.7%); per shape
+0.931 / 1.03 / 0.988 / 0.993 / 0.972 / 0.994. The two shapes that trail (8192x1376: 0.93x, 8192x3696:
 0.95x) leave their last 256-wide column mostly empty, but running that column as half tiles would
 not shorten them: counted in half tiles they still need as many waves (704 half tiles on 132
 programs, 6 per program as now; 1856, 7.5 waves as with ``split_tail`` now). Their gap is per
