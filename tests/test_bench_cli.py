@@ -6,7 +6,7 @@ import torch
 
 from ditron_ops.bench import LAYER_CONFIGS, local_gemm_shape
 from ditron_ops.bench.__main__ import main
-from ditron_ops.bench.harness import read_csv
+from ditron_ops.bench.harness import Result, _plot_series, read_csv
 
 
 def test_list_names_the_registered_benches(capsys):
@@ -20,6 +20,26 @@ def test_local_gemm_shape():
     assert len(LAYER_CONFIGS) == 7
     with pytest.raises(ValueError, match="unknown model"):
         local_gemm_shape("nope")
+
+
+def test_plot_series_per_case_or_per_model():
+    """A panel whose cases have a row per model shape plots a line per case over the models
+    (geo-mean last); otherwise a line per world size over the cases."""
+    def row(case, w, model, shape, ratio):
+        return Result("b", case, w, "bf16", "ours", 1.0, "base", ratio, shape=shape, model=model)
+
+    per_model = [row(c, 1, m, s, r) for c, m, s, r in [
+        ("P1 a", "M1", "8x8x8", 0.9), ("P1 a", "M2", "8x16x8", 1.1), ("P1 a", "", "geo-mean", 1.0),
+        ("P1 b", "M1", "8x8x8", 0.8), ("P1 b", "M2", "8x16x8", 0.7), ("P1 b", "", "geo-mean", 0.75)]]
+    xs, series = _plot_series(per_model)
+    assert xs == ["M1", "M2", "geo-mean"]
+    assert series == {"P1 a": [(0, 0.9), (1, 1.1), (2, 1.0)], "P1 b": [(0, 0.8), (1, 0.7), (2, 0.75)]}
+
+    per_case = [row(c, w, "", "", r) for c, w, r in [("M=128", 2, 0.5), ("M=512", 2, 0.9),
+                                                      ("M=128", 4, 0.6)]]
+    xs, series = _plot_series(per_case)
+    assert xs == ["M=128", "M=512"]
+    assert series == {"W=2": [(0, 0.5), (1, 0.9)], "W=4": [(0, 0.6)]}
 
 
 def test_quick_collectives_writes_csv_and_png(tmp_path, capsys):

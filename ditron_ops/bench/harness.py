@@ -445,8 +445,34 @@ def plot_title(bench: str, dtype_name: str, device_name: str, results: Sequence[
             f"baseline: {baselines}")
 
 
+def _plot_series(mine: Sequence[Result]) -> tuple[list[str], dict[str, list[tuple[int, float]]]]:
+    """X labels and ``{series label: [(x index, ratio)]}`` of one panel: a line per world size
+    over the cases, or, where a case has a row per model shape (P1 cores, gemm_rs ``present``),
+    a line per case and world size over the models (geo-mean rows last, as in the CSV)."""
+    per_shape = len({(r.case, r.world_size) for r in mine}) < len(mine)
+    one_world = len({r.world_size for r in mine}) == 1
+    if per_shape:
+        def label(r):
+            return r.model or r.shape
+
+        def key(r):
+            return r.case if one_world else f"{r.case} W={r.world_size}"
+    else:
+        def label(r):
+            return r.case
+
+        def key(r):
+            return f"W={r.world_size}"
+    xs = list(dict.fromkeys(label(r) for r in mine))
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in sorted(mine, key=lambda r: r.world_size):
+        series.setdefault(key(r), []).append((xs.index(label(r)), r.ratio))
+    return xs, series
+
+
 def plot_ratios(results: Sequence[Result], path: Path, title: str) -> Optional[Path]:
-    """PNG of ``ratio`` per case, a panel per impl, a line per world size (None: no matplotlib)."""
+    """PNG of ``ratio``, a panel per impl (``_plot_series``: a line per world size over the
+    cases, or per case over the model shapes) (None: no matplotlib)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -458,18 +484,16 @@ def plot_ratios(results: Sequence[Result], path: Path, title: str) -> Optional[P
     rows = math.ceil(len(impls) / cols) or 1
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.6 * rows), squeeze=False)
     for ax, impl in zip(axes.flat, impls):
-        mine = [r for r in results if r.impl == impl]
-        cases = list(dict.fromkeys(r.case for r in mine))
-        for w in sorted({r.world_size for r in mine}):
-            pts = [(cases.index(r.case), r.ratio) for r in mine if r.world_size == w]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"W={w}")
+        xs, series = _plot_series([r for r in results if r.impl == impl])
+        for name, pts in series.items():
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        ax.set_xticks(range(len(cases)))
-        ax.set_xticklabels(cases, rotation=30, ha="right", fontsize=7)
+        ax.set_xticks(range(len(xs)))
+        ax.set_xticklabels(xs, rotation=30, ha="right", fontsize=7)
         ax.set_yscale("log")
         ax.set_title(impl, fontsize=9)
         ax.set_ylabel("baseline / ours", fontsize=8)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6, framealpha=0.6)
     for ax in list(axes.flat)[len(impls):]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=9)
