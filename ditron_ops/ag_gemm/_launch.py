@@ -76,11 +76,18 @@ A seventh run, 83e3a62 (the code of (+)), on a machine where cuBLAS and ours bot
 slower on the large shapes: s3 0.941, s4 0.941, s3/tail 0.962 (+1.0%), s4/tail 0.978 (+0.6%,
 at most 1.7% per shape; s3/tail 2.2%). An eighth, 577d1d7 (same GEMM code): s3 0.947 (+0.7%),
 s4 0.944 (+0.9%), s3/tail 0.966 (+0.5%), s4/tail 0.984 (+0.6%, at most 1.7%); per shape
-0.931 / 1.03 / 0.988 / 0.993 / 0.972 / 0.994. The two shapes that trail (8192x1376: 0.93x, 8192x3696:
-0.95x) leave their last 256-wide column mostly empty, but running that column as half tiles would
-not shorten them: counted in half tiles they still need as many waves (704 half tiles on 132
-programs, 6 per program as now; 1856, 7.5 waves as with ``split_tail`` now). Their gap is per
-tile, not padding.
+0.931 / 1.03 / 0.988 / 0.993 / 0.972 / 0.994. The two shapes that trail (8192x1376: 0.93x,
+8192x3696: 0.95-0.97x) leave their last 256-wide column mostly empty, but running that column as
+half tiles would not shorten them: counted in half tiles they still need as many waves (704 half
+tiles on 132 programs, 6 per program as now; 1856, 7.5 waves as with ``split_tail`` now). cuBLAS
+runs exactly these two with tiles that are not powers of two (torch.profiler on the H200,
+2026-12-01: ``nvjet_sm90_tst_160x192_64x4_1x2`` on 8192x1376x4096, ``..._208x192_64x4_1x2`` on
+8192x3696x8192; 320x128 on 8192x1792 and 256x128 on the other three). Triton's block shapes are
+powers of two, so those tiles are out of its reach. Hopper warp specialization
+(``tl.range(warp_specialize=True)``), which would overlap the epilogue with the next tile's
+loads, does nothing in Triton 3.6 for sm_90a: a tutorial-style persistent TMA GEMM compiled
+with it at 8 warps came out as without it (no ``ttg.warp_specialize`` in the TTGIR, the same
+registers and SASS instruction counts); at 4 warps the NVGPUWarpSpecialization pass failed.
 
 (*) a machine whose cuBLAS ran 7-10% faster than in every other run (777 TFLOPS on
 8192x6144x12288; ours the same as elsewhere), where a flattened tile + K loop
