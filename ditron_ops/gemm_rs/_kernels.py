@@ -31,7 +31,8 @@ result does not depend on arrival order, and with the fixed tile configuration e
 depends only on its own input row (batch invariance). The sum starts from its first term, slot 0
 (at rank 0 the own partial, straight from the registers), not from a zero tile: the same values
 as from +0.0 except that a sum of zeros keeps the sign of -0.0 (-0.0 is the additive identity,
-+0.0 is not), which no comparison sees.
++0.0 is not), which only a bit-level comparison sees (``==`` and ``torch.equal`` do not); the
+one-shot ``reduce_finish_kernel`` and the collectives still start from +0.0.
 
 Cost at one rank (the fused path with nothing to exchange, vs the plain GEMM of the same tiles;
 H200, 8192x4096x1376, %clock64 / %globaltimer per program and tile, 2026-12-01): the kernel
