@@ -451,18 +451,14 @@ def _plot_series(mine: Sequence[Result]) -> tuple[list[str], dict[str, list[tupl
     a line per case and world size over the models (geo-mean rows last, as in the CSV)."""
     per_shape = len({(r.case, r.world_size) for r in mine}) < len(mine)
     one_world = len({r.world_size for r in mine}) == 1
-    if per_shape:
-        def label(r):
-            return r.model or r.shape
 
-        def key(r):
-            return r.case if one_world else f"{r.case} W={r.world_size}"
-    else:
-        def label(r):
-            return r.case
+    def label(r: Result) -> str:
+        return (r.model or r.shape) if per_shape else r.case
 
-        def key(r):
-            return f"W={r.world_size}"
+    def key(r: Result) -> str:
+        world = "" if per_shape and one_world else f"W={r.world_size}"
+        return f"{r.case} {world}".rstrip() if per_shape else world
+
     xs = list(dict.fromkeys(label(r) for r in mine))
     series: dict[str, list[tuple[int, float]]] = {}
     for r in sorted(mine, key=lambda r: r.world_size):
