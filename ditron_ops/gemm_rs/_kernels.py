@@ -5,26 +5,35 @@ Reduce-scatter (``gemm_rs_kernel``; rank r owns rows ``[lo, hi)``), one kernel (
 start barrier: program 0 counts the call in on every rank, and a program waits until every rank
 has counted it in before its first store into a peer's slots)::
 
-    phase 1: every row tile except r's whole ones,  | ticket: the last | phase 2: r's whole row tiles:
-      peers' rows first (right after r's rows);     | program of r     |   GEMM, wait for all flags,
-      fp32 tiles stored into slot r of the owner    | flags every rank |   out = slot 0 + .. + acc (at
-      (r's rows of a boundary tile: its own slot)   | (flag[r] = epoch)|   position r) + .. slot W-1;
-                                                    |                  | then r's boundary rows from
-                                                    |                  |   the slots alone
+    phase 1: every row tile except r's whole ones,  | count out: each | phase 2: r's whole row tiles:
+      peers' rows first (right after r's rows);     | program of r    |   GEMM, wait for all flags,
+      fp32 tiles stored into slot r of the owner    | adds its share  |   out = slot 0 + .. + acc (at
+      (r's rows of a boundary tile: its own slot)   | to flag[r] on   |   position r) + .. slot W-1;
+                                                    | every rank      | then r's boundary rows from
+                                                    |                 |   the slots alone
 
-A program counts out (ticket) after its first own tile's GEMM, so its phase-1 stores drain
-meanwhile. A partial last wave of at most half the grid that lies within r's whole tiles runs as
-twice as many half-width tiles (split tail, as in ``ag_gemm``): the kernel ends about half a
-tile sooner.
+A program counts out after its first own tile's GEMM, so its phase-1 stores drain meanwhile. A
+partial last wave of at most half the grid that lies within r's whole tiles runs as twice as
+many half-width tiles (split tail, as in ``ag_gemm``): the kernel ends about half a tile sooner.
 
-Waits for flags come after the program's ticket, and the only earlier wait (for the peers' start
-counts) depends on nothing but their program 0 having started, so every rank's contributions
-land whatever the others do (with all ranks' programs resident). A slot is written only after its
-owner started this call, i.e. finished reading the previous call's partials (stream order). r's
-own partial of a whole tile never leaves the registers: no fp32 round trip and no second kernel,
-which makes the one-rank call a plain GEMM plus a ticket. One-shot all-reduce
-(``gemm_broadcast_kernel``): every tile to slot r of every rank (after the ``ag_start_kernel``
-barrier), then ``reduce_finish_kernel`` flags, waits and sums.
+Waits for flags come after the program's count out, and the only earlier wait (for the peers'
+start counts) depends on nothing but their program 0 having started, so every rank's
+contributions land whatever the others do (with all ranks' programs resident). A slot is written
+only after its owner started this call, i.e. finished reading the previous call's partials
+(stream order). r's own partial of a whole tile never leaves the registers: no fp32 round trip
+and no second kernel, which makes the one-rank call a plain GEMM plus a few fire-and-forget
+atomics. One-shot all-reduce (``gemm_broadcast_kernel``): every tile to slot r of every rank
+(after the ``ag_start_kernel`` barrier), then ``reduce_finish_kernel`` flags, waits and sums.
+
+Counting out: a call adds exactly ``CALL_UNIT`` (2^24) to ``flag[r]`` on every rank, spread over
+r's programs: 1 from each, the rest of the unit from program 0 (``nprog``, which varies with the
+shape, is far below the unit). So ``flag[s] >= epoch * CALL_UNIT`` once every program of rank s
+has counted out of call ``epoch``, with no ticket and no reset, and nobody waits for the
+atomics' results. A program reads its own rank's ``flag[r]`` before it counts out, when at
+least its own share of this call is missing: ``flag[r] >> CALL_BITS`` is then exactly the calls
+before this one, whatever the other programs did. With peers a CTA barrier and a system-scope
+acquire-release fence before the relaxed adds publish the program's phase-1 stores; at one rank
+there is nothing to publish and the add is a GPU-scope relaxed atomic.
 
 The partials stay fp32 and every owner adds them in rank order 0..W-1 and rounds once: the
 result does not depend on arrival order, and with the fixed tile configuration each output row
@@ -35,25 +44,24 @@ as from +0.0 except that a sum of zeros keeps the sign of -0.0 (-0.0 is the addi
 one-shot ``reduce_finish_kernel`` and the collectives still start from +0.0.
 
 Cost at one rank (the fused path with nothing to exchange, vs the plain GEMM of the same tiles;
-H200, 8192x4096x1376, %clock64 / %globaltimer per program and tile, 2026-12-01): the kernel
-spanned about 5.5 µs more (+4%): the phase-1 count costs each program about 1.3 µs once (the
-system-scope atomic and its round trip; 1.1 µs at GPU scope), the reduce epilogue cost 0.3 µs
-more per tile (a zero tile plus the add of the own partial; a bare store recovers it), the
-prologue 0.3 µs. Starting the sum from its first term took the epilogue from 1.49 to 1.36 µs
-per tile (plain GEMM 1.20) and, in paired graph replay of the six bench shapes, the overhead
-from +1.66% to +0.86% geo-mean (8192x4096x1376, the worst: +4.52% to +3.69%; same run). The
-kernel sits at 255 registers with 128x256 fp32 tiles: epilogue edits move its spills (this one
-8 bytes in the TMA/aligned variant, which had none), so compile-check them for sm_90a. Counting
-out at a one-rank program's start and reading the ticket at its end (thread 0's atomic by inline
-PTX, its result reduced CTA-wide at the end) measured worse (+5.57% against +3.79% on that shape,
-same run): the acq_rel atomic's acquire half waits out the round trip at the start anyway, and
-the live result spilled 108 bytes.
+H200, %clock64 / %globaltimer per program and tile, and paired CUDA-graph replay of the six
+bench shapes, 2026-12-01): with the earlier ticket (the last program of the rank, found by an
+acq_rel system-scope atomic whose round trip every program waited out, 1.3 µs, stored the call
+count and flagged) 8192x4096x1376 ran +2.55% / +3.53% over the plain GEMM in two runs, and the
+six shapes +1.20% / +1.50% geo-mean; counting out as above, +1.78% / +1.81% and +1.53% /
++0.96% (same runs; the first-tile epilogue with the count out 2.71 -> 1.74 µs, the span 142.3
+-> 140.0 µs against the plain 137.2). What is left: the other tiles' epilogues (1.35 µs against
+1.17-1.19 plain) and the prologue (0.58 against 0.24 µs). The kernel sits at 255 registers with
+128x256 fp32 tiles, and small edits anywhere move its spills by tens of bytes either way (this
+one: 8 -> 36 bytes in the TMA/aligned variant; reading the call count only when there are
+peers spilled 112 and measured worse, +3.59%), so compile-check edits for sm_90a and measure.
+Counting out at a one-rank program's start and reading a ticket at its end measured worse
+(+5.57% against +3.79%): an acq_rel atomic waits out its round trip at once.
 
-Signal pad (the ``ag_gemm`` layout): ``flag[s]`` at ``s`` = epoch of the last call whose
-partials from rank s have landed; start counts at ``[W, 2W)``; calls at ``3W`` (``gemm_rs_kernel``
-reads it + 1 as its epoch and the last ticket stores the epoch back, after every program has
-read it; ``ag_start_kernel`` bumps it for one-shot calls); the phase-1 ticket at ``3W + 2``
-(back to 0 after every call).
+Signal pad (the ``ag_gemm`` layout): ``flag[s]`` at ``s`` (units of ``CALL_UNIT``, above); start
+counts at ``[W, 2W)`` (+1 per call); calls at ``3W`` (``ag_start_kernel`` bumps it for one-shot
+calls and ``reduce_finish_kernel`` reads it; the reduce-scatter kernel's program 0 bumps it too,
+so both paths agree on the call count whatever mix of them runs on one workspace).
 """
 from __future__ import annotations
 
@@ -61,6 +69,11 @@ import triton.language as tl
 
 from .. import language as dl
 from ..ag_gemm._kernels import _tile_coords, tile_matmul
+
+CALL_BITS = tl.constexpr(24)
+CALL_UNIT = tl.constexpr(1 << 24)
+"""A call adds ``CALL_UNIT = 1 << CALL_BITS`` to each rank's ``flag[s]``, split over rank s's
+programs (fewer than ``CALL_UNIT``; module docstring)."""
 
 
 @dl.jit
@@ -128,17 +141,20 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
     full_first = tl.cdiv(lo, BLOCK_M)  # r's whole row tiles: [full_first, full_end)
     full_end = tl.where(hi == M, tiles_m, hi // BLOCK_M)
     n_full = tl.maximum(full_end - full_first, 0)
-    epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64) + 1
-    if pid == 0:  # this call started here: count it in on every rank
-        for i in range(world_size):
+    # This call's number: the calls this rank's programs have counted out of, read before this
+    # program counts out (module docstring).
+    epoch = (tl.load(sig_ptr + rank, volatile=True).to(tl.int64) >> CALL_BITS) + 1
+    if pid == 0:  # this call started here: count it in on every rank (relaxed: what the peers
+        for i in range(world_size):  # wait for, the previous call's reads, ended with its kernel)
             dst = dl.remote_ptr(sig_table, (rank + i) % world_size, sig_ptr)
-            dl.signal_add(dst + world_size + rank, 1)
+            tl.atomic_add(dst + world_size + rank, 1, sem="relaxed", scope="sys")
+        tl.atomic_add(sig_ptr + 3 * world_size, 1, sem="relaxed", scope="gpu")  # (one-shot's)
     deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
     rest = (tiles_m - n_full) * tiles_n  # phase-1 tiles, then r's whole tiles: one GEMM loop
     started = pid < 0  # every rank has counted this call in (checked before the first push)
     flagged = pid < 0  # every rank's partials for this rank have landed (waited for once)
     peers_in = pid < 0  # every other rank's have (all whole own tiles need)
-    ticketed = pid < 0  # counted out (after the first own tile's GEMM, see below)
+    counted = pid < 0  # counted out (after the first own tile's GEMM, see below)
     main_tiles = tiles_m * tiles_n - tail_tiles  # (the host passes 0 without SPLIT_TAIL)
     for tile in range(pid, main_tiles, nprog):
         own = tile >= rest
@@ -151,8 +167,8 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
         acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
                           off_m, pid_n * BLOCK_N, K, B_KN, BLOCK_K)
         if own:
-            ticketed, peers_in = _own_tile(
-                acc, ticketed, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr, sig_table,
+            counted, peers_in = _own_tile(
+                acc, counted, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr, sig_table,
                 err_claim, err_record, op_id, epoch, deadline, nprog, off_m, pid_n * BLOCK_N, lo,
                 hi, N, slot_rows, stride_om, rank, world_size, C_TMA, BLOCK_N)
         else:
@@ -172,12 +188,12 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
             if off_n < N:
                 acc = tile_matmul(a_desc, bh_desc, tl.zeros((BLOCK_M, HALF), dtype=tl.float32),
                                   off_m, off_n, K, B_KN, BLOCK_K)
-                ticketed, peers_in = _own_tile(
-                    acc, ticketed, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr,
+                counted, peers_in = _own_tile(
+                    acc, counted, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr,
                     sig_table, err_claim, err_record, op_id, epoch, deadline, nprog, off_m, off_n,
                     lo, hi, N, slot_rows, stride_om, rank, world_size, C_TMA, BLOCK_N)
-    if not ticketed:
-        _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
+    if not counted:
+        _count_out(sig_ptr, sig_table, rank, world_size, pid, nprog)
     has_top = (hi > lo) & (lo % BLOCK_M != 0)  # boundary tiles: r's rows came from the slots
     has_bottom = (hi > lo) & (full_end * BLOCK_M < hi) & ((full_end != lo // BLOCK_M) | ~has_top)
     n_edge = has_top.to(tl.int32) + has_bottom.to(tl.int32)
@@ -196,17 +212,17 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
 
 
 @dl.jit
-def _own_tile(acc, ticketed, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr, sig_table,
+def _own_tile(acc, counted, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr, sig_table,
               err_claim, err_record, op_id, epoch, deadline, nprog, off_m, off_n, lo, hi, N,
               slot_rows, stride_om, rank, world_size, C_TMA: tl.constexpr, BLOCK_N: tl.constexpr):
     """After the GEMM of a whole own tile (``acc``: the full ``BLOCK_N`` wide tile, or a split
     tail half): count this program out of phase 1 if not yet (its stores drained during this
     GEMM), wait for the peers' flags if not yet (a whole own tile reads the peers' slots, never
     its own), then reduce and store ``acc`` in ``BLOCK_N / 2`` wide blocks. Returns the new
-    ``(ticketed, peers_in)``."""
-    if not ticketed:
-        _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog)
-        ticketed = epoch >= 0
+    ``(counted, peers_in)``."""
+    if not counted:
+        _count_out(sig_ptr, sig_table, rank, world_size, tl.program_id(0), nprog)
+        counted = nprog > 0
     if not peers_in:
         peers_in = _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank,
                                world_size, rank)
@@ -221,33 +237,35 @@ def _own_tile(acc, ticketed, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig
         else:
             _reduce_half(acc, True, buf_ptr, out_ptr, slots_desc, c_desc, C_TMA, off_m, off_n, lo,
                          hi, N, slot_rows, stride_om, rank, world_size)
-    return ticketed, peers_in
+    return counted, peers_in
 
 
 @dl.jit
-def _ticket(sig_ptr, sig_table, epoch, rank, world_size, nprog):
-    """Count this program out of phase 1; the last of the rank's programs stores the call count
-    (every program has read it by now) and flags every rank."""
-    ticket = sig_ptr + 3 * world_size + 2
-    tl.debug_barrier()
-    if tl.atomic_add(ticket, 1, sem="acq_rel", scope="sys") == nprog - 1:
-        tl.store(ticket, 0)
-        tl.store(sig_ptr + 3 * world_size, epoch)
-        dl.fence_sys()
+def _count_out(sig_ptr, sig_table, rank, world_size, pid, nprog):
+    """Count this program out of phase 1 on every rank: add its share of the call's
+    ``CALL_UNIT`` to ``flag[rank]`` (1; program 0 the rest), fire and forget: nothing waits
+    for the atomics' result. With peers, a CTA barrier and a system-scope fence first publish the
+    program's phase-1 stores (a release); at one rank there is nothing to publish."""
+    share = tl.where(pid == 0, 1 - nprog + CALL_UNIT, 1).to(tl.int64)
+    if world_size == 1:
+        tl.atomic_add(sig_ptr + rank, share, sem="relaxed", scope="gpu")
+    else:
+        tl.debug_barrier()
+        dl.fence_acq_rel_sys()
         for i in range(world_size):
-            dst = (rank + i) % world_size
-            dl.signal_set(dl.remote_ptr(sig_table, dst, sig_ptr) + rank, epoch)
+            dst = dl.remote_ptr(sig_table, (rank + i) % world_size, sig_ptr)
+            tl.atomic_add(dst + rank, share, sem="relaxed", scope="sys")
 
 
 @dl.jit
 def _wait_flags(sig_ptr, epoch, deadline, err_claim, err_record, op_id, rank, world_size, skip):
     """Every rank's partials for this rank have landed, except rank ``skip``'s (-1: none
-    skipped) (bounded waits; False on timeout)."""
+    skipped): all its programs counted out of call ``epoch`` (bounded waits; False on timeout)."""
     ok = epoch >= 0
     for s in range(world_size):
         if s != skip:
-            ok = ok & dl.wait_at_least(sig_ptr + s, epoch, deadline, err_claim, err_record,
-                                       op_id, rank, s, epoch)
+            ok = ok & dl.wait_at_least(sig_ptr + s, epoch << CALL_BITS, deadline, err_claim,
+                                       err_record, op_id, rank, s, epoch)
     if world_size - tl.where(skip >= 0, 1, 0) > 0:  # a flag was waited for: its partials were
         dl.fence_proxy_async()  # stored with plain stores (peers, or phase 1 here); TMA reads next
     return ok
@@ -361,16 +379,16 @@ def reduce_finish_kernel(buf_ptr, out_ptr, sig_ptr, sig_table, err_claim, err_re
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64)
-    if pid == 0:
+    if pid == 0:  # the whole count of this call (the reduce-scatter kernel's unit)
         dl.fence_sys()
         for i in range(world_size):
             dst = (rank + i) % world_size
-            dl.signal_set(dl.remote_ptr(sig_table, dst, sig_ptr) + rank, epoch)
+            dl.signal_add(dl.remote_ptr(sig_table, dst, sig_ptr) + rank, CALL_UNIT)
     deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
     ok = pid >= 0
     for s in range(world_size):
-        ok = ok & dl.wait_at_least(sig_ptr + s, epoch, deadline, err_claim, err_record, op_id,
-                                   rank, s, epoch)
+        ok = ok & dl.wait_at_least(sig_ptr + s, epoch << CALL_BITS, deadline, err_claim,
+                                   err_record, op_id, rank, s, epoch)
     if ok:  # 2-D tiles (no per-element division), rank order, fp32, one rounding
         offs_r = tl.arange(0, BLOCK_R)
         offs_c = tl.arange(0, BLOCK_C)

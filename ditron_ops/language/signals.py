@@ -49,6 +49,10 @@ if use_interpreter():
         pass
 
     @jit
+    def fence_acq_rel_sys():
+        pass
+
+    @jit
     def fence_proxy_async():
         pass
 
@@ -64,6 +68,14 @@ else:
     def fence_sys():
         """System-scope sequentially consistent fence (orders stores to host and peer memory)."""
         tl.inline_asm_elementwise("fence.sc.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+    @jit
+    def fence_acq_rel_sys():
+        """System-scope acquire-release fence: with a relaxed atomic after it, a release of this
+        thread's earlier stores (and of those a CTA barrier ordered before it); lighter than
+        ``fence_sys``."""
+        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
                                   is_pure=False, pack=1)
 
     @jit
