@@ -67,21 +67,31 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
     present(group, cfg, out)
 
 
+PRESENT_ROUNDS_FACTOR = 3
+"""``present`` times ``cfg.rounds`` x this many passes: its overheads are 0.5-3% differences
+between kernels of 0.15-2.5 ms, and with 10 passes one shape's median moved by up to 2 points
+between runs of the same code (8192x4096x1792 at 16b83ec: +3.17% in the bench, +1.22% / +1.43%
+in two 16-24 pass runs of the same pairing)."""
+
+
 def present(group, cfg: BenchConfig, out: list[Result]) -> None:
     """``present``: gemm_rs fused at W=1 (deterministic) vs our plain GEMM, per shape, and the
-    geo-mean row (``tools/rs_present.py`` runs this alone)."""
+    geo-mean row (``tools/present.py gemm_rs`` runs this alone). A second graph of the same plain
+    GEMM, timed in the same turns, gives the measurement's own noise (``noise_pct``)."""
     rows = []
     for (k, n), models in _shapes(cfg.quick).items():
         m = 64 if cfg.quick else DEFAULT_M
         a, b = _inputs(m, k, n, cfg.dtype, group.device)
         times = paired_graph_times(group, {
             "plain": lambda: matmul(a, b),
-            "fused": lambda: gemm_rs(a, b, group, deterministic=True, impl="fused")},
-            rounds=cfg.rounds, target_ms=cfg.target_ms)
+            "fused": lambda: gemm_rs(a, b, group, deterministic=True, impl="fused"),
+            "plain again": lambda: matmul(a, b)},
+            rounds=cfg.rounds * PRESENT_ROUNDS_FACTOR, target_ms=cfg.target_ms)
         t_plain, t_fused = times["plain"], times["fused"]
         r = Result("gemm_rs", "present W=1", 1, cfg.dtype_name, "gemm_rs fused", t_fused,
                    "our plain GEMM", t_plain, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
-                   extra={"overhead_pct": round(100 * (t_fused / t_plain - 1), 2)})
+                   extra={"overhead_pct": round(100 * (t_fused / t_plain - 1), 2),
+                          "noise_pct": round(100 * (times["plain again"] / t_plain - 1), 2)})
         rows.append(r)
         out.append(r)
     out.append(geo_mean_row(rows, "present W=1"))
