@@ -5,7 +5,7 @@ Cases (one run, one GPU)::
     invariant   our fixed-configuration GEMM (the deterministic path's core; fp32 products as the
                 fused kernels make them) vs cuBLAS (bf16 out) for M in {1, 16, 128, 1024, 8192}
                 on the GEMM-RS local shapes [M, N/8] @ [N/8, K]
-    present     gemm_rs fused at W=1 (start barrier, ticket, flags, reduction in the epilogue)
+    present     gemm_rs fused at W=1 (start barrier, count out, flags, reduction in the epilogue)
                 vs our plain GEMM of the same shape: the fused path's own overhead
 
     det         deterministic (fused, rank ordered) vs default (impl=auto: all_gather-free
