@@ -71,7 +71,7 @@ from .. import language as dl
 from ..ag_gemm._kernels import _tile_coords, tile_matmul
 
 CALL_BITS = tl.constexpr(24)
-CALL_UNIT = tl.constexpr(1 << 24)
+CALL_UNIT = tl.constexpr(1 << CALL_BITS.value)  # (the interpreter cannot shift by a constexpr)
 """A call adds ``CALL_UNIT = 1 << CALL_BITS`` to each rank's ``flag[s]``, split over rank s's
 programs (fewer than ``CALL_UNIT``; module docstring)."""
 

@@ -134,7 +134,7 @@ def _warmup(device: torch.device) -> None:
         records = []
         for b in (a.clone(), a.clone().t()):
             b_desc, b_kn = b_descriptor(b, cfg)
-            for c_tma in (True, False):  # epoch = calls + 1 = 1; it counts itself in, flags itself
+            for c_tma in (True, False):  # a fresh pad: call 1; it counts itself in and out
                 sig, sig_table, claim, record = one_rank_pad(device)
                 outs.append(torch.empty(64, 64, dtype=dtype, device=device))
                 c_desc, slots_desc = (_epilogue_descriptors(outs[-1], buf, 64, cfg) if c_tma
