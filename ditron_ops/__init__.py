@@ -3,9 +3,9 @@
 Importing registers the ``torch.ops.ditron.*`` ops; nothing else happens at import.
 """
 from . import reference
-from .ag_gemm import ag_gemm
-from .gemm_rs import gemm_ar, gemm_rs
-from .flash_decode import flash_decode
+from .gemm.ag_gemm import ag_gemm
+from .gemm.gemm_rs import gemm_ar, gemm_rs
+from .attention.flash_decode import flash_decode
 from .collectives import all_gather, all_reduce, reduce_scatter
 from .deterministic import deterministic, is_deterministic
 from .errors import DitronError, DitronSizeMismatchError, DitronTimeoutError

@@ -65,7 +65,7 @@ _collective_checks()
 
 
 def _ag_gemm_check(group: Group, dtype: torch.dtype) -> tuple:
-    from .ag_gemm import ag_gemm
+    from .gemm.ag_gemm import ag_gemm
     from .testing.ag_gemm_checks import REL_TOL, ag_gemm_inputs
 
     gpu = group.device.type == "cuda"
@@ -83,7 +83,7 @@ register_check("ag_gemm", _ag_gemm_check)
 
 def _gemm_reduce_check(op: str, algorithm: str = "auto"):
     def check(group: Group, dtype: torch.dtype) -> tuple:
-        from .gemm_rs import gemm_ar, gemm_rs
+        from .gemm.gemm_rs import gemm_ar, gemm_rs
         from .runtime.split import split_sizes
         from .testing.gemm_rs_checks import gemm_rs_inputs, order_exact
 
@@ -102,7 +102,7 @@ def _gemm_reduce_check(op: str, algorithm: str = "auto"):
 
 
 def _flash_decode_check(group: Group, dtype: torch.dtype) -> tuple:
-    from .flash_decode import flash_decode
+    from .attention.flash_decode import flash_decode
     from .reference import flash_decode as reference_decode
 
     gpu = group.device.type == "cuda"

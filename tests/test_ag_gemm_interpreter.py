@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import ditron_ops
-from ditron_ops.ag_gemm import matmul
+from ditron_ops.gemm._core import matmul
 from ditron_ops.testing.ag_gemm_checks import check_ag_gemm, interpreter_split_tail
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
@@ -51,7 +51,7 @@ def test_ag_gemm_back_to_back_varying_shapes():
 def test_ag_gemm_pull_producer(monkeypatch, world_size, sizes, n, k):
     """The SM pull producer (``ag_pull_kernel``) gives the same results, including back-to-back
     calls whose chunks change size (``ready`` / count words of the pad are reused)."""
-    from ditron_ops.ag_gemm import _launch
+    from ditron_ops.gemm import _ag_launch as _launch
 
     monkeypatch.setattr(_launch, "PRODUCER", "pull")
 
@@ -69,7 +69,7 @@ def test_ag_gemm_back_to_back_without_host_sync(monkeypatch, producer):
     """Calls whose shard sizes change, issued back to back with nothing between them (a fast
     rank starts its next call while peers still gather the last one); checked afterwards."""
     from ditron_ops import reference
-    from ditron_ops.ag_gemm import _launch
+    from ditron_ops.gemm import _ag_launch as _launch
     from ditron_ops.testing.ag_gemm_checks import ag_gemm_inputs
 
     monkeypatch.setattr(_launch, "PRODUCER", producer)
@@ -155,7 +155,7 @@ def test_auto_rule_switches_at_the_measured_bound(backend, bound_name):
     the baseline on CPU or without symmetric memory; explicit impls win."""
     import types
 
-    from ditron_ops.ag_gemm import api
+    from ditron_ops.gemm import ag_gemm as api
 
     bound = getattr(api, bound_name)
     gpu = types.SimpleNamespace(has_symmetric_memory=True, backend=backend, device=torch.device("cuda"))
@@ -191,7 +191,7 @@ def test_shard_size_disagreement_is_reported():
 
 def test_tail_tiles_rule():
     """A partial last wave of at most half the grid runs as halves; anything else does not."""
-    from ditron_ops.ag_gemm._launch import TileConfig, tail_tiles
+    from ditron_ops.gemm._core import TileConfig, tail_tiles
 
     on = TileConfig(128, 256, 64, 8, 8, 3, split_tail=True)
     assert tail_tiles(448, 132, on) == 52  # 8192 x 1792: 3 waves + 52 -> 104 halves
@@ -205,7 +205,7 @@ def test_tail_tiles_rule():
 def test_fit_stages_rule(monkeypatch):
     """Pipeline stages are cut only where A/B stages + the C store block pass the shared-memory
     limit: on the H200 fp32 C at 4 stages (262,176 bytes compiled), not bf16 C (229,408)."""
-    from ditron_ops.ag_gemm import _launch
+    from ditron_ops.gemm import _core as _launch
 
     monkeypatch.setattr(_launch, "_shared_memory_limit", lambda index: 232448)
     s4 = _launch.GPU_CONFIGS["128x256x64/s4/tail"]
@@ -222,7 +222,7 @@ def test_fit_stages_rule(monkeypatch):
 def test_split_tail_matmul_matches_reference(monkeypatch, m, n, k, programs):
     """The plain GEMM with its last partial wave as half tiles (an odd N whose last half is past
     N, a bias, strided output), against an fp32 reference."""
-    from ditron_ops.ag_gemm import _launch
+    from ditron_ops.gemm import _core as _launch
 
     cfg = interpreter_split_tail(monkeypatch, programs)
     tiles = -(-m // 16) * -(-n // 32)
@@ -239,7 +239,7 @@ def test_split_tail_matmul_matches_reference(monkeypatch, m, n, k, programs):
 @pytest.mark.parametrize("world_size,sizes", [(2, [21, 19]), (3, [17, 0, 30]), (4, [3, 18, 1, 25])])
 def test_split_tail_ag_gemm_matches_reference(monkeypatch, world_size, sizes):
     """The fused consumer with split tails (each half waits for its rows' chunks)."""
-    from ditron_ops.ag_gemm import _launch
+    from ditron_ops.gemm import _core as _launch
 
     cfg = interpreter_split_tail(monkeypatch, 4)
     assert _launch.tail_tiles(6, _launch.consumer_grid(torch.device("cpu"), None, 6, cfg), cfg) == 2

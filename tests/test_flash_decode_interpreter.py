@@ -90,21 +90,23 @@ def test_programs_per_chunk_never_change_deterministic_bits(monkeypatch):
     """Deterministic partials are fixed 512-key chunks; how many chunks one program takes
     (chosen from the batch and the GPU) must not change a bit. A default-mode plan (one partial
     per program, uneven last split) matches the reference."""
-    from ditron_ops.flash_decode import api
+    from ditron_ops.attention import flash_decode as api
 
-    def body(group, plans):
+    def body(group):
         q, k, v, lens = _inputs(group, 2, 2, 1, 64, 1100, torch.float32, lambda i, r: 1100 - 300 * i - 77 * r)
-        outs = []
-        for plan in plans:
-            monkeypatch.setattr(api, "partition", lambda *a, plan=plan: plan)
-            outs.append(ditron_ops.flash_decode(q, k, v, lens, group, deterministic=True))
-        return outs, reference.flash_decode(q, k, v, lens, group)
+        return (ditron_ops.flash_decode(q, k, v, lens, group, deterministic=True),
+                reference.flash_decode(q, k, v, lens, group))
 
-    det = [(512, 512, 3, 3), (512, 1024, 3, 2), (512, 1536, 3, 1)]
-    for outs, want in ditron_ops.launch(body, 2, args=(det,)):
+    def run(plan):  # a fresh world per partition: a group's plan keeps the partition it chose
+        monkeypatch.setattr(api, "partition", lambda *a: plan)
+        return ditron_ops.launch(body, 2)
+
+    det = [run(plan) for plan in [(512, 512, 3, 3), (512, 1024, 3, 2), (512, 1536, 3, 1)]]
+    for rank in range(2):
+        outs = [per_plan[rank][0] for per_plan in det]
         assert all(torch.equal(o, outs[0]) for o in outs[1:])
-        assert (outs[0] - want).abs().max().item() < 1e-5
-    for (out,), want in ditron_ops.launch(body, 2, args=([(400, 400, 3, 3)],)):
+        assert (outs[0] - det[0][rank][1]).abs().max().item() < 1e-5
+    for out, want in run((400, 400, 3, 3)):
         assert (out - want).abs().max().item() < 1e-5
 
 
@@ -113,7 +115,7 @@ def test_one_rank_single_partial_writes_output_directly(monkeypatch, determinist
     """One rank, one partial per pair (short cache): split-KV writes the output itself (no
     combine runs). Its bits equal a two-rank merge whose second rank holds no keys (the merge
     of one real partial returns it unchanged); empty sequences give zeros."""
-    from ditron_ops.flash_decode import api
+    from ditron_ops.attention import flash_decode as api
 
     lens = lambda i, r: (0, 5, 24, 17)[i] if r == 0 else 0  # noqa: E731
 
@@ -125,7 +127,7 @@ def test_one_rank_single_partial_writes_output_directly(monkeypatch, determinist
 
     def no_combine(*args, **kwargs):
         raise AssertionError("the one-rank single-partial call ran the combine")
-    monkeypatch.setattr(api, "_launch_combine", no_combine)
+    monkeypatch.setattr(api, "_bound_combine", no_combine)
     (one,) = ditron_ops.launch(body, 1)
     assert torch.equal(one, two[0]) and torch.equal(one, two[1])
     assert torch.equal(one[0], torch.zeros_like(one[0]))

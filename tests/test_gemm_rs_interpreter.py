@@ -164,7 +164,7 @@ def test_auto_rule_of_the_reductions():
     always run our kernels where there is symmetric memory."""
     import types
 
-    from ditron_ops.gemm_rs import api
+    from ditron_ops.gemm import gemm_rs as api
 
     bound = api.AUTO_MIN_FLOPS_RS
     gpu = types.SimpleNamespace(has_symmetric_memory=True, backend="nvshmem",
@@ -203,7 +203,7 @@ def _lowp_vs_exact(group, m, n, k):
 def test_lowp_partials(world_size, m, n, k, monkeypatch):
     """``DITRON_GEMM_RS_LOWP``: default-mode partials rounded to the input dtype (fp16 here) stay
     within fp16 tolerance of the order-exact sum; deterministic mode still matches it bitwise."""
-    from ditron_ops.gemm_rs import _launch
+    from ditron_ops.gemm import _rs_launch as _launch
 
     monkeypatch.setattr(_launch, "LOWP_PARTIALS", True)
     for err, exact in ditron_ops.launch(_lowp_vs_exact, world_size, device="cpu", args=(m, n, k)):
@@ -218,8 +218,8 @@ def _split_tail(monkeypatch, programs: int) -> list:
 
 def test_own_tail_rule():
     """The split tail applies when the partial last wave lies within the rank's whole tiles."""
-    from ditron_ops.ag_gemm._launch import TileConfig
-    from ditron_ops.gemm_rs._launch import own_tail
+    from ditron_ops.gemm._core import TileConfig
+    from ditron_ops.gemm._rs_launch import own_tail
 
     cfg = TileConfig(128, 256, 64, 8, 8, 3, split_tail=True)
     assert own_tail(8192, 12288, 0, 8192, 132, cfg) == 36  # 3072 tiles: 23 waves + 36
@@ -234,7 +234,7 @@ def test_split_tail_one_rank(monkeypatch, m, n, k, programs):
     """W=1 (every tile its own, no waits, so several programs run in the interpreter): the
     rule's tail as halves (an N whose last half is past N), equal to the order-exact sum."""
     seen = _split_tail(monkeypatch, programs)
-    ditron_ops.launch(lambda g: check_gemm_reduce(g, m, n, k, torch.float32), 1)
+    ditron_ops.launch(lambda g: check_gemm_reduce(g, m, n, k, torch.float32, exact=True), 1)
     assert seen and all(t > 0 for t in seen), seen
 
 
@@ -244,10 +244,10 @@ def test_split_tail_forced(monkeypatch, world_size, m, n, shard_sizes):
     """W > 1 needs one program per rank in the interpreter (a waiting program would block the
     rank's later ones), which leaves no partial wave: the rule is forced to a 2-tile tail, so
     own tiles run as halves next to peers' partials and boundary rows, bitwise order-exact."""
-    from ditron_ops.gemm_rs import _launch
+    from ditron_ops.gemm import _rs_launch as _launch
 
     seen = _split_tail(monkeypatch, 1)
     monkeypatch.setattr(_launch, "tail_tiles", lambda tiles, programs, cfg: min(tiles, 2))
-    ditron_ops.launch(lambda g: check_gemm_reduce(g, m, n, 12, torch.float32,
+    ditron_ops.launch(lambda g: check_gemm_reduce(g, m, n, 12, torch.float32, exact=True,
                                                   shard_sizes=shard_sizes), world_size)
     assert any(t > 0 for t in seen), seen

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import triton.language as tl
 
 import ditron_ops.language.nvshmem as nvs
+import ditron_ops.runtime.nvshmem_modules as modules
 from ditron_ops.errors import DitronError
 from ditron_ops.runtime import nvshmem_backend as backend
 
@@ -169,12 +170,12 @@ def fresh_hook_state(monkeypatch):
         calls.append(module)
         return 0
 
-    monkeypatch.setattr(nvs, "_module_init_fn", fake_init)
-    monkeypatch.setattr(nvs, "_runtime_live", False)
-    monkeypatch.setattr(nvs, "_initialized", {})
-    monkeypatch.setattr(nvs, "_pending", {})
-    monkeypatch.setattr(nvs, "_marked_kernels", set())
-    monkeypatch.setattr(nvs, "_hook_kind", None)
+    monkeypatch.setattr(modules, "_module_init_fn", fake_init)
+    monkeypatch.setattr(modules, "_runtime_live", False)
+    monkeypatch.setattr(modules, "_initialized", {})
+    monkeypatch.setattr(modules, "_pending", {})
+    monkeypatch.setattr(modules, "_marked_kernels", set())
+    monkeypatch.setattr(modules, "_hook_kind", None)
     return calls
 
 
@@ -189,30 +190,30 @@ def test_module_init_hook_logic(tmp_path, fresh_hook_state):
     calls = fresh_hook_state
     # Loaded before NVSHMEM is up: the launch fails clearly, the module waits for init.
     with pytest.raises(DitronError, match="init_nvshmem"):
-        nvs._on_kernel_load(111, None, "uses", _ptx(tmp_path, "uses", True))
-    nvs._on_kernel_load(222, None, "plain", _ptx(tmp_path, "plain", False))
-    assert calls == [] and nvs._pending == {111: "uses"}
-    nvs._on_nvshmem_init()
+        modules._on_kernel_load(111, None, "uses", _ptx(tmp_path, "uses", True))
+    modules._on_kernel_load(222, None, "plain", _ptx(tmp_path, "plain", False))
+    assert calls == [] and modules._pending == {111: "uses"}
+    nvs.on_nvshmem_init()
     assert calls == [111]
-    nvs._on_kernel_load(333, None, "uses", _ptx(tmp_path, "uses", True))
-    nvs._on_kernel_load(333, None, "uses", _ptx(tmp_path, "uses", True))  # once per module
+    modules._on_kernel_load(333, None, "uses", _ptx(tmp_path, "uses", True))
+    modules._on_kernel_load(333, None, "uses", _ptx(tmp_path, "uses", True))  # once per module
     assert calls == [111, 333]
     # No readable PTX: only kernels marked with requires_nvshmem are inited.
-    nvs._on_kernel_load(444, None, "unmarked", {})
-    nvs._marked_kernels.add("marked")
-    nvs._on_kernel_load(555, None, "marked", {})
+    modules._on_kernel_load(444, None, "unmarked", {})
+    modules._marked_kernels.add("marked")
+    modules._on_kernel_load(555, None, "marked", {})
     assert calls == [111, 333, 555]
     # A finalize + init cycle re-inits every module (Triton does not reload them).
-    nvs._on_nvshmem_finalize()
-    nvs._on_nvshmem_init()
+    nvs.on_nvshmem_finalize()
+    nvs.on_nvshmem_init()
     assert sorted(calls[3:]) == [111, 333, 555]
 
 
 def test_module_init_failure_is_reported(tmp_path, fresh_hook_state, monkeypatch):
-    monkeypatch.setattr(nvs, "_module_init_fn", lambda module: 7)
-    monkeypatch.setattr(nvs, "_runtime_live", True)
+    monkeypatch.setattr(modules, "_module_init_fn", lambda module: 7)
+    monkeypatch.setattr(modules, "_runtime_live", True)
     with pytest.raises(DitronError, match="status 7"):
-        nvs._on_kernel_load(1, None, "k", _ptx(tmp_path, "k", True))
+        modules._on_kernel_load(1, None, "k", _ptx(tmp_path, "k", True))
 
 
 def test_install_hook_prefers_kernel_load_end_hook(fresh_hook_state):
@@ -224,9 +225,9 @@ def test_install_hook_prefers_kernel_load_end_hook(fresh_hook_state):
     try:
         assert nvs.install_module_init_hook() == "kernel_load_end_hook"
         assert nvs.install_module_init_hook() == "kernel_load_end_hook"
-        assert chain.calls.count(nvs._on_kernel_load) == 1
+        assert chain.calls.count(modules._on_kernel_load) == 1
     finally:
-        chain.remove(nvs._on_kernel_load)
+        chain.remove(modules._on_kernel_load)
 
 
 def test_install_hook_chains_post_compile_hook(fresh_hook_state, monkeypatch):
@@ -235,7 +236,7 @@ def test_install_hook_chains_post_compile_hook(fresh_hook_state, monkeypatch):
     seen = []
     previous = lambda **kw: seen.append(("previous", kw["key"])) or "kept"  # noqa: E731
     monkeypatch.setattr(triton.knobs, "runtime", types.SimpleNamespace(jit_post_compile_hook=previous))
-    monkeypatch.setattr(nvs, "_on_post_compile", lambda **kw: seen.append(("ours", kw["key"])))
+    monkeypatch.setattr(modules, "_on_post_compile", lambda **kw: seen.append(("ours", kw["key"])))
     assert nvs.install_module_init_hook() == "jit_post_compile_hook"
     hook = triton.knobs.runtime.jit_post_compile_hook
     assert nvs.install_module_init_hook() == "jit_post_compile_hook"
@@ -245,14 +246,14 @@ def test_install_hook_chains_post_compile_hook(fresh_hook_state, monkeypatch):
 
 
 def test_requires_nvshmem_marks_kernel(fresh_hook_state, monkeypatch):
-    monkeypatch.setattr(nvs, "install_module_init_hook", lambda: "stub")
+    monkeypatch.setattr(modules, "install_module_init_hook", lambda: "stub")
 
     def my_kernel():
         pass
 
     wrapped = types.SimpleNamespace(fn=my_kernel)
     assert nvs.requires_nvshmem(wrapped) is wrapped
-    assert "my_kernel" in nvs._marked_kernels
+    assert "my_kernel" in modules._marked_kernels
     with pytest.raises(TypeError):
         nvs.requires_nvshmem(42)
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from ditron_ops import _env
 _env.prepare_cuda_for_virtual_ranks()
 from ditron_ops.bench.harness import paired_graph_times, warm_gpu
-from ditron_ops.flash_decode import api, flash_decode
+from ditron_ops.attention import flash_decode as api
 from ditron_ops.runtime.group import sm_count
 from ditron_ops.runtime.virtual import launch
 
@@ -42,15 +42,21 @@ def body(group):
         for name, cfg, per_sm in (("split", api.SPLIT_CONFIG, 1), ("wide", api.WIDE_SPLIT_CONFIG, 3)):
             for waves in (1, 2, 3, 4) if name == "split" else (1, 2):
                 variants[f"{name}x{waves}"] = (cfg, plan_for(kv, max(1, waves * per_sm * sms // pairs)))
+        scale = 1.0 / d ** 0.5
         for vname, choice in variants.items():
-            def call(choice=choice):
-                if choice is not None:
-                    api.partition = lambda *a, plan=choice[1]: plan
-                    api._split_config = lambda *a, cfg=choice[0], **kw: cfg
-                try:
-                    return flash_decode(q, k, v, lens, group, deterministic=False)
-                finally:
-                    api.partition, api._split_config = rule_partition, rule_config
+            # each variant's own plan, built under its partition (a group's plan cache would
+            # hand every variant the first one's)
+            if choice is not None:
+                api.partition = lambda *a, plan=choice[1]: plan
+                api._split_config = lambda *a, cfg=choice[0], **kw: cfg
+            try:
+                out = torch.empty_like(q)
+                plan = api._DecodePlan(group, q, k, v, lens, out, scale, False)
+            finally:
+                api.partition, api._split_config = rule_partition, rule_config
+
+            def call(plan=plan, out=out):
+                return plan.run(q, k, v, lens, out)
             err = (call().float() - want_ref).abs().max().item()
             assert err < 2e-2, (vname, err)
             fns[vname] = call

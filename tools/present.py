@@ -9,14 +9,14 @@ import torch
 
 from ditron_ops import _env
 _env.prepare_cuda_for_virtual_ranks()
-from ditron_ops.ag_gemm import _launch
+from ditron_ops.gemm import _core
 from ditron_ops.bench import ag_gemm, gemm_rs
 from ditron_ops.bench.harness import BenchConfig, warm_gpu
 from ditron_ops.runtime.virtual import launch
 
 cfg = BenchConfig((1,), torch.bfloat16, "bf16", False, torch.device("cuda", 0),
                   pathlib.Path("/tmp"), 12, 25.0)
-OPS = {"ag_gemm": lambda g, rows: ag_gemm._present(g, cfg, rows, [_launch.GPU_CONFIG]),
+OPS = {"ag_gemm": lambda g, rows: ag_gemm._present(g, cfg, rows, [_core.GPU_CONFIG]),
        "gemm_rs": lambda g, rows: gemm_rs.present(g, cfg, rows)}
 
 

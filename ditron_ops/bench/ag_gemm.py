@@ -4,7 +4,7 @@ Cases (one run, one GPU)::
 
     P1  core      matmul(a, w.t()) (our persistent TMA GEMM) vs torch.matmul (cuBLAS)
                   on the local shapes M=8192, N = model N / 8, K (shapes.LAYER_CONFIGS), per
-                  tile configuration of ``_launch.GPU_CONFIGS``
+                  tile configuration of ``gemm._core.GPU_CONFIGS``
     P2  present   the ag_gemm consumer with every chunk already present (flags pre-set, waits
                   and swizzle active) vs the same kernel as a plain GEMM, per tile configuration
     host          eager ag_gemm at W=1 on a tiny problem vs the same call replayed in a CUDA graph
@@ -26,7 +26,10 @@ from typing import Optional
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..ag_gemm import _launch, ag_gemm, matmul
+from ..gemm import _ag_launch
+from ..gemm._core import matmul
+from ..gemm.ag_gemm import ag_gemm
+from ..gemm import _core as gemm_core
 from ..runtime.virtual import launch
 from .harness import (BenchConfig, Result, geo_mean_row, graph_time_spmd, host_time_spmd,
                       paired_graph_times, register)
@@ -62,7 +65,7 @@ def _core(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> Non
         ref = torch.matmul(a, b)
         fns, errs = {"cublas": lambda: torch.matmul(a, b)}, {}
         for name in configs:
-            tc = _launch.GPU_CONFIGS[name]
+            tc = gemm_core.GPU_CONFIGS[name]
             got = matmul(a, b, cfg=tc)
             errs[name] = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
             fns[name] = lambda tc=tc: matmul(a, b, cfg=tc)
@@ -92,13 +95,13 @@ def _present(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> 
         record, claim = group._error_tensors()
         fns, equal = {}, {}
         for name in configs:
-            tc = _launch.GPU_CONFIGS[name]
+            tc = gemm_core.GPU_CONFIGS[name]
             a_desc = TensorDescriptor(a, [m, k], [k, 1], [tc.block_m, tc.block_k])
             c = torch.empty(m, n, dtype=cfg.dtype, device=group.device)
 
             def fused_present(tc=tc, a_desc=a_desc, c=c):
-                _launch.launch_consumer(a_desc, b, c, None, group=group, wait=True, sig=sig,
-                                        offsets=offsets, claim=claim, record=record, m=m, cfg=tc)
+                gemm_core.launch_consumer(a_desc, b, c, None, group=group, wait=True, sig=sig,
+                                          offsets=offsets, claim=claim, record=record, m=m, cfg=tc)
 
             fused_present()
             group.synchronize()
@@ -150,12 +153,12 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
             b = w.t()
             t = {}
             try:  # a module setting, the same on every rank (their timings are barrier separated)
-                for producer in _launch.PRODUCERS:
-                    _launch.PRODUCER = producer
+                for producer in _ag_launch.PRODUCERS:
+                    _ag_launch.PRODUCER = producer
                     t[producer] = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="fused"),
                                                   rounds=cfg.rounds, target_ms=cfg.target_ms)
             finally:
-                _launch.PRODUCER = chosen
+                _ag_launch.PRODUCER = chosen
             t_b = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="baseline"), rounds=cfg.rounds,
                                   target_ms=cfg.target_ms)
             common = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model.name)
@@ -167,7 +170,7 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
                                t["copy"], **common))
         return rows
 
-    chosen = _launch.PRODUCER
+    chosen = _ag_launch.PRODUCER
 
     out.extend(launch(body, world, cfg.device)[0])
 
@@ -177,7 +180,7 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
 def run(cfg: BenchConfig, configs: Optional[list[str]] = None) -> list[Result]:
     if cfg.device.type != "cuda":
         raise SystemExit("ditron.bench ag_gemm: needs a CUDA GPU (TMA GEMM)")
-    configs = configs or list(_launch.GPU_CONFIGS)
+    configs = configs or list(gemm_core.GPU_CONFIGS)
     out: list[Result] = []
 
     def single(group):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..flash_decode import flash_decode
+from ..attention.flash_decode import flash_decode
 from ..runtime.virtual import launch
 from .harness import BenchConfig, Result, paired_graph_times, register, time_spmd
 

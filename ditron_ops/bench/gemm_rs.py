@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ag_gemm import matmul
-from ..gemm_rs import gemm_ar, gemm_rs
+from ..gemm.gemm_rs import gemm_ar, gemm_rs
+from ..gemm._core import matmul
 from ..runtime.virtual import launch
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS

@@ -29,9 +29,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ..ag_gemm import ag_gemm
-from ..flash_decode import flash_decode
-from ..gemm_rs import gemm_ar, gemm_rs
+from ..gemm.ag_gemm import ag_gemm
+from ..attention.flash_decode import flash_decode
+from ..gemm.gemm_rs import gemm_ar, gemm_rs
 from ..runtime.torchrun import started_by_torchrun, torchrun_group
 from .harness import BenchConfig, Result, paired_graph_times, register, time_spmd
 from .shapes import DEFAULT_M, LAYER_CONFIGS, get_model

@@ -36,18 +36,6 @@ def _split_start(rows, world_size, part):
     return part * base + tl.minimum(part, rows % world_size)
 
 
-@dl.jit
-def _copy_tiles(dst, src, count, pid, nprog, BLOCK: tl.constexpr):
-    """Copy ``count`` elements, tiles ``pid, pid + nprog, ...`` (loads bypass L1: the source may
-    have been written by a peer)."""
-    offs = tl.arange(0, BLOCK)
-    for off in range(pid * BLOCK, count, nprog * BLOCK):
-        off = tl.multiple_of(off, BLOCK)
-        mask = off + offs < count
-        x = tl.load(src + off + offs, mask=mask, cache_modifier=".cg")
-        tl.store(dst + off + offs, x, mask=mask)
-
-
 @dl.jit(do_not_specialize=("rank", "world_size", "src_rows", "row_elems", "out_elems", "half_elems",
                            "slot_elems", "timeout_us", "op_id"))
 def push_combine_kernel(
@@ -81,7 +69,7 @@ def push_combine_kernel(
             count = src_rows * row_elems
             src_base = src_ptr
         dst_base = dl.remote_ptr(buf_table, dst, buf_ptr) + half_base + rank * slot_elems
-        _copy_tiles(dst_base, src_base, count, pid, nprog, BLOCK)
+        dl.copy_tiles(dst_base, src_base, count, pid, nprog, BLOCK)
         dst_sig = dl.remote_ptr(sig_table, dst, sig_ptr)
         if pid == 0:
             tl.store(dst_sig + world_size + parity * world_size + rank, count.to(tl.int64))
@@ -125,7 +113,7 @@ def push_combine_kernel(
                 got = tl.minimum(tl.load(sig_ptr + world_size + parity * world_size + s, volatile=True),
                                  slot_elems)
                 got = got // VEC * VEC
-                _copy_tiles(out_ptr + dst_vecs * VEC, buf_ptr + half_base + s * slot_elems,
+                dl.copy_tiles(out_ptr + dst_vecs * VEC, buf_ptr + half_base + s * slot_elems,
                             got, pid, nprog, BLOCK)
                 dst_vecs += got // VEC
 

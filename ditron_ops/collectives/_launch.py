@@ -7,6 +7,7 @@ import torch
 
 from .. import _env
 from ..runtime.group import Group, op_id
+from ..runtime.launcher import BoundKernel
 from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
 from ._kernels import push_combine_kernel
 
@@ -35,34 +36,53 @@ def push_combine(group: Group, src: torch.Tensor, out: torch.Tensor, *, op: str,
 
     ``slot_elems`` is the largest element count any rank sends to one destination (rank-uniform).
     Copies vectorize (``VEC`` = 16 bytes of elements) when every row length is a multiple of it;
-    the choice depends only on rank-uniform sizes, so all ranks agree.
+    the choice depends only on rank-uniform sizes, so all ranks agree. Everything but the launch
+    comes from the call's plan.
     """
     group.check()
-    ws = group.workspace(PURPOSE)
-    if not hasattr(ws, "programs"):
-        ws.programs = programs_per_rank(group)
     src = aligned(src)
     if out.data_ptr() % 16:
         raise ValueError(f"ditron.{op}: the output must be 16-byte aligned")
-    elem = src.element_size()
-    # VEC and the slot layout depend only on rank-uniform sizes: every rank must agree on them.
-    vec = 16 // elem if row_elems % (16 // elem) == 0 else 1
-    slot_elems = -(-max(slot_elems, 1) // 16) * 16
-    data = ws.ensure_data(2 * group.world_size * slot_elems * elem)
-    half_elems = data.nbytes // 2 // elem
-    slot_elems = half_elems // group.world_size // 16 * 16
-    record, claim = group._error_tensors()
+    key = ("push_combine", op, split_src, reduce, src.dtype, src_rows, row_elems, out.numel(),
+           slot_elems)
+    plan = group.plans.get(key, lambda: _PushCombinePlan(group, src, out, op, split_src, reduce,
+                                                         src_rows, row_elems, slot_elems))
+    ws = plan.ws
     ws.calls += 1
     with group.waiting_launch(op, ws.calls):
-        push_combine_kernel[(ws.programs,)](
-            src, out, data.local.view(src.dtype), data.ptr_table, ws.signal_pad(),
-            ws.signal.ptr_table, claim, record,
-            group.rank, group.world_size, src_rows, row_elems, out.numel(), half_elems, slot_elems,
-            group.timeout_us(), op_id(op),
-            SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), VEC=vec, num_warps=4)
-    if _env.sync_check():
+        plan.kernel.launch(src, out)
+    if group.sync_check:
         group.synchronize()
     return out
+
+
+class _PushCombinePlan:
+    """The bound ``push_combine_kernel`` launch of one key (sizes, dtype, variant)."""
+
+    def __init__(self, group: Group, src, out, op, split_src, reduce, src_rows, row_elems,
+                 slot_elems):
+        self.ws = ws = group.workspace(PURPOSE)
+        if not hasattr(ws, "programs"):
+            ws.programs = programs_per_rank(group)
+        elem = src.element_size()
+        # VEC and the slot layout depend only on rank-uniform sizes: every rank must agree on them.
+        vec = 16 // elem if row_elems % (16 // elem) == 0 else 1
+        slot_elems = -(-max(slot_elems, 1) // 16) * 16
+        self.data = data = ws.ensure_data(2 * group.world_size * slot_elems * elem)
+        half_elems = data.nbytes // 2 // elem
+        slot_elems = half_elems // group.world_size // 16 * 16
+        record, claim = group._error_tensors()
+        self.kernel = BoundKernel(
+            push_combine_kernel, (ws.programs,),
+            (src, out, data.local.view(src.dtype), data.ptr_table, ws.signal_pad(),
+             ws.signal.ptr_table, claim, record, group.rank, group.world_size, src_rows, row_elems,
+             out.numel(), half_elems, slot_elems, group.timeout_us(), op_id(op)),
+            dict(SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), VEC=vec, num_warps=4),
+            vary=("src_ptr", "out_ptr"), device=src.device)
+
+    def stale(self) -> bool:
+        """The workspace grew since: the slot layout (``half_elems``) is of a freed buffer."""
+        return self.ws.data is not self.data
 
 
 def _block() -> int:

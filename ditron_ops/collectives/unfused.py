@@ -22,6 +22,8 @@ from .reduce_scatter import reduce_scatter
 def gather_rows(x: torch.Tensor, group: Group, sizes: Sequence[int],
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Every rank's rows ``[ΣM_r, ...]`` (rank r's ``x [sizes[r], ...]``), into ``out`` if given."""
+    if group.world_size == 1:  # the gather of one rank is its rows
+        return x if out is None else out.copy_(x)
     got = nccl.all_gather_rows(x, group, sizes, out=out)
     if got is not None:
         return got

@@ -22,13 +22,12 @@ import time
 import triton.language as tl
 
 from .._env import use_interpreter
+from ..runtime.error_record import (ERR_EPOCH, ERR_KIND, ERR_OP, ERR_PEER, ERR_RANK,
+                                     KIND_SIZE_MISMATCH, KIND_TIMEOUT)
 from ._jit import jit
 
-# Error record layout (int64 words, host-readable memory). STATUS is written last.
-# Host code uses the ints; kernels use the constexpr twins (Triton reads only constexpr globals).
-ERR_STATUS, ERR_OP, ERR_RANK, ERR_PEER, ERR_EPOCH, ERR_KIND = range(6)
-ERR_WORDS = 8
-KIND_TIMEOUT, KIND_SIZE_MISMATCH = 1, 2
+# Error record layout (``runtime.error_record``); kernels use constexpr twins (Triton reads only
+# constexpr globals).
 _OP, _RANK, _PEER, _EPOCH, _KIND = (tl.constexpr(v) for v in (ERR_OP, ERR_RANK, ERR_PEER, ERR_EPOCH, ERR_KIND))
 TIMEOUT = tl.constexpr(KIND_TIMEOUT)
 SIZE_MISMATCH = tl.constexpr(KIND_SIZE_MISMATCH)

@@ -17,8 +17,9 @@ import torch
 
 from .. import _env
 from ..errors import DitronError, DitronSizeMismatchError, DitronTimeoutError
-from ..language.signals import (ERR_EPOCH, ERR_KIND, ERR_OP, ERR_PEER, ERR_RANK, ERR_STATUS,
-                                ERR_WORDS, KIND_SIZE_MISMATCH)
+from .plan import PlanCache
+from .error_record import (ERR_EPOCH, ERR_KIND, ERR_OP, ERR_PEER, ERR_RANK, ERR_STATUS, ERR_WORDS,
+                           KIND_SIZE_MISMATCH)
 
 _registry: dict[str, "Group"] = {}
 _registry_lock = threading.Lock()
@@ -94,9 +95,13 @@ class Group:
         self.group_name = group_name
         self.timeout_s = float(timeout_s) if timeout_s is not None else _env.default_timeout_s()
         self._workspaces: dict[str, Any] = {}
+        self.plans = PlanCache(self)
+        self.sync_check = _env.sync_check()  # read once: no environment read on the call path
         self._failure: Optional[BaseException] = None
         self._error_record: Optional[torch.Tensor] = None
+        self._error_status = None  # numpy view of the record (a host read costs no torch op)
         self._error_claim: Optional[torch.Tensor] = None
+        self._side: Optional[tuple] = None
 
     # -- host control plane (implemented by backends) ----------------------------------------
     def barrier(self) -> None:
@@ -163,6 +168,7 @@ class Group:
         if self._error_record is None:
             pin = self.device.type == "cuda"
             self._error_record = torch.zeros(ERR_WORDS, dtype=torch.int64, pin_memory=pin)
+            self._error_status = self._error_record.numpy()
             self._error_claim = torch.zeros(1, dtype=torch.int64, device=self.device)
         return self._error_record, self._error_claim
 
@@ -173,10 +179,10 @@ class Group:
         """
         if self._failure is not None:
             raise self._failure
-        record = self._error_record
-        if record is None or int(record[ERR_STATUS]) == 0:
+        status = self._error_status
+        if status is None or status[ERR_STATUS] == 0:
             return
-        values = record.tolist()
+        values = self._error_record.tolist()
         name = _op_names[values[ERR_OP]] if 0 <= values[ERR_OP] < len(_op_names) else "?"
         if values[ERR_KIND] == KIND_SIZE_MISMATCH:
             err: DitronTimeoutError = DitronSizeMismatchError(
@@ -200,6 +206,13 @@ class Group:
         """Inside ``waiting_launch``: a no-op except in a GPU virtual world, where every rank's
         launches so far are queued before any rank goes on (``VirtualGroup.launch_step``)."""
 
+    def side_stream(self) -> tuple:
+        """``(stream, fork event, join event)`` of this rank, made once: the fused ops' copy
+        engine work runs on the side stream between a fork and a join."""
+        if self._side is None:
+            self._side = (torch.cuda.Stream(self.device), torch.cuda.Event(), torch.cuda.Event())
+        return self._side
+
     def synchronize(self) -> None:
         """Wait for this rank's current stream, then ``check``."""
         if self.device.type == "cuda":
@@ -213,6 +226,7 @@ class Group:
 
     # -- lifetime --------------------------------------------------------------------------------
     def _release_workspaces(self) -> None:
+        self.plans.clear()  # plans view the workspaces
         for ws in list(self._workspaces.values()):
             ws.release()
         self._workspaces.clear()

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DitronError
-from ..language import nvshmem as _lang
+from . import nvshmem_modules
 from . import group as _group_module
 from .group import Group, SymmetricBuffer, register_group, set_default_group, unregister_group
 from .warmup import warmup
@@ -329,7 +329,7 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
             raise DitronError("ditron.init_nvshmem: needs a CUDA device; on a CPU-only machine "
                               "use ditron_ops.launch(...) (virtual ranks) or TorchGroup")
         nvs = _import_nvshmem()
-        if _lang._nvshmem_live():
+        if nvshmem_modules.nvshmem_live():
             raise DitronError("ditron.init_nvshmem: NVSHMEM is already initialised in this "
                               "process by another owner; only one owner per process")
         dev = _resolve_device(device)
@@ -346,8 +346,8 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
         try:
             group = NvshmemGroup(nvs, pg, rank, world, dev, local_rank, local_world, timeout_s)
             _check_pe(rank, world)
-            _lang.install_module_init_hook()
-            _lang._on_nvshmem_init()  # modules loaded earlier (or before a previous finalize)
+            nvshmem_modules.install_module_init_hook()
+            nvshmem_modules.on_nvshmem_init()  # modules loaded earlier (or before a previous finalize)
             # every kernel variant compiled and loaded now, not while a peer's kernel spins on
             # this rank (a compile there can outlast the wait bound)
             warmup(dev)
@@ -358,7 +358,7 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
         oks: list[Any] = [None] * world
         dist.all_gather_object(oks, failure is None, group=pg)
         if not all(oks):
-            _lang._on_nvshmem_finalize()
+            nvshmem_modules.on_nvshmem_finalize()
             nvs.finalize()  # leave no NVSHMEM without an owner behind
             if failure is not None:
                 raise failure
@@ -403,7 +403,7 @@ def finalize_nvshmem(group: Optional[NvshmemGroup] = None) -> None:
                 owner._release_workspaces()
                 for buf in reversed(list(owner._live)):
                     owner._free_symmetric(buf)
-                _lang._on_nvshmem_finalize()
+                nvshmem_modules.on_nvshmem_finalize()
                 owner._nvs.finalize()
         finally:
             owner._finalized = True

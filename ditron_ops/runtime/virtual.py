@@ -76,6 +76,7 @@ class VirtualWorld:
     def close(self) -> None:
         """Drop every rank's memory (after all ranks' device work has finished)."""
         for g in self.groups:
+            g.plans.clear()
             g._workspaces.clear()
         self._slots = [None] * self.world_size
 

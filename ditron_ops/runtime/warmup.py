@@ -26,7 +26,7 @@ def one_rank_pad(device: torch.device, preset=()) -> tuple:
     """What a warm-up launch needs as a one-rank world, where no wait can block: a signal pad
     (``int64 [16]``, first words ``preset``), its pointer table, the error claim word and the
     host-readable error record (pinned on CUDA)."""
-    from ..language.signals import ERR_WORDS
+    from .error_record import ERR_WORDS
 
     sig = torch.zeros(16, dtype=torch.int64, device=device)
     if preset:

@@ -6,7 +6,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import reference
-from ..ag_gemm import ag_gemm
+from ..gemm.ag_gemm import ag_gemm
 from ..runtime.group import Group
 
 # Max |ours - reference| / max |reference| accepted per dtype (fp32 reference; GPU fp16/bf16 GEMMs
@@ -65,7 +65,7 @@ def interpreter_split_tail(monkeypatch, programs: int):
     """Tests: interpreter tiles of 16 x 32 (halves 16 wide) with ``split_tail`` on ``programs``
     programs (the interpreter runs them one after the other), through pytest's ``monkeypatch``;
     returns the tile configuration."""
-    from ..ag_gemm import _launch
+    from ..gemm import _core as _launch
 
     cfg = _launch.TileConfig(16, 32, 16, 2, 4, 1, split_tail=True)
     monkeypatch.setattr(_launch, "INTERPRETER_CONFIG", cfg)

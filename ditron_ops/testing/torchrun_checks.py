@@ -24,11 +24,11 @@ import traceback
 import torch
 
 from .. import reference
-from ..ag_gemm import _launch as ag_launch
-from ..ag_gemm import ag_gemm
+from ..gemm import _ag_launch as ag_launch
+from ..gemm.ag_gemm import ag_gemm
 from ..errors import DitronTimeoutError
-from ..flash_decode import flash_decode
-from ..gemm_rs import gemm_ar, gemm_rs
+from ..attention.flash_decode import flash_decode
+from ..gemm.gemm_rs import gemm_ar, gemm_rs
 from ..runtime.split import split_sizes, split_start
 from ..runtime.torchrun import torchrun_group
 from .ag_gemm_checks import REL_TOL, check_ag_gemm

@@ -37,7 +37,7 @@ def test_ag_gemm_odd_shapes(world_size, dtype):
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
 def test_ag_gemm_pull_producer(monkeypatch, world_size):
     """The SM pull producer: model shape, odd shapes, back-to-back sizes, graph replay."""
-    from ditron_ops.ag_gemm import _launch
+    from ditron_ops.gemm import _ag_launch as _launch
 
     monkeypatch.setattr(_launch, "PRODUCER", "pull")
     shape = get_model("LLaMA-7B")

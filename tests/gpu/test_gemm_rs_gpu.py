@@ -76,8 +76,8 @@ def test_cuda_graph_capture_and_replay(world_size):
 def test_split_tail_forced(world_size, monkeypatch):
     """Whole own tiles as halves next to peers' partials and boundary rows (the tail rule forced
     to 5 tiles; the model shapes above meet the rule itself at W = 2 and 4), bitwise."""
-    from ditron_ops.ag_gemm._launch import tile_config
-    from ditron_ops.gemm_rs import _launch
+    from ditron_ops.gemm._core import tile_config
+    from ditron_ops.gemm import _rs_launch as _launch
 
     if not tile_config(torch.device("cuda")).split_tail:
         pytest.skip("tile configuration without split tail")

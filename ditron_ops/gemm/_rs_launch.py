@@ -9,12 +9,14 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _env
-from ..ag_gemm._kernels import ag_start_kernel
-from ..ag_gemm._launch import (_padded_copy, _tma_ok, b_descriptor, consumer_programs,
-                               half_b_descriptor, tail_tiles, tile_config)
+from ..language.barrier import start_barrier_kernel
 from ..runtime.group import Group, op_id
+from ..runtime.launcher import BoundKernel
+from ..runtime.plan import tensor_key
 from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
-from ._kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
+from ._core import (_padded_copy, _tma_ok, b_descriptor, consumer_programs, half_b_descriptor,
+                    tail_tiles, tile_config)
+from ._rs_kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
 
 PURPOSE = "gemm_reduce"
 _FINISH_BLOCK = dict(BLOCK_R=8, BLOCK_C=256)
@@ -42,55 +44,107 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     ``rows[s]``: rows of the product owned by rank s (reduce-scatter). ``broadcast``: every rank
     receives every partial and reduces all rows (one-shot all-reduce; ``rows`` unused).
     ``partials``: dtype of the partial tiles in the slots (fp32, or the input dtype: see
-    ``LOWP_PARTIALS``); the sums are fp32 either way.
+    ``LOWP_PARTIALS``); the sums are fp32 either way. Everything but the launches comes from
+    the call's plan.
     """
     group.check()
-    ws = group.workspace(PURPOSE)
-    cfg = tile_config(a.device)
-    m, k, n = a.shape[0], a.shape[1], b.shape[1]
-    w, rank = group.world_size, group.rank
-    slot_rows = m if broadcast else max(rows)
-    data = ws.ensure_data(max(1, w * slot_rows * n * partials.itemsize))
-    buf = data.local.view(partials)
-    offsets = None if broadcast else ws.row_offsets(rows, op)  # (uploads before any wait)
-    if not _tma_ok(a):
-        a = _padded_copy(a)
-    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, cfg.block_k])
-    b_desc, b_kn = b_descriptor(b, cfg)
-    record, claim = group._error_tensors()
-    sig = ws.signal_pad()
-    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    aligned = n % 16 == 0 and out.stride(0) % 16 == 0  # vector loads/stores of the slots and out
-    c_desc, slots_desc = (None, None) if broadcast else _epilogue_descriptors(out, buf,
-                                                                              w * slot_rows, cfg)
-    ws.calls += 1
-    with group.waiting_launch(op, ws.calls):
+    key = (op, broadcast, partials, tensor_key(a), tensor_key(b), tensor_key(out),
+           None if broadcast else tuple(rows))
+    plan = group.plans.get(key, lambda: RsPlan(group, a, b, out, rows, broadcast, op, partials))
+    return plan.run(a, b, out)
+
+
+class RsPlan:
+    """gemm_rs / gemm_ar's fused path for one key: slots in the workspace, descriptors, grids
+    and the bound launches."""
+
+    def __init__(self, group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+                 rows: list[int], broadcast: bool, op: str, partials: torch.dtype):
+        self.group, self.op, self.broadcast = group, op, broadcast
+        self.ws = ws = group.workspace(PURPOSE)
+        cfg = tile_config(a.device)
+        m, k, n = a.shape[0], a.shape[1], b.shape[1]
+        w, rank = group.world_size, group.rank
+        slot_rows = m if broadcast else max(rows)
+        self.data = data = ws.ensure_data(max(1, w * slot_rows * n * partials.itemsize))
+        buf = data.local.view(partials)
+        offsets = None if broadcast else ws.row_offsets(rows, op)  # (uploads before any wait)
+        self.a_pad = None if _tma_ok(a) else _padded_copy(a)
+        self.b_pad = None if (_tma_ok(b) or _tma_ok(b.t())) else _padded_copy(b)
+        a_ex = a if self.a_pad is None else self.a_pad
+        a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
+                                  [cfg.block_m, cfg.block_k])
+        b_desc, b_kn = b_descriptor(b if self.b_pad is None else self.b_pad, cfg)
+        record, claim = group._error_tensors()
+        sig, timeout = ws.signal_pad(), group.timeout_us()
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        aligned = n % 16 == 0 and out.stride(0) % 16 == 0  # vector loads/stores of the slots and out
         programs = consumer_programs(a.device, group, tiles)
         tiles_cfg = dict(B_KN=b_kn, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                          GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          ALIGNED=aligned)
+        # per call: a (unless padded), b (unless padded), out (and its descriptor)
+        ab = (("a_desc",) if self.a_pad is None else ()) + (("b_desc",) if self.b_pad is None else ())
+        device = a.device
         if broadcast:
-            ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, m,
-                                  group.timeout_us(), op_id(op))
-            gemm_broadcast_kernel[(programs,)](a_desc, b_desc, buf, data.ptr_table, m, n, k,
-                                               slot_rows, rank, w, **tiles_cfg)
-            reduce_finish_kernel[(finish_programs(group),)](
-                buf, out, sig, ws.signal.ptr_table, claim, record, m, n,
-                out.stride(0), slot_rows, rank, w, group.timeout_us(), op_id(op), ALIGNED=aligned,
-                **_FINISH_BLOCK)
+            self.start = BoundKernel(start_barrier_kernel, (1,),
+                                     (sig, ws.signal.ptr_table, claim, record, rank, w, m, timeout,
+                                      op_id(op)), {}, device=device)
+            self.gemm = BoundKernel(gemm_broadcast_kernel, (programs,),
+                                    (a_desc, b_desc, buf, data.ptr_table, m, n, k, slot_rows, rank,
+                                     w), tiles_cfg, vary=ab, device=device)
+            self.finish = BoundKernel(reduce_finish_kernel, (finish_programs(group),),
+                                      (buf, out, sig, ws.signal.ptr_table, claim, record, m, n,
+                                       out.stride(0), slot_rows, rank, w, timeout, op_id(op)),
+                                      dict(ALIGNED=aligned, **_FINISH_BLOCK), vary=("out_ptr",),
+                                      device=device)
+            self.c_tma = False
         else:
             lo, hi = sum(rows[:rank]), sum(rows[:rank + 1])
-            gemm_rs_kernel[(programs,)](a_desc, b_desc, half_b_descriptor(b_desc, b_kn, cfg),
-                                        slots_desc, c_desc, buf, data.ptr_table, offsets, out, sig,
-                                        ws.signal.ptr_table, claim, record, m, n, k, slot_rows,
-                                        out.stride(0), lo, hi,
-                                        own_tail(m, n, lo, hi, programs, cfg), rank, w,
-                                        group.timeout_us(), op_id(op),
-                                        C_TMA=c_desc is not None, SPLIT_TAIL=cfg.split_tail,
-                                        **tiles_cfg)
-    if _env.sync_check():
-        group.synchronize()
-    return out
+            c_desc, slots_desc = _epilogue_descriptors(out, buf, w * slot_rows, cfg)
+            self.c_tma = c_desc is not None
+            if self.b_pad is None and "b_desc" in ab:
+                ab = ab + ("bh_desc",)
+            self.gemm = BoundKernel(
+                gemm_rs_kernel, (programs,),
+                (a_desc, b_desc, half_b_descriptor(b_desc, b_kn, cfg), slots_desc, c_desc, buf,
+                 data.ptr_table, offsets, out, sig, ws.signal.ptr_table, claim, record, m, n, k,
+                 slot_rows, out.stride(0), lo, hi, own_tail(m, n, lo, hi, programs, cfg), rank, w,
+                 timeout, op_id(op)),
+                dict(C_TMA=self.c_tma, SPLIT_TAIL=cfg.split_tail, **tiles_cfg),
+                vary=ab + (("c_desc",) if self.c_tma else ()) + ("out_ptr",), device=device)
+
+    def stale(self) -> bool:
+        """The workspace grew since (another call's plan): the slots are of a freed buffer."""
+        return self.ws.data is not self.data
+
+    def run(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        group, ws = self.group, self.ws
+        values = []
+        if self.a_pad is None:
+            values.append(a)
+        else:
+            self.a_pad.copy_(a)
+        if self.b_pad is None:
+            values.append(b)
+            if not self.broadcast:
+                values.append(b)  # the half-width descriptor over the same memory
+        else:
+            self.b_pad.copy_(b)
+        ws.calls += 1
+        with group.waiting_launch(self.op, ws.calls):
+            if self.broadcast:
+                self.start.launch()
+                self.gemm.launch(*values)
+                self.finish.launch(out)
+            else:
+                if self.c_tma:
+                    values.append(out)
+                values.append(out)
+                self.gemm.launch(*values)
+        if group.sync_check:
+            group.synchronize()
+        return out
 
 
 def own_tail(m: int, n: int, lo: int, hi: int, programs: int, cfg) -> int:

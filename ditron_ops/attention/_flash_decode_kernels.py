@@ -8,7 +8,7 @@ Schedule of one call (rank r)::
     keys -> (o, lse) (online softmax in   |   else push to slot r of every |   -> out
     fp32; no keys -> lse = -inf)          |   rank's exchange buffer       |
 
-With W > 1 the start barrier (``ag_start_kernel``) precedes the push: a slot is rewritten only
+With W > 1 the start barrier (``language.barrier.start_barrier_kernel``) precedes the push: a slot is rewritten only
 after every rank has entered this call, so nobody still reads the previous call's partials. One
 rank with one chunk per pair skips the combine: split-KV writes the output (``DIRECT``; the
 combine of one partial would return it unchanged).

@@ -1,4 +1,6 @@
-"""Host side of ag_gemm: tile configuration, TMA descriptors, grids, streams, warm-up.
+"""The persistent GEMM core shared by ag_gemm, gemm_rs and gemm_ar: tile configuration, TMA
+descriptors, grids and the launch of ``persistent_gemm_kernel`` (``matmul`` alone, or as
+ag_gemm's waiting consumer).
 
 The tile configuration depends only on the dtype and the device kind, never on a rank's shapes,
 so every rank of a group uses the same one.
@@ -7,32 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
+import threading
 from typing import Optional
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _env
-from ..errors import DitronError
 from ..runtime.group import Group, op_id, sm_count
-from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
-from ._kernels import ag_gemm_kernel, ag_pull_kernel, ag_start_kernel
-
-PURPOSE = "ag_gemm"
-PRODUCERS = ("copy", "pull")
-PRODUCER = "copy"
-"""How the fused path moves the shards: ``"copy"``, copy engines on a side stream (no SM); or
-``"pull"``, ``ag_pull_kernel`` on ``pull_programs`` SMs taken from the GEMM. The ``ag_gemm``
-bench measures both (``producer`` rows)."""
-PULL_SM_FRACTION = 8
-"""Pull mode: one SM in this many of a rank's share runs the pull kernel (at least one)."""
-_PULL_BLOCK, _PULL_WARPS = 4096, 8
+from ..runtime.launcher import BoundKernel
+from ..runtime.plan import PlanCache, tensor_key
+from ._core_kernels import persistent_gemm_kernel
 
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
-    """Tiles and schedule of the persistent GEMM (``ag_gemm_kernel``; gemm_rs uses the tiles).
+    """Tiles and schedule of the persistent GEMM (``persistent_gemm_kernel``; gemm_rs uses the tiles).
 
     ``split_tail``: a partial last wave of at most half the grid runs as half-width tiles
     (``SPLIT_TAIL``, ``tail_tiles``).
@@ -224,32 +216,85 @@ def _c_descriptor(out: torch.Tensor, cfg: TileConfig) -> Optional[TensorDescript
     return None
 
 
+class CoreGemm:
+    """The persistent GEMM of one plan, bound once: ``out = A @ b (+ bias)`` with the tile
+    configuration, grid, split tail and descriptors fixed; ``run`` launches it with the tensors
+    of the call (only their addresses may change; a plan key holds the rest).
+
+    Parameters
+    ----------
+    a_desc : TensorDescriptor
+        Over ``A [m, K]``: a workspace the plan owns (``a_varies=False``, ag_gemm's gathered
+        rows) or an example of the per-call ``a`` (``a_varies=True``, ``matmul``).
+    b, out, bias : torch.Tensor
+        Examples of the call's ``b [K, N]`` (any strides), ``out [m, N]`` and ``bias [N]`` (or
+        None). A ``b`` that no descriptor can read as it is (neither ``[K, N]`` nor ``[N, K]``
+        row-major and aligned) is copied per call into a buffer the plan owns.
+    group : Group, optional
+        The waiting consumer's group (``wait=True``); None for a plain GEMM.
+    wait, sig, offsets, claim, record, m, programs, cfg
+        As the kernel takes them (``cfg`` default ``tile_config``).
+    """
+
+    def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
+                 bias: Optional[torch.Tensor], *, group: Optional[Group], wait: bool,
+                 sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
+                 record: torch.Tensor, m: int, programs: Optional[int] = None,
+                 cfg: Optional[TileConfig] = None, a_varies: bool = False):
+        cfg = fit_stages(cfg or tile_config(out.device), out.device, b.element_size(),
+                         out.element_size())
+        self.cfg = cfg
+        self._b_pad = None
+        if not _tma_ok(b) and not _tma_ok(b.t()):
+            self._b_pad = _padded_copy(b)
+            b = self._b_pad
+        b_desc, b_kn = b_descriptor(b, cfg)
+        c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
+        n, k = b.shape[1], b.shape[0]
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        grid = programs or consumer_grid(out.device, group, tiles, cfg)
+        tail = tail_tiles(tiles, grid, cfg)
+        bh_desc = half_b_descriptor(b_desc, b_kn, cfg)
+        rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
+        timeout_us = group.timeout_us() if group is not None else 1
+        vary = (("a_desc",) if a_varies else ()) + (("b_desc", "bh_desc") if self._b_pad is None
+                                                    else ()) + (("c_desc",) if c_desc else ())
+        self._a_varies, self._b_varies, self._c_tma = a_varies, self._b_pad is None, c_desc is not None
+        self.kernel = BoundKernel(
+            persistent_gemm_kernel, (grid,),
+            (a_desc, b_desc, bh_desc, c_desc, out, bias if bias is not None else out, sig, offsets,
+             claim, record, m, n, k, out.stride(0), out.stride(1), int(bias is not None), tail,
+             rank, world, timeout_us, op_id("ag_gemm")),
+            dict(B_KN=b_kn, C_TMA=c_desc is not None, WAIT=wait, BLOCK_M=cfg.block_m,
+                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                 SPLIT_TAIL=cfg.split_tail, num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+            vary=vary + ("c_ptr", "bias_ptr"), device=out.device)
+
+    def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
+            bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """Launch on the current stream (``a`` only when it varies; else None)."""
+        values = [a] if self._a_varies else []
+        if self._b_varies:
+            values += (b, b)  # the descriptors' templates say [K, N] or [N, K]
+        else:
+            self._b_pad.copy_(b)  # its values may have changed since the last call
+        if self._c_tma:
+            values.append(out)
+        values += (out, bias if bias is not None else out)
+        self.kernel.launch(*values)
+        return out
+
+
 def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
                     bias: Optional[torch.Tensor], *, group: Optional[Group], wait: bool,
                     sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
                     record: torch.Tensor, m: int, programs: Optional[int] = None,
                     cfg: Optional[TileConfig] = None) -> torch.Tensor:
-    """Launch the persistent GEMM (``wait=False``: a plain GEMM; the waiting arguments are
-    unused) with tile configuration ``cfg`` (default ``tile_config``)."""
-    cfg = fit_stages(cfg or tile_config(out.device), out.device, b.element_size(),
-                     out.element_size())
-    b_desc, b_kn = b_descriptor(b, cfg)
-    c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
-    n, k = b.shape[1], b.shape[0]
-    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    grid = programs or consumer_grid(out.device, group, tiles, cfg)
-    tail = tail_tiles(tiles, grid, cfg)
-    bh_desc = half_b_descriptor(b_desc, b_kn, cfg)
-    rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
-    timeout_us = group.timeout_us() if group is not None else 1
-    ag_gemm_kernel[(grid,)](
-        a_desc, b_desc, bh_desc, c_desc, out, bias if bias is not None else out, sig, offsets,
-        claim, record, m, n, k, out.stride(0), out.stride(1), int(bias is not None), tail,
-        rank, world, timeout_us, op_id("ag_gemm"),
-        B_KN=b_kn, C_TMA=c_desc is not None, WAIT=wait, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_TAIL=cfg.split_tail,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return out
+    """One launch of the persistent GEMM built for it (``wait=False``: a plain GEMM; the
+    waiting arguments are unused), for warm-up and benches that drive the kernel directly."""
+    core = CoreGemm(a_desc, b, out, bias, group=group, wait=wait, sig=sig, offsets=offsets,
+                    claim=claim, record=record, m=m, programs=programs, cfg=cfg)
+    return core.run(None, b, out, bias)
 
 
 _DUMMY: dict[str, tuple] = {}
@@ -265,13 +310,40 @@ def _dummies(device: torch.device) -> tuple:
     return _DUMMY[key]
 
 
+class _MatmulPlan:
+    """``matmul`` of one key: an ``a`` that no descriptor reads as it is goes through a padded
+    buffer of the plan (copied per call), then the bound core."""
+
+    def __init__(self, a, b, bias, out, cfg):
+        self.a_pad = None if _tma_ok(a) else _padded_copy(a)
+        a_ex = a if self.a_pad is None else self.a_pad
+        a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
+                                  [cfg.block_m, cfg.block_k])
+        sig, offsets, claim, record = _dummies(a.device)
+        self.core = CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig,
+                             offsets=offsets, claim=claim, record=record, m=a.shape[0], cfg=cfg,
+                             a_varies=self.a_pad is None)
+
+    def run(self, a, b, bias, out):
+        if self.a_pad is not None:
+            self.a_pad.copy_(a)
+            a = None
+        return self.core.run(a, b, out, bias)
+
+
+_MATMUL_PLANS = threading.local()
+"""One plan cache per thread: a plan owns padded copies of unaligned operands, which virtual
+ranks (threads) must not share."""
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
            out: Optional[torch.Tensor] = None, cfg: Optional[TileConfig] = None) -> torch.Tensor:
     """Our persistent Triton GEMM alone (the ag_gemm consumer without waits): ``a @ b + bias``.
 
     ``a [M, K]``, ``b [K, N]`` (any strides; ``w.t()`` works without a copy), fp16/bf16 on GPU.
     The core the benchmarks compare with cuBLAS (``cfg``: a tile configuration other than
-    ``tile_config``'s, e.g. ``GPU_CONFIGS[name]``).
+    ``tile_config``'s, e.g. ``GPU_CONFIGS[name]``). Plans are cached per (shapes, strides,
+    dtypes, alignment, configuration); a new one during CUDA-graph capture raises.
     """
     m = a.shape[0]
     out = a.new_empty((m, b.shape[1])) if out is None else out
@@ -280,178 +352,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     if a.shape[1] == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
     cfg = cfg or tile_config(a.device)
-    if not _tma_ok(a):
-        a = _padded_copy(a)
-    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, cfg.block_k])
-    sig, offsets, claim, record = _dummies(a.device)
-    return launch_consumer(a_desc, b, out, bias, group=None, wait=False, sig=sig, offsets=offsets,
-                           claim=claim, record=record, m=m, cfg=cfg)
-
-
-def k_pitch(k: int, elem: int) -> int:
-    """Row pitch (elements) of the gathered buffer: ``k`` rounded up to 16 bytes."""
-    return -(-k * elem // 16) * 16 // elem
-
-
-def side_stream(group: Group) -> torch.cuda.Stream:
-    stream = getattr(group, "_ag_gemm_side_stream", None)
-    if stream is None:
-        stream = group._ag_gemm_side_stream = torch.cuda.Stream(group.device)
-    return stream
-
-
-def pull_programs(group: Group) -> int:
-    """Programs of the pull kernel (pull mode); the consumer runs on the rest of the share. One
-    in the interpreter, which runs a grid's programs one after the other (a program waiting for
-    a peer whose chunk needs this rank's later programs would never return)."""
-    if group.device.type != "cuda":
-        return 1
-    return max(1, group.sm_share() // PULL_SM_FRACTION)
-
-
-def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
-          out: torch.Tensor, shard_sizes: list[int], gathered: Optional[torch.Tensor],
-          producer: Optional[str] = None) -> None:
-    """One fused call (schedule in ``_kernels``): start barrier, all-gather on a side stream
-    with a flag per chunk (``producer``, default ``PRODUCER``), persistent GEMM over the
-    gathered rows as chunks land."""
-    producer = producer or PRODUCER
-    if producer not in PRODUCERS:
-        raise ValueError(f"ditron.ag_gemm: producer must be one of {PRODUCERS}, got {producer!r}")
-    group.check()
-    ws = group.workspace(PURPOSE)
-    cfg = tile_config(a.device)
-    m, k = sum(shard_sizes), a.shape[1]
-    w, rank = group.world_size, group.rank
-    elem = a.element_size()
-    pitch = k_pitch(k, elem)
-    data = ws.ensure_data(m * pitch * elem)
-    if data.peers is None and producer == "copy":
-        raise DitronError(f"ditron.ag_gemm: group {group.group_name!r} ({group.backend}) gives no "
-                          "peer tensors for copy-engine transfers")
-    buf = data.local.view(a.dtype)
-    a_desc = TensorDescriptor(buf, [m, k], [pitch, 1], [cfg.block_m, cfg.block_k])
-    offsets = ws.row_offsets(shard_sizes, "ag_gemm")
-    rows, first = shard_sizes[rank], sum(shard_sizes[:rank])
-    # one contiguous [rows, pitch] region per chunk; for the pull kernel also 16-byte aligned
-    # (its only specialisation: an unaligned view would compile another variant mid-call)
-    aligned = a.is_contiguous() and pitch == k and (producer == "copy" or a.data_ptr() % 16 == 0)
-    src = a if aligned else _padded_rows(a, pitch)
-    record, claim = group._error_tensors()
-    sig = ws.signal_pad()
-
-    def copies() -> None:  # copy engines: contiguous D2D / peer copies, then the flags
-        flat = src.reshape(-1)  # src is [rows, pitch], contiguous
-        for region, flags in _copy_plan(ws, data, a.dtype, first, rows, pitch, rank, w):
-            if region is not None:
-                region.copy_(flat)
-            for dst_word, src_word in flags:  # meta (rows), then the arrival (epoch)
-                dst_word.copy_(src_word)
-
-    def pull() -> None:  # SMs: every rank pulls its peers' chunks from their gathered buffers
-        ag_pull_kernel[(pull_programs(group),)](
-            src, buf, data.ptr_table, sig, ws.signal.ptr_table, offsets, claim, record, rank, w,
-            pitch, group.timeout_us(), op_id("ag_gemm"), BLOCK=_PULL_BLOCK, VEC=16 // elem,
-            num_warps=_PULL_WARPS)
-
-    produce, programs = copies, None  # None: launch_consumer's default grid
-    if producer == "pull":
-        produce = pull
-        if a.is_cuda:  # the pull programs must be resident beside the GEMM's
-            tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
-            programs = max(1, min(consumer_programs(a.device, group, tiles),
-                                  group.sm_share() - pull_programs(group)))
-    ws.calls += 1
-    with group.waiting_launch("ag_gemm", ws.calls):
-        ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, rows,
-                              group.timeout_us(), op_id("ag_gemm"))
-        if producer == "pull":  # the pull kernel waits (event) for this start barrier
-            group.launch_step("ag_gemm", ws.calls)
-        if a.is_cuda:
-            main = torch.cuda.current_stream(a.device)
-            side = side_stream(group)
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                produce()
-            launch_consumer(a_desc, b, out, bias, group=group, wait=True, sig=sig,
-                            offsets=offsets, claim=claim, record=record, m=m, programs=programs)
-            main.wait_stream(side)
-        else:  # interpreter: kernels run synchronously, one after the other
-            produce()
-            launch_consumer(a_desc, b, out, bias, group=group, wait=True, sig=sig,
-                            offsets=offsets, claim=claim, record=record, m=m, programs=programs)
-    if gathered is not None:
-        gathered.copy_(buf[:m * pitch].view(m, pitch)[:, :k])
-    if _env.sync_check():
-        group.synchronize()
-
-
-def _copy_plan(ws, data, dtype: torch.dtype, first: int, rows: int, pitch: int, rank: int,
-               w: int) -> list:
-    """Per destination, in push order: ``(this rank's region of its gathered buffer or None,
-    [(meta word, its source), (arrival word, its source)])``, all views made once and kept for
-    the last layout (the host cost of an eager call is mostly such small tensor ops)."""
-    key = (dtype, first, rows, pitch)
-    cached = ws.__dict__.get("_ag_copy_plan")  # (buffer, key, plan): the buffer by identity
-    if cached is not None and cached[0] is data and cached[1] == key:
-        return cached[2]
-    sig = ws.signal_pad()
-    sig_peers = [p.view(torch.int64) for p in ws.signal.peers]  # the pad never moves
-    plan = []
-    for i in range(w):
-        dst = (rank + i) % w
-        region = data.peers[dst].view(dtype)[first * pitch:(first + rows) * pitch] if rows else None
-        meta = (sig_peers[dst][2 * w + rank:2 * w + rank + 1], sig[3 * w + 1:3 * w + 2])
-        arrival = (sig_peers[dst][rank:rank + 1], sig[3 * w:3 * w + 1])
-        plan.append((region, [meta, arrival]))
-    ws._ag_copy_plan = (data, key, plan)
-    return plan
-
-
-def _padded_rows(a: torch.Tensor, pitch: int) -> torch.Tensor:
-    """``a`` copied into contiguous rows of ``pitch`` elements (so each chunk is one memcpy)."""
-    out = a.new_empty((a.shape[0], pitch))
-    out[:, :a.shape[1]] = a
-    return out
-
-
-def _warmup(device: torch.device) -> None:
-    """Compile and load every kernel variant (dtype x B layout x C store x wait) as a one-rank
-    call whose waits are already satisfied."""
-    cfg = tile_config(device)
-    # W=1 pad: flag[0] = 1, start count 1, rows[0] = 64, epoch 1
-    sig, sig_table, claim, record = one_rank_pad(device, (1, 1, 64, 1))
-    offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
-    for dtype in (torch.float16, torch.bfloat16):
-        a = torch.ones(64, 64, dtype=dtype, device=device)
-        a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
-        # with split_tail two programs on the one tile run it as halves (the second past N),
-        # so the tail loop runs too
-        variants = itertools.product((a.clone(), a.clone().t()), (False, True), (False, True))
-        for b, wait, c_tma in variants:
-            out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
-            launch_consumer(a_desc, b, out, None, group=None, wait=wait, sig=sig, offsets=offsets,
-                            claim=claim, record=record, m=64, programs=2 if cfg.split_tail else 1)
-            torch.cuda.synchronize(device)
-            if int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64)):
-                raise RuntimeError(f"ditron: ag_gemm warm-up failed for {dtype} (kernel bug)")
-        for b in (a.clone(), a.clone().t()):  # fp32 products (gemm_rs references, baselines)
-            out = torch.empty(64, 64, dtype=torch.float32, device=device)
-            launch_consumer(a_desc, b, out, None, group=None, wait=False, sig=sig, offsets=offsets,
-                            claim=claim, record=record, m=64, programs=1)
-    ag_start_kernel[(1,)](sig, sig_table, claim, record, 0, 1, 64, 10**6, 0)
-    torch.cuda.synchronize(device)
-    if int(record[0]) != 0:
-        raise RuntimeError("ditron: ag_gemm start-barrier warm-up failed (kernel bug)")
-    for dtype in (torch.float16, torch.bfloat16):  # pull producer: W=1 pad, epoch 1, 64 rows sent
-        sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1, 64))
-        src = torch.ones(64, 64, dtype=dtype, device=device)
-        buf = torch.zeros(64 * 64, dtype=dtype, device=device)
-        ag_pull_kernel[(1,)](src, buf, pointer_table(buf), sig, sig_table, offsets, claim, record,
-                             0, 1, 64, 10**6, 0, BLOCK=_PULL_BLOCK, VEC=8, num_warps=_PULL_WARPS)
-        torch.cuda.synchronize(device)
-        if int(record[0]) != 0 or not bool((buf == 1).all()) or sig[:3].tolist() != [1, 1, 64]:
-            raise RuntimeError(f"ditron: ag_gemm pull-producer warm-up failed for {dtype} (kernel bug)")
-
-
-register_warmup(PURPOSE, _warmup)
+    key = ("matmul", a.device, cfg, tensor_key(a), tensor_key(b), tensor_key(bias),
+           tensor_key(out))
+    cache = getattr(_MATMUL_PLANS, "cache", None)
+    if cache is None:
+        cache = _MATMUL_PLANS.cache = PlanCache(None)
+    return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg)).run(a, b, bias, out)

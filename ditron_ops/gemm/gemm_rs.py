@@ -26,12 +26,12 @@ import torch
 
 from .._library import define_op
 from .._validation import check_sizes, check_tensor
-from ..ag_gemm._launch import matmul
+from ._core import matmul
 from ..collectives.unfused import gather_rows, reduce_rows, sum_all
 from ..deterministic import resolve_deterministic
 from ..runtime.group import Group, current_group, resolve_group
 from ..runtime.split import split_sizes
-from . import _launch
+from . import _rs_launch
 
 IMPLS = ("auto", "fused", "baseline")
 ALGORITHMS = ("auto", "one_shot", "two_shot")
@@ -156,8 +156,8 @@ def _fused_wanted(group: Group, impl: str, deterministic: bool, op: str, flops: 
 
 def _partials(a: torch.Tensor, deterministic: bool) -> torch.dtype:
     """Dtype of the fused path's partial tiles: fp32, or the input dtype in the default mode
-    with ``_launch.LOWP_PARTIALS`` (experimental)."""
-    return a.dtype if _launch.LOWP_PARTIALS and not deterministic else torch.float32
+    with ``_rs_launch.LOWP_PARTIALS`` (experimental)."""
+    return a.dtype if _rs_launch.LOWP_PARTIALS and not deterministic else torch.float32
 
 
 def _partial(a: torch.Tensor, b: torch.Tensor, deterministic: bool,
@@ -181,7 +181,7 @@ def _gemm_rs_impl(a, b, group_name, shard_sizes, deterministic, impl):
         return out
     flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
     if _fused_wanted(group, impl, deterministic, "gemm_rs", flops) and a.shape[1] > 0:
-        return _launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs",
+        return _rs_launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs",
                              partials=_partials(a, deterministic))
     return reduce_rows(_partial(a, b, deterministic), group, rows, out, deterministic)
 
@@ -201,10 +201,10 @@ def _gemm_ar_impl(a, b, group_name, deterministic, impl, algorithm):
         if algorithm == "auto":
             algorithm = "one_shot" if m * n * 4 <= ONE_SHOT_MAX_BYTES else "two_shot"
         if algorithm == "one_shot":
-            return _launch.fused(group, a, b, out, [m] * group.world_size, broadcast=True,
+            return _rs_launch.fused(group, a, b, out, [m] * group.world_size, broadcast=True,
                                  op="gemm_ar", partials=_partials(a, deterministic))
         rows = split_sizes(m, group.world_size)
-        mine = _launch.fused(group, a, b, a.new_empty((rows[group.rank], n)), rows,
+        mine = _rs_launch.fused(group, a, b, a.new_empty((rows[group.rank], n)), rows,
                              broadcast=False, op="gemm_ar", partials=_partials(a, deterministic))
         return gather_rows(mine, group, rows, out=out)  # a copy: exact
     return sum_all(_partial(a, b, deterministic, out), group, out, deterministic)

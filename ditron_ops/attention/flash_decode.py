@@ -13,11 +13,13 @@ import torch
 from .. import _env
 from .._library import define_op
 from .._validation import check_tensor
-from ..ag_gemm._kernels import ag_start_kernel
+from ..language.barrier import start_barrier_kernel
 from ..deterministic import resolve_deterministic
 from ..runtime.group import Group, current_group, op_id, resolve_group, sm_count
+from ..runtime.launcher import BoundKernel
+from ..runtime.plan import tensor_key
 from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
-from ._kernels import chunk_combine_kernel, decode_merge_kernel, split_kv_kernel
+from ._flash_decode_kernels import chunk_combine_kernel, decode_merge_kernel, split_kv_kernel
 
 PURPOSE = "flash_decode"
 GPU_DTYPES = (torch.float16, torch.bfloat16)
@@ -163,30 +165,43 @@ def merge_programs(group: Group, pairs: int) -> int:
     return max(1, min(-(-pairs // MERGE_BLOCK_P), 64, group.sm_share()))
 
 
-def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict,
-                     direct: bool = False) -> None:
-    """Split-KV partials into ``o_part`` / ``lse_part``; ``direct`` (one partial per pair, one
-    rank): ``o_part`` is the output and holds the result."""
+def _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, direct: bool):
+    """``(args, kwargs, grid)`` of ``split_kv_kernel``."""
     b, hq, d = q.shape
     hkv = k.shape[2]
     g = hq // hkv
     part, prog, num_parts, splits = plan
     assert not direct or (prog == part and num_parts == 1), plan  # the only partial, unflushed
-    split_kv_kernel[(b, hkv, splits)](
-        q, k, v, lens, o_part, lse_part, scale, hq, part, prog, num_parts,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        G=g, D=d, BLOCK_G=max(16, 1 << (g - 1).bit_length()), FLUSH=prog != part, DIRECT=direct,
-        **cfg)
+    args = (q, k, v, lens, o_part, lse_part, scale, hq, part, prog, num_parts,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2))
+    kwargs = dict(G=g, D=d, BLOCK_G=max(16, 1 << (g - 1).bit_length()), FLUSH=prog != part,
+                  DIRECT=direct, **cfg)
+    return args, kwargs, (b, hkv, splits)
+
+
+def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict,
+                     direct: bool = False) -> None:
+    """Split-KV partials into ``o_part`` / ``lse_part``; ``direct`` (one partial per pair, one
+    rank): ``o_part`` is the output and holds the result."""
+    args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct)
+    split_kv_kernel[grid](*args, **kwargs)
+
+
+def _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size):
+    """``(args, kwargs, grid)`` of ``chunk_combine_kernel``: this rank's partials; one rank
+    writes ``out``, more push into ``buf`` (see the kernel)."""
+    cfg = COMBINE_CONFIG
+    b, hq, d = out.shape
+    args = (o_part, lse_part, lens, out, buf, buf_table, b * hq, hq, plan[0], plan[2], rank,
+            world_size)
+    return args, dict(D=d, FINAL=world_size == 1, **cfg), (-(-b * hq // cfg["BLOCK_P"]),)
 
 
 def _launch_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size) -> None:
-    """Combine this rank's partials; one rank writes ``out``, more push into ``buf`` (see kernel)."""
-    cfg = COMBINE_CONFIG
-    b, hq, d = out.shape
-    chunk_combine_kernel[(-(-b * hq // cfg["BLOCK_P"]),)](
-        o_part, lse_part, lens, out, buf, buf_table, b * hq, hq, plan[0], plan[2], rank, world_size,
-        D=d, FINAL=world_size == 1, **cfg)
+    args, kwargs, grid = _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank,
+                                       world_size)
+    chunk_combine_kernel[grid](*args, **kwargs)
 
 
 def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic):
@@ -195,41 +210,107 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
     out = q.new_empty((b, hq, d))
     if b == 0:
         return out
-    plan = partition(group, b, k_cache.shape[2], k_cache.shape[1], deterministic)
-    cfg = _split_config(q.device, b * k_cache.shape[2], k_cache.shape[1], deterministic)
-    if group.world_size == 1 and group.has_symmetric_memory and plan[2] == 1:
-        # one partial per pair: it is the output (the combine would return it bit for bit); one
-        # program per pair covers it (no FLUSH: it holds the only partial)
-        one = (plan[0], plan[0], 1, 1)
-        _launch_split_kv(q, k_cache, v_cache, kv_lens, out, out, softmax_scale, one, cfg, direct=True)
-        return out
-    pairs = b * hq
-    o_part = torch.empty(pairs * plan[2] * d, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(pairs * plan[2], dtype=torch.float32, device=q.device)
-    _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, plan, cfg)
     if not group.has_symmetric_memory:
-        return _merge_over_process_group(group, o_part, lse_part, kv_lens, plan, b, hq, d).to(q.dtype)
-    w, rank = group.world_size, group.rank
-    if w == 1:  # nothing to exchange: the combine writes the output
-        _launch_combine(o_part, lse_part, kv_lens, out, o_part, o_part, plan, 0, 1)
-        return out
-    group.check()
-    ws = group.workspace(PURPOSE)
-    data = ws.ensure_data(w * pairs * (d + 1) * 4)
-    record, claim = group._error_tensors()
-    sig = ws.signal_pad()
-    ws.calls += 1
-    with group.waiting_launch("flash_decode", ws.calls):
-        ag_start_kernel[(1,)](sig, ws.signal.ptr_table, claim, record, rank, w, 0,
-                              group.timeout_us(), op_id("flash_decode"))
+        plan = partition(group, b, k_cache.shape[2], k_cache.shape[1], deterministic)
+        cfg = _split_config(q.device, b * k_cache.shape[2], k_cache.shape[1], deterministic)
+        o_part = torch.empty(b * hq * plan[2] * d, dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(b * hq * plan[2], dtype=torch.float32, device=q.device)
+        _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, plan, cfg)
+        return _merge_over_process_group(group, o_part, lse_part, kv_lens, plan, b, hq,
+                                          d).to(q.dtype)
+    key = ("flash_decode", deterministic, softmax_scale, tensor_key(q), tensor_key(k_cache),
+           tensor_key(v_cache), tensor_key(kv_lens), tensor_key(out))
+    plan = group.plans.get(key, lambda: _DecodePlan(group, q, k_cache, v_cache, kv_lens, out,
+                                                    softmax_scale, deterministic))
+    return plan.run(q, k_cache, v_cache, kv_lens, out)
+
+
+class _DecodePlan:
+    """flash_decode on a group with symmetric memory, for one key: the partition, the partials'
+    scratch (stream-ordered reuse, as the workspace) and the bound launches. One rank with one
+    partial per pair: the split-KV kernel writes the output (the combine would return it bit for
+    bit); one rank: split-KV + the final combine; more: + start barrier, pushing combine, merge."""
+
+    def __init__(self, group: Group, q, k_cache, v_cache, kv_lens, out, scale: float,
+                 deterministic: bool):
+        self.group = group
+        b, hq, d = q.shape
+        hkv, s_max = k_cache.shape[2], k_cache.shape[1]
+        part = partition(group, b, hkv, s_max, deterministic)
+        cfg = _split_config(q.device, b * hkv, s_max, deterministic)
+        w, rank = group.world_size, group.rank
+        device = q.device
+        self.direct = w == 1 and part[2] == 1
+        self.ws = None
+        if self.direct:
+            one = (part[0], part[0], 1, 1)
+            self.split = _bound_split_kv(q, k_cache, v_cache, kv_lens, out, out, scale, one, cfg,
+                                         direct=True, vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr",
+                                                            "o_part", "lse_part"))
+            return
+        pairs = b * hq
+        self.o_part = torch.empty(pairs * part[2] * d, dtype=torch.float32, device=device)
+        self.lse_part = torch.empty(pairs * part[2], dtype=torch.float32, device=device)
+        self.split = _bound_split_kv(q, k_cache, v_cache, kv_lens, self.o_part, self.lse_part,
+                                     scale, part, cfg, vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr"))
+        if w == 1:  # nothing to exchange: the combine writes the output
+            self.combine = _bound_combine(self.o_part, self.lse_part, kv_lens, out, self.o_part,
+                                          self.o_part, part, 0, 1)
+            return
+        self.ws = ws = group.workspace(PURPOSE)
+        self.data = data = ws.ensure_data(w * pairs * (d + 1) * 4)
+        record, claim = group._error_tensors()
+        sig, timeout = ws.signal_pad(), group.timeout_us()
         buf = data.local.view(torch.float32)
-        _launch_combine(o_part, lse_part, kv_lens, out, buf, data.ptr_table, plan, rank, w)
-        decode_merge_kernel[(merge_programs(group, pairs),)](
-            out, buf, sig, ws.signal.ptr_table, claim, record, pairs, rank, w, group.timeout_us(),
-            op_id("flash_decode"), D=d, BLOCK_P=MERGE_BLOCK_P, num_warps=4)
-    if _env.sync_check():
-        group.synchronize()
-    return out
+        self.start = BoundKernel(start_barrier_kernel, (1,),
+                                 (sig, ws.signal.ptr_table, claim, record, rank, w, 0, timeout,
+                                  op_id("flash_decode")), {}, device=device)
+        self.combine = _bound_combine(self.o_part, self.lse_part, kv_lens, out, buf,
+                                      data.ptr_table, part, rank, w)
+        self.merge = BoundKernel(
+            decode_merge_kernel, (merge_programs(group, pairs),),
+            (out, buf, sig, ws.signal.ptr_table, claim, record, pairs, rank, w, timeout,
+             op_id("flash_decode")), dict(D=d, BLOCK_P=MERGE_BLOCK_P, num_warps=4),
+            vary=("out_ptr",), device=device)
+
+    def stale(self) -> bool:
+        """The workspace grew since (another call's plan): the exchange buffer was freed."""
+        return self.ws is not None and self.ws.data is not self.data
+
+    def run(self, q, k_cache, v_cache, kv_lens, out):
+        group = self.group
+        if self.direct:
+            self.split.launch(q, k_cache, v_cache, kv_lens, out, out)
+            return out
+        self.split.launch(q, k_cache, v_cache, kv_lens)
+        if self.ws is None:
+            self.combine.launch(kv_lens, out)
+            return out
+        group.check()
+        ws = self.ws
+        ws.calls += 1
+        with group.waiting_launch("flash_decode", ws.calls):
+            self.start.launch()
+            self.combine.launch(kv_lens, out)
+            self.merge.launch(out)
+        if group.sync_check:
+            group.synchronize()
+        return out
+
+
+def _bound_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, *,
+                    direct: bool = False, vary=()) -> BoundKernel:
+    """``_launch_split_kv`` bound (the tensors in ``vary`` per call)."""
+    args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct)
+    return BoundKernel(split_kv_kernel, grid, args, kwargs, vary=vary, device=q.device)
+
+
+def _bound_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size):
+    """``_launch_combine`` bound (``lens`` and ``out`` per call)."""
+    args, kwargs, grid = _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank,
+                                       world_size)
+    return BoundKernel(chunk_combine_kernel, grid, args, kwargs, vary=("lens_ptr", "out_ptr"),
+                       device=out.device)
 
 
 def _combine(o: torch.Tensor, lse: torch.Tensor):

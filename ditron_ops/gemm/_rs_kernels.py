@@ -23,7 +23,7 @@ only after its owner started this call, i.e. finished reading the previous call'
 (stream order). r's own partial of a whole tile never leaves the registers: no fp32 round trip
 and no second kernel, which makes the one-rank call a plain GEMM plus a few fire-and-forget
 atomics. One-shot all-reduce (``gemm_broadcast_kernel``): every tile to slot r of every rank
-(after the ``ag_start_kernel`` barrier), then ``reduce_finish_kernel`` flags, waits and sums.
+(after the start barrier), then ``reduce_finish_kernel`` flags, waits and sums.
 
 Counting out: a call adds exactly ``CALL_UNIT`` (2^24) to ``flag[r]`` on every rank, spread over
 r's programs: 1 from each, the rest of the unit from program 0 (``nprog``, which varies with the
@@ -59,7 +59,7 @@ Counting out at a one-rank program's start and reading a ticket at its end measu
 (+5.57% against +3.79%): an acq_rel atomic waits out its round trip at once.
 
 Signal pad (the ``ag_gemm`` layout): ``flag[s]`` at ``s`` (units of ``CALL_UNIT``, above); start
-counts at ``[W, 2W)`` (+1 per call); calls at ``3W`` (``ag_start_kernel`` bumps it for one-shot
+counts at ``[W, 2W)`` (+1 per call); calls at ``3W`` (``start_barrier_kernel`` bumps it for one-shot
 calls and ``reduce_finish_kernel`` reads it; the reduce-scatter kernel's program 0 bumps it too,
 so both paths agree on the call count whatever mix of them runs on one workspace).
 """
@@ -68,7 +68,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from .. import language as dl
-from ..ag_gemm._kernels import _tile_coords, tile_matmul
+from ._core_kernels import _tile_coords, tile_matmul
 
 CALL_BITS = tl.constexpr(24)
 CALL_UNIT = tl.constexpr(1 << CALL_BITS.value)  # (the interpreter cannot shift by a constexpr)
@@ -130,7 +130,7 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
     (``BLOCK_N / 2`` wide blocks; see ``_reduce_store_tma``); boundary rows always use masked
     pointer loads and stores. ``SPLIT_TAIL``: the last ``tail_tiles`` tiles (whole own tiles; the
     host passes a partial last wave of at most half the grid, else 0) run after the main loop as
-    twice as many ``BLOCK_N / 2`` wide halves through ``bh_desc``, as in ``ag_gemm_kernel``."""
+    twice as many ``BLOCK_N / 2`` wide halves through ``bh_desc``, as in ``persistent_gemm_kernel``."""
     N = _multiple_of_16(N, ALIGNED)
     stride_om = _multiple_of_16(stride_om, ALIGNED)
     pid = tl.program_id(0)

@@ -14,7 +14,7 @@ from .._library import define_op
 from .._validation import check_sizes, check_tensor
 from ..collectives.unfused import gather_rows
 from ..runtime.group import Group, current_group, resolve_group
-from . import _launch
+from . import _ag_launch
 
 IMPLS = ("auto", "fused", "baseline")
 GPU_DTYPES = (torch.float16, torch.bfloat16)
@@ -130,7 +130,7 @@ def _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl):
         if k == 0:
             out.zero_() if bias is None else out.copy_(bias.expand_as(out))
             return gathered
-        _launch.fused(group, a, b, bias, out, list(shard_sizes), gathered if return_gathered else None)
+        _ag_launch.fused(group, a, b, bias, out, list(shard_sizes), gathered if return_gathered else None)
         return gathered
     full = gather_rows(a, group, shard_sizes, out=gathered if return_gathered else None)
     torch.matmul(full, b, out=out) if bias is None else torch.addmm(bias, full, b, out=out)

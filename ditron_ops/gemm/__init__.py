@@ -1,0 +1,14 @@
+"""GEMM ops with communication: ``ag_gemm`` (all-gather + GEMM), ``gemm_rs`` / ``gemm_ar``
+(GEMM + reduce-scatter / all-reduce), their autograd, and the persistent GEMM core they share.
+
+One module per op (``ag_gemm.py``, ``gemm_rs.py``: public function, op schema, auto rule), its
+launcher (``_ag_launch.py``, ``_rs_launch.py``) and kernels (``_ag_kernels.py``,
+``_rs_kernels.py``); the core's tile configuration and launch in ``_core.py``, its kernel in
+``_core_kernels.py``. The functions are re-exported by ``ditron_ops`` (``ditron_ops.ag_gemm``);
+here the names stay the modules (``ditron_ops.gemm.ag_gemm.use_fused``).
+"""
+from . import ag_gemm, gemm_rs
+from . import autograd as _autograd  # noqa: E402,F401  (ag_gemm <-> gemm_rs backward; needs the ops)
+from ._core import matmul
+
+__all__ = ["ag_gemm", "gemm_rs", "matmul"]

@@ -1,0 +1,207 @@
+"""Host side of ag_gemm: workspace, the copy-engine (or SM pull) producer, the launches of one
+fused call, warm-up. The GEMM itself is the shared core (``_core``)."""
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .. import _env
+from ..errors import DitronError
+from ..language.barrier import start_barrier_kernel
+from ..runtime.group import Group, op_id
+from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
+from ..runtime.launcher import BoundKernel
+from ..runtime.plan import tensor_key
+from ._ag_kernels import ag_publish_kernel, ag_pull_kernel
+from ._core import CoreGemm, consumer_programs, launch_consumer, tile_config
+
+PURPOSE = "ag_gemm"
+PRODUCERS = ("copy", "pull")
+PRODUCER = "copy"
+"""How the fused path moves the shards: ``"copy"``, copy engines on a side stream (no SM); or
+``"pull"``, ``ag_pull_kernel`` on ``pull_programs`` SMs taken from the GEMM. The ``ag_gemm``
+bench measures both (``producer`` rows)."""
+PULL_SM_FRACTION = 8
+"""Pull mode: one SM in this many of a rank's share runs the pull kernel (at least one)."""
+_PULL_BLOCK, _PULL_WARPS = 4096, 8
+
+
+def k_pitch(k: int, elem: int) -> int:
+    """Row pitch (elements) of the gathered buffer: ``k`` rounded up to 16 bytes."""
+    return -(-k * elem // 16) * 16 // elem
+
+
+def pull_programs(group: Group) -> int:
+    """Programs of the pull kernel (pull mode); the consumer runs on the rest of the share. One
+    in the interpreter, which runs a grid's programs one after the other (a program waiting for
+    a peer whose chunk needs this rank's later programs would never return)."""
+    if group.device.type != "cuda":
+        return 1
+    return max(1, group.sm_share() // PULL_SM_FRACTION)
+
+
+def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
+          out: torch.Tensor, shard_sizes: list[int], gathered: Optional[torch.Tensor],
+          producer: Optional[str] = None) -> None:
+    """One fused call (schedule in ``_ag_kernels``): start barrier, all-gather on a side stream
+    with a flag per chunk (``producer``, default ``PRODUCER``), persistent GEMM over the
+    gathered rows as chunks land. Everything but the launches comes from the call's plan."""
+    producer = producer or PRODUCER
+    group.check()
+    key = ("ag_gemm", producer, tensor_key(a), tensor_key(b), tensor_key(bias), tensor_key(out),
+           tuple(shard_sizes))
+    plan = group.plans.get(key, lambda: AgGemmPlan(group, a, b, bias, out, shard_sizes, producer))
+    plan.run(a, b, bias, out, gathered)
+
+
+class AgGemmPlan:
+    """ag_gemm's fused path for one key (producer, dtypes, shapes, strides, alignment, shard
+    sizes): the gathered buffer's views and descriptor, the producer's copies (one region per
+    destination, in push order) and its bound launches, the start barrier and the consumer."""
+
+    def __init__(self, group: Group, a: torch.Tensor, b: torch.Tensor,
+                 bias: Optional[torch.Tensor], out: torch.Tensor, shard_sizes: list[int],
+                 producer: str):
+        if producer not in PRODUCERS:
+            raise ValueError(f"ditron.ag_gemm: producer must be one of {PRODUCERS}, got {producer!r}")
+        self.group, self.producer = group, producer
+        self.ws = ws = group.workspace(PURPOSE)
+        cfg = tile_config(a.device)
+        m, k = sum(shard_sizes), a.shape[1]
+        w, rank = group.world_size, group.rank
+        elem = a.element_size()
+        pitch = k_pitch(k, elem)
+        self.data = data = ws.ensure_data(m * pitch * elem)
+        if data.peers is None and producer == "copy":
+            raise DitronError(f"ditron.ag_gemm: group {group.group_name!r} ({group.backend}) gives "
+                              "no peer tensors for copy-engine transfers")
+        buf = data.local.view(a.dtype)
+        self.gathered_view = buf[:m * pitch].view(m, pitch)[:, :k]
+        a_desc = TensorDescriptor(buf, [m, k], [pitch, 1], [cfg.block_m, cfg.block_k])
+        offsets = ws.row_offsets(shard_sizes, "ag_gemm")
+        rows, first = shard_sizes[rank], sum(shard_sizes[:rank])
+        # one contiguous [rows, pitch] region per chunk; for the pull kernel also 16-byte aligned
+        # (its only specialisation: an unaligned view would compile another variant mid-call)
+        aligned = a.is_contiguous() and pitch == k and (producer == "copy" or a.data_ptr() % 16 == 0)
+        self.src_pad = None if aligned else a.new_empty((rows, pitch))
+        record, claim = group._error_tensors()
+        sig, timeout = ws.signal_pad(), group.timeout_us()
+        self.start = BoundKernel(start_barrier_kernel, (1,),
+                                 (sig, ws.signal.ptr_table, claim, record, rank, w, rows, timeout,
+                                  op_id("ag_gemm")), {}, device=a.device)
+        programs = None  # the core's default grid
+        if producer == "copy":
+            # per destination, in push order: this rank's region of its gathered buffer (None
+            # without rows), then the publish of rows and arrival
+            self.pushes = []
+            for i in range(w):
+                dst = (rank + i) % w
+                region = (data.peers[dst].view(a.dtype)[first * pitch:(first + rows) * pitch]
+                          if rows else None)
+                publish = BoundKernel(ag_publish_kernel, (1,),
+                                      (sig, ws.signal.ptr_table, dst, rank, w), {},
+                                      device=a.device)
+                self.pushes.append((region, publish))
+        else:
+            src = a if self.src_pad is None else self.src_pad
+            self.pull = BoundKernel(
+                ag_pull_kernel, (pull_programs(group),),
+                (src, buf, data.ptr_table, sig, ws.signal.ptr_table, offsets, claim, record, rank,
+                 w, pitch, timeout, op_id("ag_gemm")),
+                dict(BLOCK=_PULL_BLOCK, VEC=16 // elem, num_warps=_PULL_WARPS),
+                vary=("src_ptr",), device=a.device)
+            if a.is_cuda:  # the pull programs must be resident beside the GEMM's
+                tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
+                programs = max(1, min(consumer_programs(a.device, group, tiles),
+                                      group.sm_share() - pull_programs(group)))
+        self.core = CoreGemm(a_desc, b, out, bias, group=group, wait=True, sig=sig,
+                             offsets=offsets, claim=claim, record=record, m=m, programs=programs)
+
+    def stale(self) -> bool:
+        """The workspace grew since (another call's plan): the views are of a freed buffer."""
+        return self.ws.data is not self.data
+
+    def _produce(self, src: torch.Tensor) -> None:
+        if self.producer == "copy":  # copy engines: the chunk into every rank, then its flags
+            flat = src.view(-1)
+            for region, publish in self.pushes:
+                if region is not None:
+                    region.copy_(flat)
+                publish.launch()
+        else:  # SMs: every rank pulls its peers' chunks from their gathered buffers
+            self.pull.launch(src)
+
+    def run(self, a, b, bias, out, gathered) -> None:
+        group, ws = self.group, self.ws
+        src = a
+        if self.src_pad is not None:
+            self.src_pad[:, :a.shape[1]] = a
+            src = self.src_pad
+        ws.calls += 1
+        with group.waiting_launch("ag_gemm", ws.calls):
+            self.start.launch()
+            if self.producer == "pull":  # the pull kernel waits (event) for this start barrier
+                group.launch_step("ag_gemm", ws.calls)
+            if a.is_cuda:
+                side, fork, join = group.side_stream()
+                main = torch.cuda.current_stream(a.device)
+                fork.record(main)
+                side.wait_event(fork)
+                with torch.cuda.stream(side):
+                    self._produce(src)
+                    join.record(side)
+                self.core.run(None, b, out, bias)
+                main.wait_event(join)
+            else:  # interpreter: kernels run synchronously, one after the other
+                self._produce(src)
+                self.core.run(None, b, out, bias)
+        if gathered is not None:
+            gathered.copy_(self.gathered_view)
+        if group.sync_check:
+            group.synchronize()
+
+
+def _warmup(device: torch.device) -> None:
+    """Compile and load every kernel variant (dtype x B layout x C store x wait) as a one-rank
+    call whose waits are already satisfied."""
+    cfg = tile_config(device)
+    # W=1 pad: flag[0] = 1, start count 1, rows[0] = 64, epoch 1
+    sig, sig_table, claim, record = one_rank_pad(device, (1, 1, 64, 1))
+    offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
+    for dtype in (torch.float16, torch.bfloat16):
+        a = torch.ones(64, 64, dtype=dtype, device=device)
+        a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
+        # with split_tail two programs on the one tile run it as halves (the second past N),
+        # so the tail loop runs too
+        variants = itertools.product((a.clone(), a.clone().t()), (False, True), (False, True))
+        for b, wait, c_tma in variants:
+            out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
+            launch_consumer(a_desc, b, out, None, group=None, wait=wait, sig=sig, offsets=offsets,
+                            claim=claim, record=record, m=64, programs=2 if cfg.split_tail else 1)
+            torch.cuda.synchronize(device)
+            if int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64)):
+                raise RuntimeError(f"ditron: ag_gemm warm-up failed for {dtype} (kernel bug)")
+        for b in (a.clone(), a.clone().t()):  # fp32 products (gemm_rs references, baselines)
+            out = torch.empty(64, 64, dtype=torch.float32, device=device)
+            launch_consumer(a_desc, b, out, None, group=None, wait=False, sig=sig, offsets=offsets,
+                            claim=claim, record=record, m=64, programs=1)
+    start_barrier_kernel[(1,)](sig, sig_table, claim, record, 0, 1, 64, 10**6, 0)
+    ag_publish_kernel[(1,)](sig, sig_table, 0, 0, 1)  # W=1: flag[0] = epoch, rows[0] = 64
+    torch.cuda.synchronize(device)
+    if int(record[0]) != 0 or sig[:3].tolist() != [2, 2, 64]:
+        raise RuntimeError("ditron: ag_gemm start-barrier / publish warm-up failed (kernel bug)")
+    for dtype in (torch.float16, torch.bfloat16):  # pull producer: W=1 pad, epoch 1, 64 rows sent
+        sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1, 64))
+        src = torch.ones(64, 64, dtype=dtype, device=device)
+        buf = torch.zeros(64 * 64, dtype=dtype, device=device)
+        ag_pull_kernel[(1,)](src, buf, pointer_table(buf), sig, sig_table, offsets, claim, record,
+                             0, 1, 64, 10**6, 0, BLOCK=_PULL_BLOCK, VEC=8, num_warps=_PULL_WARPS)
+        torch.cuda.synchronize(device)
+        if int(record[0]) != 0 or not bool((buf == 1).all()) or sig[:3].tolist() != [1, 1, 64]:
+            raise RuntimeError(f"ditron: ag_gemm pull-producer warm-up failed for {dtype} (kernel bug)")
+
+
+register_warmup(PURPOSE, _warmup)

@@ -1,0 +1,195 @@
+"""``BoundKernel``: a Triton kernel launch whose arguments are bound once, for a call's plan.
+
+``kernel[grid](*args, **kwargs)`` costs tens of µs of host time per call in Triton 3.x: it binds
+and specializes every argument, hashes the specialization, looks up the compiled kernel, and
+turns every host ``TensorDescriptor`` into a ``CUtensorMap`` again. A plan launches the same
+kernel with the same shapes call after call, so ``BoundKernel`` does all of that once: it
+compiles (or finds) the kernel for the arguments it is built with, expands them into the
+launcher's flat argument list, and per call replaces only the arguments named in ``vary``
+before it calls the compiled launcher directly. Descriptors among ``vary`` are converted once
+per base address (``_DESC_CACHE`` of them per argument): a descriptor is a function of the base
+address, shape, strides and block, and a plan fixes everything but the address, so a cached one
+is correct whatever tensor now lives at that address.
+
+What ``vary`` may change: tensors (the plan key must hold their 16-byte alignment, which Triton
+specializes on), descriptor arguments (per call the *tensor* it is over, of the shape and
+strides of the build-time descriptor; likewise aligned), and integers that the kernel lists in
+``do_not_specialize``. Anything else is bound for good.
+
+In the Triton interpreter (CPU processes) a launch is the plain ``kernel[grid](...)``: its cost
+is the interpreter's, and nothing is compiled.
+"""
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .. import _env
+
+_DESC_CACHE = 256
+"""Converted descriptors kept per varying descriptor argument (e.g. one per weight tensor a
+plan sees: a model's layers share a plan when their shapes agree)."""
+
+
+def _raw_launcher(launcher):
+    """The compiled C launcher under Triton's Python wrapper that converts descriptors on every
+    call (``wrap_handle_tensordesc``), or None where this Triton has another layout."""
+    fn = getattr(launcher, "launch", None)
+    if fn is None:
+        return None
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or cells is None:
+        return fn  # the C function itself: the kernel has no descriptor argument
+    if "launcher" not in code.co_freevars:
+        return None
+    return cells[code.co_freevars.index("launcher")].cell_contents
+
+
+class BoundKernel:
+    """One kernel launch, bound at build time.
+
+    Parameters
+    ----------
+    fn : JITFunction or InterpretedFunction
+        A ``ditron_ops.language.jit`` kernel.
+    grid : tuple of int
+    args, kwargs
+        What ``fn[grid](*args, **kwargs)`` would take (constexprs and launch options in
+        ``kwargs``); the values of ``vary`` arguments are examples of the per-call ones.
+    vary : sequence of str
+        Names of the arguments ``launch`` takes per call, in that order.
+    device : torch.device
+    """
+
+    def __init__(self, fn, grid: Sequence[int], args: Sequence[Any], kwargs: dict, *,
+                 vary: Sequence[str] = (), device: torch.device):
+        names = list(fn.arg_names)
+        self.fn, self.grid = fn, tuple(grid) + (1,) * (3 - len(grid))
+        self.args, self.kwargs = list(args), dict(kwargs)
+        self.vary = tuple(vary)
+        self._vary_pos = [names.index(v) for v in self.vary]
+        for name, pos in zip(self.vary, self._vary_pos):
+            if pos >= len(self.args) and name not in self.kwargs:
+                raise ValueError(f"BoundKernel: vary argument {name!r} was not given")
+        # descriptor arguments among vary: the build-time descriptor is the template per call,
+        # and each base address's descriptor is made once (``_DESC_CACHE`` per argument)
+        self._templates = {pos: self._value(pos, names) for pos in self._vary_pos
+                           if isinstance(self._value(pos, names), TensorDescriptor)}
+        self._desc_caches = {pos: OrderedDict() for pos in self._templates}
+        self._fast = None
+        if device.type == "cuda" and not _env.use_interpreter():
+            self._bind_compiled(fn, names, device)
+
+    def _value(self, pos: int, names: list):
+        return self.args[pos] if pos < len(self.args) else self.kwargs[names[pos]]
+
+    # -- build ---------------------------------------------------------------------------------
+    def _bind_compiled(self, fn, names: list, device: torch.device) -> None:
+        kernel = fn.warmup(*self.args, grid=self.grid, **self.kwargs)
+        if hasattr(kernel, "result"):
+            kernel = kernel.result()
+        kernel._init_handles()
+        launcher = kernel.run
+        raw = _raw_launcher(launcher)
+        if (raw is None or getattr(launcher, "global_scratch_size", 0)
+                or getattr(launcher, "profile_scratch_size", 0)):
+            return  # scratch memory or an unknown launcher layout: the slow path allocates/converts
+        signature = list(kernel.src.signature.values())
+        metas = list(getattr(kernel.metadata, "tensordesc_meta", None) or [])
+        params = inspect.signature(fn.fn).parameters
+        values = []
+        for i, name in enumerate(names):
+            if i < len(self.args):
+                values.append(self.args[i])
+            elif name in self.kwargs:
+                values.append(self.kwargs[name])
+            else:
+                values.append(params[name].default)
+        flat, slot_of, desc_meta = [], {}, {}
+        meta_i = 0
+        for i, (value, ty) in enumerate(zip(values, signature)):
+            slot_of[i] = len(flat)
+            if isinstance(ty, str) and ty.startswith("tensordesc"):
+                meta = metas[meta_i] if metas else None
+                meta_i += 1
+                desc_meta[i] = meta
+                flat.extend(_expand_descriptor(value, meta))
+            else:
+                flat.append(value)
+        self._flat = flat
+        # per varying argument: (first flat slot, width, None or what converts a base tensor
+        # into the launcher's arguments of the descriptor over it, its per-address cache)
+        self._slots = []
+        for pos in self._vary_pos:
+            if pos in desc_meta:
+                width = len(_expand_descriptor(values[pos], desc_meta[pos]))
+
+                def make(base, template=values[pos], meta=desc_meta[pos]):
+                    return _expand_descriptor(_over(template, base), meta)
+
+                self._slots.append((slot_of[pos], width, make, OrderedDict()))
+            else:
+                self._slots.append((slot_of[pos], 1, None, None))
+        self._head = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
+                      kernel.packed_metadata, None, None, None)
+        self._function = kernel.function
+        self._device_index = device.index if device.index is not None else torch.cuda.current_device()
+        self._fast = raw
+        self.kernel = kernel
+
+    # -- call ----------------------------------------------------------------------------------
+    def launch(self, *values) -> None:
+        """Launch on the current stream with ``values`` for the ``vary`` arguments (for a
+        descriptor argument, the tensor it is over)."""
+        raw = self._fast
+        if raw is None:
+            return self._slow(values)
+        flat = self._flat
+        if values:
+            flat = list(flat)
+            for (slot, width, make, cache), value in zip(self._slots, values):
+                if make is None:
+                    flat[slot] = value
+                else:
+                    flat[slot:slot + width] = _cached(cache, value, make)
+        gx, gy, gz = self.grid
+        raw(gx, gy, gz, torch._C._cuda_getCurrentRawStream(self._device_index), self._function,
+            *self._head, *flat)
+
+    def _slow(self, values) -> None:
+        args, kwargs = list(self.args), dict(self.kwargs)
+        for name, pos, value in zip(self.vary, self._vary_pos, values):
+            if pos in self._templates:
+                value = _cached(self._desc_caches[pos], value,
+                                lambda base, t=self._templates[pos]: _over(t, base))
+            if pos < len(args):
+                args[pos] = value
+            else:
+                kwargs[name] = value
+        self.fn[self.grid](*args, **kwargs)
+
+
+def _over(template: TensorDescriptor, base: torch.Tensor) -> TensorDescriptor:
+    """``template`` (shape, strides, block) over ``base``."""
+    return TensorDescriptor(base, template.shape, template.strides, template.block_shape)
+
+
+def _expand_descriptor(desc: TensorDescriptor, meta) -> list:
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    return make_tensordesc_arg(desc, meta)
+
+
+def _cached(cache: OrderedDict, base: torch.Tensor, make):
+    """``make(base)``, made once per base address (LRU of ``_DESC_CACHE``)."""
+    key = base.data_ptr()
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = make(base)
+        if len(cache) > _DESC_CACHE:
+            cache.popitem(last=False)
+    return got

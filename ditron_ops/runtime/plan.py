@@ -1,0 +1,85 @@
+"""Per-call plans (DESIGN.md §11): what a call builds once and reuses while its key repeats.
+
+A plan holds everything of an op's call that depends only on the plan key — tile
+configuration, grid, workspace views, bound kernel launches (``launcher.BoundKernel``) — so
+that the eager call does only the per-call work: a lookup, the launches, and the arguments that
+change (the tensors' addresses). Keys hold the op, its flags, dtypes, shapes, strides and the
+16-byte alignment of the tensors the kernels see (Triton specializes on it), never their
+addresses: descriptors over changing tensors are converted per address inside the bound launch.
+
+Each group owns one ``PlanCache`` (bounded LRU), dropped with the group; a miss during CUDA-graph
+capture raises, as a new workspace does (build before capturing). A plan that views a workspace
+records the buffer it viewed and is rebuilt when the workspace grew (``Plan.stale``).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Hashable, TypeVar
+
+import torch
+
+from ..errors import DitronError
+
+PLAN_CAPACITY = 128
+"""Plans kept per group (LRU): shapes a model calls an op with are few per layer type."""
+
+P = TypeVar("P")
+
+
+class PlanCache:
+    """Bounded LRU of one group's plans.
+
+    Attributes
+    ----------
+    builds : int
+        Plans built so far (tests count them: a repeated call builds nothing).
+    """
+
+    def __init__(self, group, capacity: int = PLAN_CAPACITY):
+        self.group, self.capacity = group, capacity  # group None: a process-wide cache
+        self._plans: OrderedDict = OrderedDict()
+        self.builds = 0
+
+    def get(self, key: Hashable, build: Callable[[], P]) -> P:
+        """The plan of ``key``, built with ``build()`` on a miss (or when the cached one is
+        stale). Raises ``DitronError`` for a build during CUDA-graph capture."""
+        plan = self._plans.get(key)
+        if plan is not None and not getattr(plan, "stale", _fresh)():
+            self._plans.move_to_end(key)
+            return plan
+        what = f"builds a plan for {key[0]} with new shapes"
+        if self.group is not None:
+            self.group.refuse_during_capture(what)
+        elif torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise DitronError(f"ditron: {what} during CUDA-graph capture; run it once with the "
+                              "same shapes before capturing")
+        plan = build()
+        self.builds += 1
+        self._plans[key] = plan
+        self._plans.move_to_end(key)
+        while len(self._plans) > self.capacity:
+            self._plans.popitem(last=False)
+        return plan
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+def _fresh() -> bool:
+    return False
+
+
+def aligned16(t: torch.Tensor) -> bool:
+    """16-byte aligned base address (Triton specializes pointer arguments on it)."""
+    return t.data_ptr() % 16 == 0
+
+
+def tensor_key(t) -> tuple:
+    """What a plan key holds of a tensor argument: dtype, shape, strides, 16-byte alignment
+    (``None`` for an absent optional tensor)."""
+    if t is None:
+        return None
+    return (t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0)

@@ -1,0 +1,189 @@
+"""CPU tier: per-call plans (``runtime.plan``). A repeated call builds nothing; a new stride or
+shape builds a plan, a new address only the descriptors over it; values at a reused address
+(in-place updates, a freed tensor's memory given to a new one) are read afresh; the cache is
+bounded and dropped with its group."""
+import pytest
+import torch
+
+import ditron_ops
+from ditron_ops.runtime import launcher as launcher_module
+from ditron_ops.runtime.launcher import BoundKernel
+
+K, N = 16, 32  # fp32 rows of 64 and 128 bytes: every operand can back a TMA descriptor
+
+
+class Spy:
+    """Counts plan builds, kernel bindings and descriptor constructions while active
+    (``bases``: the address of every descriptor's tensor, in order)."""
+
+    def __init__(self, monkeypatch):
+        self.bindings = self.descriptors = 0
+        self.bases: list[int] = []
+        init, over = BoundKernel.__init__, launcher_module._over
+
+        def counting_init(obj, *args, **kwargs):
+            self.bindings += 1
+            init(obj, *args, **kwargs)
+
+        def counting_over(template, base):
+            self.descriptors += 1
+            self.bases.append(base.data_ptr())
+            return over(template, base)
+
+        monkeypatch.setattr(BoundKernel, "__init__", counting_init)
+        monkeypatch.setattr(launcher_module, "_over", counting_over)
+
+    def snapshot(self, group):
+        return group.plans.builds, self.bindings, self.descriptors
+
+
+def _inputs(group, m=4):
+    """``(a [m, K], w [N, K], x, q, cache, lens)``; ``a`` has ``m`` rows per rank (gemm_rs's M)."""
+    gen = torch.Generator().manual_seed(group.rank)
+    a = torch.randn(m * group.world_size, K, generator=gen)
+    w = torch.randn(N, K, generator=gen)
+    x = torch.randn(8, 8, generator=gen)
+    q, cache = torch.randn(2, 4, 64, generator=gen), torch.randn(2, 24, 2, 64, generator=gen)
+    lens = torch.tensor([24, 9], dtype=torch.int32)
+    return a, w, x, q, cache, lens
+
+
+OPS = {
+    "ag_gemm": lambda g, a, w, x, q, c, l: ditron_ops.ag_gemm(a[:4], w.t(), g, impl="fused"),
+    "ag_gemm_gathered": lambda g, a, w, x, q, c, l: ditron_ops.ag_gemm(
+        a[:4], w.t(), g, impl="fused", return_gathered=True)[1],
+    "gemm_rs": lambda g, a, w, x, q, c, l: ditron_ops.gemm_rs(a, w.t(), g, impl="fused"),
+    "gemm_ar_one_shot": lambda g, a, w, x, q, c, l: ditron_ops.gemm_ar(
+        a, w.t(), g, impl="fused", algorithm="one_shot"),
+    "gemm_ar_two_shot": lambda g, a, w, x, q, c, l: ditron_ops.gemm_ar(
+        a, w.t(), g, impl="fused", algorithm="two_shot"),
+    "all_reduce": lambda g, a, w, x, q, c, l: ditron_ops.all_reduce(x, g),
+    "all_reduce_two_shot": lambda g, a, w, x, q, c, l: ditron_ops.all_reduce(
+        x, g, algorithm="two_shot"),
+    "all_gather": lambda g, a, w, x, q, c, l: ditron_ops.all_gather(x, g),
+    "reduce_scatter": lambda g, a, w, x, q, c, l: ditron_ops.reduce_scatter(x, g),
+    "flash_decode": lambda g, a, w, x, q, c, l: ditron_ops.flash_decode(q, c, c, l, g),
+}
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_repeated_call_builds_nothing(monkeypatch, op, world_size):
+    """After the first calls (the output's allocation may alternate between a few addresses),
+    identical calls build no plan and agree (bindings and descriptors: the next test, at one
+    rank, where the process-wide spy counts one rank's work)."""
+    spy = Spy(monkeypatch)
+
+    def body(group):
+        inputs = _inputs(group)
+        first = [OPS[op](group, *inputs) for _ in range(3)]
+        before = spy.snapshot(group)
+        again = [OPS[op](group, *inputs) for _ in range(3)]
+        group.synchronize()
+        assert all(torch.equal(t, first[0]) for t in first[1:] + again), op
+        return before[0] > 0, spy.snapshot(group)[0] - before[0], before
+
+    results = ditron_ops.launch(body, world_size)
+    for built_first, new_plans, _ in results:
+        assert built_first and new_plans == 0, (op, results)
+
+
+def test_identical_calls_bind_and_convert_nothing(monkeypatch):
+    """One rank (so the process-wide counts are this rank's): the fourth to sixth identical
+    calls of every op construct no ``BoundKernel`` and no descriptor over an input. (A
+    descriptor over the op's own new output is made once per address; CPU malloc hands out new
+    addresses each call, CUDA's caching allocator the same few: the GPU tier checks that those
+    repeat too.)"""
+    spy = Spy(monkeypatch)
+
+    def body(group):
+        inputs = _inputs(group)
+        for fn in OPS.values():
+            for _ in range(3):
+                fn(group, *inputs)
+        before, first = spy.snapshot(group), len(spy.bases)
+        for fn in OPS.values():
+            for _ in range(3):
+                fn(group, *inputs)
+        mine = {t.data_ptr() for t in inputs} | {inputs[1].t().data_ptr()}
+        over_inputs = [p for p in spy.bases[first:] if p in mine]
+        return before[:2], spy.snapshot(group)[:2], over_inputs
+
+    (before, after, over_inputs), = ditron_ops.launch(body, 1)
+    assert before == after and not over_inputs, (before, after, over_inputs)
+
+
+def test_new_address_stride_or_shape(monkeypatch):
+    """ag_gemm: a weight at a new address makes only the descriptors over it (no plan); a new
+    stride or shape builds a plan; every result is right for the values of its call."""
+    spy = Spy(monkeypatch)
+
+    def body(group):
+        a, w, *_ = _inputs(group, m=5)
+        want = lambda b: torch.cat([a] * 1) @ b  # noqa: E731  (one rank: the gather is a)
+        out = ditron_ops.ag_gemm(a, w.t(), group, impl="fused")
+        assert torch.allclose(out, want(w.t()), atol=1e-4)
+        plans, _, descs = spy.snapshot(group)
+
+        w2 = torch.randn(N, K)  # new address, same layout
+        assert torch.allclose(ditron_ops.ag_gemm(a, w2.t(), group, impl="fused"), want(w2.t()), atol=1e-4)
+        p2, _, d2 = spy.snapshot(group)
+        assert p2 == plans and d2 > descs, "a new address needs its descriptors, not a plan"
+
+        b3 = w.t().contiguous()  # [K, N] row-major: a new stride
+        assert torch.allclose(ditron_ops.ag_gemm(a, b3, group, impl="fused"), want(b3), atol=1e-4)
+        assert spy.snapshot(group)[0] == plans + 1, "a new stride builds a plan"
+
+        w4 = torch.randn(N + 8, K)  # a new shape
+        assert torch.allclose(ditron_ops.ag_gemm(a, w4.t(), group, impl="fused"), want(w4.t()),
+                              atol=1e-4)
+        assert spy.snapshot(group)[0] == plans + 2, "a new shape builds a plan"
+        return True
+
+    assert ditron_ops.launch(body, 1) == [True]
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_values_at_a_reused_address(aligned):
+    """The same addresses with new values: an in-place update (an optimizer step on the
+    weight, a reused activation buffer), and a tensor freed and its memory taken by a new one
+    of the same layout. Unaligned operands (copied into the plan's padded buffers) and aligned
+    ones (read through cached descriptors) must both read the call's values."""
+    k = K if aligned else K - 3  # fp32 rows of 52 bytes cannot back a descriptor
+
+    def body(group):
+        pool = torch.empty(4 * N * k)  # the memory the "freed" and "new" tensors share
+        weight = pool[:N * k].view(N, k)
+        a = torch.randn(6 * group.world_size, k)
+        results = []
+        for step in range(3):
+            weight.normal_()  # in place: same address, new values
+            a.normal_()
+            rs = ditron_ops.gemm_rs(a, weight.t(), group, impl="fused", deterministic=True)
+            ag = ditron_ops.ag_gemm(a[:6], weight.t(), group, impl="fused")
+            results.append((rs.clone(), ag.clone(), a.clone(), weight.clone()))
+        del weight  # "freed"; a new tensor of the same layout takes its memory
+        fresh = pool[:N * k].view(N, k)
+        fresh.copy_(torch.randn(N, k))
+        ag = ditron_ops.ag_gemm(a[:6], fresh.t(), group, impl="fused")
+        results.append((None, ag.clone(), a.clone(), fresh.clone()))
+        return results
+
+    for rs, ag, a, w in ditron_ops.launch(body, 1)[0]:
+        assert torch.allclose(ag, a[:6] @ w.t(), atol=1e-4)
+        if rs is not None:
+            assert torch.allclose(rs, a @ w.t(), atol=1e-4)
+
+
+def test_cache_is_bounded_and_dropped_with_the_group():
+    def body(group):
+        group.plans.capacity = 3
+        for n in range(1, 7):
+            ditron_ops.all_reduce(torch.ones(8 * n), group)
+        assert len(group.plans) == 3
+        # an evicted plan is rebuilt and still right
+        assert torch.equal(ditron_ops.all_reduce(torch.ones(8), group), torch.ones(8) * group.world_size)
+        return group
+
+    groups = ditron_ops.launch(body, 2)
+    assert all(len(g.plans) == 0 for g in groups), "plans outlived their world"
