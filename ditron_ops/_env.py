@@ -1,19 +1,18 @@
-"""The only module that reads environment variables.
+"""The only module that reads environment variables (all of them read once, off the call path).
 
 | variable            | default | meaning                                                              |
 |---------------------|---------|----------------------------------------------------------------------|
 | ``TRITON_INTERPRET``| unset   | ``1`` runs every ditron kernel in the Triton interpreter (CPU).      |
 | ``DITRON_TIMEOUT_S``| ``10``  | bound of every device-side wait, seconds (``Group.timeout_s``).      |
-| ``DITRON_SYNC_CHECK``| ``0``  | ``1``: every op synchronizes its stream and checks the error record. |
+| ``DITRON_SYNC_CHECK``| ``0``  | ``1``: every op synchronizes its stream and checks the error record (read when a group is made). |
+| ``NVSHMEM_LIB_DIR`` | unset   | directory of ``libnvshmem_device.bc`` (``language.nvshmem``).        |
 | ``CUDA_DEVICE_MAX_CONNECTIONS`` | (CUDA's 8) | set to 32 by ``prepare_cuda_for_virtual_ranks`` (entry points; no measured effect). |
 | ``CUDA_MODULE_LOADING``| (CUDA's) | set to ``EAGER`` by ``prepare_cuda_for_virtual_ranks``.          |
-| ``DITRON_VIRTUAL_GATE``| ``1`` | GPU virtual ranks launch waiting kernels together (``VirtualGroup.waiting_launch``). |
-| ``NVSHMEM_LIB_DIR`` | unset   | directory of ``libnvshmem_device.bc`` (``language.nvshmem``).        |
-| ``DITRON_AG_GEMM_CONFIG``| ``128x256x64/s4/tail`` | the persistent GEMM's tile configuration (``ag_gemm._launch.GPU_CONFIGS``). |
-| ``DITRON_GEMM_RS_LOWP``| ``0`` | experimental: ``1`` sends default-mode gemm_rs partials in the input dtype (``gemm_rs._launch``). |
 
 Without a CUDA device the interpreter is chosen automatically, so a CPU-only machine needs no
-variable at all.
+variable at all. Experiment switches are arguments, not variables: the benches' CLI
+(``--timing``, ``--only``, ``--lowp-partials``, ``--commit``), ``launch(..., gate=)``, and the
+multi-GPU checks' ``--skip`` / ``--dump-after``.
 """
 from __future__ import annotations
 
@@ -23,16 +22,6 @@ import os
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-def ag_gemm_config(default: str) -> str:
-    """``DITRON_AG_GEMM_CONFIG``: the ag_gemm tile configuration's name (``ag_gemm._launch``)."""
-    return os.environ.get("DITRON_AG_GEMM_CONFIG", "").strip() or default
-
-
-def gemm_rs_lowp() -> bool:
-    """``DITRON_GEMM_RS_LOWP``: default-mode gemm_rs partials in the input dtype (experimental)."""
-    return _flag("DITRON_GEMM_RS_LOWP")
 
 
 @functools.cache
@@ -75,11 +64,6 @@ def prepare_cuda_for_virtual_ranks() -> None:
     if not torch.cuda.is_initialized():
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
         os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
-
-
-def virtual_gate() -> bool:
-    """``DITRON_VIRTUAL_GATE`` (default on): GPU virtual ranks launch waiting kernels together."""
-    return os.environ.get("DITRON_VIRTUAL_GATE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def sync_check() -> bool:

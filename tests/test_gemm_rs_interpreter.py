@@ -201,7 +201,7 @@ def _lowp_vs_exact(group, m, n, k):
 
 @pytest.mark.parametrize("world_size,m,n,k", [(2, 40, 48, 56), (3, 19, 17, 33)])
 def test_lowp_partials(world_size, m, n, k, monkeypatch):
-    """``DITRON_GEMM_RS_LOWP``: default-mode partials rounded to the input dtype (fp16 here) stay
+    """``LOWP_PARTIALS``: default-mode partials rounded to the input dtype (fp16 here) stay
     within fp16 tolerance of the order-exact sum; deterministic mode still matches it bitwise."""
     from ditron_ops.gemm import _rs_launch as _launch
 

@@ -1,7 +1,7 @@
 """Stress the GPU virtual world and diagnose waits that never complete (run on a GPU machine).
 
     PYTHONPATH=. python tools/diag_virtual_stalls.py streams=pool programs=default seconds=60
-    DITRON_VIRTUAL_GATE=0 PYTHONPATH=. python tools/diag_virtual_stalls.py seconds=60
+    PYTHONPATH=. python tools/diag_virtual_stalls.py gate=0 seconds=60
 
 Loops the GPU test sequence (check_collectives over sizes, dtypes, W in 1..8) and a rapid
 all_gather/reduce_scatter/all_reduce stress at W=4 and W=8. A launch slower than WATCH seconds
@@ -24,6 +24,7 @@ from ditron_ops.testing import check_collectives, make_input
 
 args = dict(a.split("=") for a in sys.argv[1:])
 STREAMS, PROGS, SECS = args.get("streams", "pool"), args.get("programs", "default"), float(args.get("seconds", 60))
+GATE = args.get("gate", "1") != "0"
 WATCH = 2.5
 print("env", {k: os.environ.get(k) for k in ("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING")},
       "mode", STREAMS, PROGS, flush=True)
@@ -82,7 +83,7 @@ def timed_launch(fn, w, fargs, label):
     t = threading.Thread(target=watch, daemon=True); t.start()
     t0 = time.perf_counter()
     try:
-        ditron_ops.launch(fn, w, args=fargs, timeout_s=5)
+        ditron_ops.launch(fn, w, args=fargs, timeout_s=5, gate=GATE)
         ok = True
     except Exception as e:
         ok = False

@@ -4,8 +4,6 @@
 #   bash tools/h200_session.sh tests      # tests/gpu, one pytest run per file (about 7 minutes)
 #   bash tools/h200_session.sh benches    # ag_gemm, gemm_rs, flash_decode benches (about 3-4)
 #   bash tools/h200_session.sh main       # python -m ditron_ops (main.log)
-#   AG_CONFIG=name bash tools/h200_session.sh config  # ag_gemm/gemm_rs GPU tests with that tile
-#                                                     # configuration (DITRON_AG_GEMM_CONFIG)
 #
 # nvshmem4py is installed from .whl when the call carries it (../shared/tools/gpu-wheels.sh
 # downloads it), so the one-PE NVSHMEM smoke test runs instead of skipping.
@@ -13,8 +11,8 @@
 # A call gets at most 10 minutes: run the two parts in separate calls.
 #
 # The device machine's copy of the checkout reports a stale git commit, so the recorded commit
-# comes from DITRON_GIT_COMMIT (set it in the call: DITRON_GIT_COMMIT=$(git rev-parse --short
-# HEAD) here, pasted into the command). Only about 8 files come back from $OUT per call: logs go
+# comes from COMMIT (set it in the call: COMMIT=$(git rev-parse --short HEAD) here, pasted into
+# the command; the benches get it as --commit). Only about 8 files come back from $OUT per call: logs go
 # to tests.log and benches.log, and PNGs are dropped (rebuild them from the CSVs with
 # ditron_ops.bench.harness.plot_ratios).
 set -uo pipefail
@@ -32,7 +30,8 @@ for part in "$@"; do
     benches)
       for b in ag_gemm gemm_rs flash_decode; do
         echo "=== bench $b" >> "$OUT/benches.log"
-        timeout 200 python -m ditron_ops.bench "$b" --out "$OUT/bench" > "$OUT/bench.tmp" 2>&1
+        timeout 200 python -m ditron_ops.bench "$b" --out "$OUT/bench" ${COMMIT:+--commit "$COMMIT"} \
+          > "$OUT/bench.tmp" 2>&1
         echo "bench $b: rc=$?"
         cat "$OUT/bench.tmp" >> "$OUT/benches.log"
         grep -E "geo|present|det |one-shot|fused M|producer|B=" "$OUT/bench.tmp" | cut -c1-110
@@ -40,15 +39,10 @@ for part in "$@"; do
       done
       rm -f "$OUT"/bench/*.png
       ;;
-    config)  # the GPU tests of the ops built on the persistent GEMM, another tile configuration
-      DITRON_AG_GEMM_CONFIG="$AG_CONFIG" timeout 240 python -m pytest -q tests/gpu/test_ag_gemm_gpu.py \
-        tests/gpu/test_gemm_rs_gpu.py > "$OUT/config.log" 2>&1
-      echo "tests with $AG_CONFIG: $(grep -E "passed|failed|error" "$OUT/config.log" | tail -1)"
-      ;;
     main)
       timeout 240 python -m ditron_ops > "$OUT/main.log" 2>&1
       echo "python -m ditron_ops: rc=$?"; tail -16 "$OUT/main.log"
       ;;
-    *) echo "unknown part: $part (tests, benches, main, config)"; exit 2 ;;
+    *) echo "unknown part: $part (tests, benches, main)"; exit 2 ;;
   esac
 done

@@ -12,7 +12,7 @@
 #   tp     torchrun -m ditron_ops.bench tp: ours vs NCCL + cuBLAS, flash_decode (tp.log, CSV)
 #   symm   torchrun -m ditron_ops.bench tp_symm_mem: PyTorch's fused ops (symm.log, CSV)
 #   quick  the tp bench with --quick (a smoke run of the bench code)
-#   lowp   gemm_rs / gemm_ar of the tp bench with DITRON_GEMM_RS_LOWP=1 (lowp.log, CSV)
+#   lowp   gemm_rs / gemm_ar of the tp bench with --lowp-partials (lowp.log, CSV)
 #
 # nvshmem4py comes from .whl (carry it: ../shared/tools/gpu-wheels.sh downloads it). NVLink
 # multicast stays off (the lent machines require it). NPROC defaults to every visible GPU.
@@ -49,10 +49,10 @@ triton.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.v
       grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
       ;;
     checks)  # the same suite as tests, its output streamed (where it stops shows); SKIP=a,b
-      # leaves parts out (DITRON_CHECKS_SKIP: collectives, ag_gemm, flash_decode, gemm_reduce,
+      # leaves parts out (--skip: collectives, ag_gemm, flash_decode, gemm_reduce,
       # graphs, back_to_back, timeout)
-      export DITRON_CHECKS_SKIP=${SKIP:-}
-      DITRON_CHECKS_DUMP_S=${DUMP_S:-100} run checks.log ${CHECKS_S:-240} torchrun --nproc-per-node "$NPROC" -m ditron_ops.testing.torchrun_checks
+      run checks.log ${CHECKS_S:-240} torchrun --nproc-per-node "$NPROC" -m ditron_ops.testing.torchrun_checks \
+        --skip "${SKIP:-}" --dump-after "${DUMP_S:-100}"
       grep -vE "^W1|^ *\^+$" "$OUT/checks.log" | head -80 | cut -c1-200
       ;;
     example)  # examples/tp_mlp_torchrun.py: a TP MLP layer trained a few steps, checked
@@ -60,8 +60,8 @@ triton.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.v
       grep -E "ranks|losses|Error" "$OUT/example.log" | head -5
       ;;
     fd1)  # flash_decode on one GPU (nvshmem, one PE): the first point of its scaling
-      DITRON_TP_ONLY=flash_decode run fd1.log 150 torchrun --nproc-per-node 1 -m ditron_ops.bench \
-        tp --out "$OUT/bench"
+      run fd1.log 150 torchrun --nproc-per-node 1 -m ditron_ops.bench tp --only flash_decode \
+        --out "$OUT/bench"
       grep -E "flash_decode B" "$OUT/fd1.log" | tail -2
       ;;
     quick)
@@ -73,15 +73,15 @@ triton.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.v
       run tp.log 330 torchrun --nproc-per-node "$NPROC" -m ditron_ops.bench tp --out "$OUT/bench"
       grep -E "geo|tp |ag_gemm|gemm_rs|gemm_ar|flash" "$OUT/tp.log" | tail -40 | cut -c1-150
       ;;
-    lowp)  # gemm_rs / gemm_ar with DITRON_GEMM_RS_LOWP=1 (input-dtype partials): the A/B run
-      DITRON_GEMM_RS_LOWP=1 DITRON_TP_ONLY=gemm_rs,gemm_ar run lowp.log 300 torchrun \
-        --nproc-per-node "$NPROC" -m ditron_ops.bench tp --out "$OUT/bench_lowp"
+    lowp)  # gemm_rs / gemm_ar with input-dtype partials (--lowp-partials): the A/B run
+      run lowp.log 300 torchrun --nproc-per-node "$NPROC" -m ditron_ops.bench tp --lowp-partials \
+        --only gemm_rs,gemm_ar --out "$OUT/bench_lowp"
       grep -E "gemm_rs|gemm_ar" "$OUT/lowp.log" | tail -20 | cut -c1-150
       ;;
     symm)
       run symm.log 240 torchrun --nproc-per-node "$NPROC" -m ditron_ops.bench tp_symm_mem \
-        --out "$OUT/bench" || DITRON_BENCH_TIMING=eager run symm.log 240 torchrun \
-        --nproc-per-node "$NPROC" -m ditron_ops.bench tp_symm_mem --out "$OUT/bench"
+        --out "$OUT/bench" || run symm.log 240 torchrun \
+        --nproc-per-node "$NPROC" -m ditron_ops.bench tp_symm_mem --timing eager --out "$OUT/bench"
       grep -E "geo|ag_gemm|gemm_rs" "$OUT/symm.log" | tail -24 | cut -c1-150
       ;;
     *) echo "unknown part: $part (env, check, tests, checks, example, fd1, quick, tp, lowp, symm)"; exit 2 ;;

@@ -10,7 +10,6 @@ from typing import Optional
 
 import torch
 
-from .. import _env
 from .._library import define_op
 from .._validation import check_tensor
 from ..language.barrier import start_barrier_kernel

@@ -24,6 +24,7 @@ import torch
 
 from .. import _env
 from ..runtime.torchrun import select_local_device
+from . import harness
 from .harness import (DTYPES, IMPORT_ERRORS, BenchConfig, discover, finish, plot_ratios,
                       plot_title, read_csv, warm_gpu)
 
@@ -72,6 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="timed rounds per measurement, median reported (default 10; quick 3)")
         p.add_argument("--target-ms", type=float, default=None,
                        help="duration of one timed round (default 25 ms; quick 1 ms)")
+        p.add_argument("--only", default="",
+                       help="comma list narrowing the bench's cases where it offers that "
+                            "(tp: ag_gemm,gemm_rs,gemm_ar,flash_decode)")
+        p.add_argument("--timing", choices=("graph", "eager"), default="graph",
+                       help="multi-GPU benches: time CUDA-graph replays (default) or eager calls")
+        p.add_argument("--lowp-partials", action="store_true",
+                       help="experimental: gemm_rs/gemm_ar partials in the input dtype")
+        p.add_argument("--commit", default=None,
+                       help="commit to record in the CSV (default: git of the source tree)")
     return parser
 
 
@@ -84,7 +94,9 @@ def _config(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(world_sizes=sizes, dtype=DTYPES[args.dtype], dtype_name=args.dtype,
                        quick=args.quick, device=device, out_dir=args.out,
                        rounds=args.rounds or (3 if args.quick else 10),
-                       target_ms=args.target_ms or (1.0 if args.quick else 25.0))
+                       target_ms=args.target_ms or (1.0 if args.quick else 25.0),
+                       only=tuple(s for s in args.only.split(",") if s), timing=args.timing,
+                       lowp_partials=args.lowp_partials)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -113,6 +125,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(plot_ratios(results, path.with_suffix(".png"), title) or "matplotlib missing")
         return 0
     cfg = _config(args)
+    if args.commit:
+        harness.COMMIT = args.commit
+    if cfg.lowp_partials:  # before any group's warm-up, which compiles the variants in use
+        from ..gemm import _rs_launch
+
+        _rs_launch.LOWP_PARTIALS = True
     if cfg.device.type == "cpu" and not cfg.quick:
         print("note: CPU run without --quick; the Triton interpreter makes full sizes very slow",
               file=sys.stderr)

@@ -67,6 +67,14 @@ class BenchConfig:
     out_dir : pathlib.Path
     rounds, target_ms : int, float
         Timed rounds per measurement (median reported) and the duration one round aims for.
+    only : tuple of str
+        Cases a bench narrows itself to (``--only``; empty: all), e.g. ``tp``'s ops.
+    timing : str
+        ``"graph"`` (CUDA-graph replays, the default) or ``"eager"`` (``--timing``), for the
+        benches that offer both.
+    lowp_partials : bool
+        ``--lowp-partials``: gemm_rs/gemm_ar partials in the input dtype (experimental,
+        ``gemm._rs_launch.LOWP_PARTIALS``), for the benches that run them.
     """
 
     world_sizes: tuple[int, ...]
@@ -77,6 +85,9 @@ class BenchConfig:
     out_dir: Path
     rounds: int
     target_ms: float
+    only: tuple[str, ...] = ()
+    timing: str = "graph"
+    lowp_partials: bool = False
 
 
 @dataclasses.dataclass
@@ -339,12 +350,15 @@ def rows_over_worlds(cfg: BenchConfig, body: Callable[..., list], *args) -> list
 
 # -- output ------------------------------------------------------------------------------------------
 
+COMMIT: Optional[str] = None
+"""The commit written to the CSVs when set (``--commit``): for copies whose git metadata is not
+the source's (the lent GPU machine's checkout showed a stale commit for every run)."""
+
+
 def _git_commit() -> str:
-    """Short commit of the source (``-dirty`` with local changes). ``DITRON_GIT_COMMIT`` overrides
-    it for copies whose git metadata is not the source's (the lent GPU machine's checkout showed
-    a stale commit for every run)."""
-    if os.environ.get("DITRON_GIT_COMMIT"):
-        return os.environ["DITRON_GIT_COMMIT"]
+    """Short commit of the source (``-dirty`` with local changes), or ``COMMIT``."""
+    if COMMIT:
+        return COMMIT
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,

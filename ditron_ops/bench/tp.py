@@ -14,16 +14,15 @@ the same process: the NCCL collective (``all_gather_into_tensor`` / ``reduce_sca
 ``all_reduce``), then cuBLAS. It also times the GEMM alone and the collective alone, for the
 overlap efficiency ``(T_gemm + T_comm - T_fused) / min(T_gemm, T_comm)``, and flash_decode at
 B in {1, 64} with 128k keys per rank (scaling: compare the CSVs of runs at different W).
-``DITRON_TP_ONLY`` (comma list of ag_gemm, gemm_rs, gemm_ar, flash_decode) narrows a run, e.g.
+``--only`` (comma list of ag_gemm, gemm_rs, gemm_ar, flash_decode) narrows a run, e.g.
 to flash_decode for the one-GPU point of its scaling. ``tp_symm_mem`` times
 ``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter`` against the
 same baseline, in a process without NVSHMEM (PyTorch and nvshmem4py must not both initialise
 it). NVLink multicast is off (``NO_MULTICAST``). Every time is device time from CUDA-graph
-replays measured in turns (``DITRON_BENCH_TIMING=eager`` times eager calls instead).
+replays measured in turns (``--timing eager`` times eager calls instead).
 """
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
@@ -77,9 +76,8 @@ def _problems(group, cfg: BenchConfig, m: int, n: int, k: int) -> dict:
 
 
 def _timing(cfg: BenchConfig) -> str:
-    """``"graph"`` on a GPU unless ``DITRON_BENCH_TIMING=eager``, else ``"eager"``."""
-    graph = cfg.device.type == "cuda" and os.environ.get("DITRON_BENCH_TIMING", "graph") != "eager"
-    return "graph" if graph else "eager"
+    """``"graph"`` on a GPU unless ``--timing eager``, else ``"eager"``."""
+    return "graph" if cfg.device.type == "cuda" and cfg.timing == "graph" else "eager"
 
 
 def _measure(group, cfg: BenchConfig, fns: dict[str, Callable]) -> dict[str, float]:
@@ -161,7 +159,7 @@ def run(cfg: BenchConfig) -> list[Result]:
         ours = {"ag_gemm": lambda a, b, impl: ag_gemm(a, b, group, impl=impl),
                 "gemm_rs": lambda a, b, impl: gemm_rs(a, b, group, impl=impl),
                 "gemm_ar": lambda a, b, impl: gemm_ar(a, b, group, impl=impl)}
-        only = [s for s in os.environ.get("DITRON_TP_ONLY", "").split(",") if s]
+        only = cfg.only
         ours = {op: fn for op, fn in ours.items() if not only or op in only}
         rows = _gemm_rows(group, cfg, "tp", ours, "ours") if ours else []
         if not only or "flash_decode" in only:

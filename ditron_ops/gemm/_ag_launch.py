@@ -8,7 +8,6 @@ from typing import Optional
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .. import _env
 from ..errors import DitronError
 from ..language.barrier import start_barrier_kernel
 from ..runtime.group import Group, op_id

@@ -15,7 +15,6 @@ from typing import Optional
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .. import _env
 from ..runtime.group import Group, op_id, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
@@ -44,8 +43,8 @@ GPU_CONFIGS = {
     "128x256x64/s3/tail": TileConfig(128, 256, 64, 8, 8, 3, split_tail=True),
     "128x256x64/s4/tail": TileConfig(128, 256, 64, 8, 8, 4, split_tail=True),
 }
-"""Candidates the ``ag_gemm`` bench compares; ``GPU_CONFIG`` names the one used (every rank the
-same; ``DITRON_AG_GEMM_CONFIG`` picks another at import, so the warm-up compiles it).
+"""Candidates the ``ag_gemm`` bench compares (``matmul(..., cfg=)``); ``GPU_CONFIG`` names the one
+every op uses (every rank the same).
 
 Measured on the H200 (bf16, local model shapes M=8192, CUDA-graph replay, paired timing):
 earlier sessions 3 stages 0.953-0.954x cuBLAS (geo-mean), 4 stages 0.965x; 128x128x64 (4-5
@@ -92,10 +91,7 @@ best P1 in every run that measured it, and in the last two the lowest per-shape 
 1.2%, where s3/tail reached 3.3% and 3.0% on 8192x1792). It needs 229 KB of shared memory
 (s3: 180 KB), so fp32 products drop to 3 stages (``fit_stages``); gemm_rs, with the same tiles
 and stages, compiles to 229,408 bytes in every variant."""
-GPU_CONFIG = _env.ag_gemm_config("128x256x64/s4/tail")
-if GPU_CONFIG not in GPU_CONFIGS:
-    raise ValueError(f"ditron: DITRON_AG_GEMM_CONFIG must be one of {sorted(GPU_CONFIGS)}, "
-                     f"got {GPU_CONFIG!r}")
+GPU_CONFIG = "128x256x64/s4/tail"
 INTERPRETER_CONFIG = TileConfig(16, 16, 16, 4, 4, 1)
 """Small tiles in the interpreter (its cost is per element of every block, masked or not); tests
 swap in variants (``split_tail`` with ``block_n=32``)."""

@@ -8,7 +8,6 @@ import itertools
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .. import _env
 from ..language.barrier import start_barrier_kernel
 from ..runtime.group import Group, op_id
 from ..runtime.launcher import BoundKernel
@@ -20,8 +19,9 @@ from ._rs_kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_ke
 
 PURPOSE = "gemm_reduce"
 _FINISH_BLOCK = dict(BLOCK_R=8, BLOCK_C=256)
-LOWP_PARTIALS = _env.gemm_rs_lowp()
-"""Experimental (``DITRON_GEMM_RS_LOWP=1``, read at import so the warm-up compiles it): in the
+LOWP_PARTIALS = False
+"""Experimental (the benches' ``--lowp-partials`` sets it before any warm-up, which then compiles
+its variants): in the
 default (non-deterministic) mode the partial tiles travel and wait in the input dtype instead of
 fp32 (half the NVLink bytes; each partial rounded once before the fp32 rank-ordered sum, the
 precision of cuBLAS + NCCL). On 2 H200s the fp32 partials of the 7B layer at M = 8192 are 90 MB

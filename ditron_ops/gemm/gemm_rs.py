@@ -14,7 +14,7 @@ and a rank-ordered reference sum. ``deterministic=False`` (default): ``impl`` de
 baseline uses cuBLAS (whose kernel choice depends on M, so not batch invariant) and rounds the
 partial product before the collective sum (NCCL's on multi-GPU groups, in NCCL's order; ditron's
 rank-ordered one elsewhere); the fused path is the same schedule as deterministic mode (it does
-not yet reduce in arrival order; with ``DITRON_GEMM_RS_LOWP=1``, experimental, its partial tiles
+not yet reduce in arrival order; with ``_rs_launch.LOWP_PARTIALS``, experimental, its partial tiles
 are rounded to the input dtype before the fp32 sum). In every mode results differ across world
 sizes (different summation).
 """

@@ -26,6 +26,9 @@ _registry_lock = threading.Lock()
 _current: contextvars.ContextVar[Optional["Group"]] = contextvars.ContextVar("ditron_group", default=None)
 _default: Optional["Group"] = None
 
+NULL_CONTEXT = contextlib.nullcontext()
+"""What ``waiting_launch`` returns where there is nothing to do (made once: no per-call object)."""
+
 _op_names: list[str] = ["<none>"]
 _op_lock = threading.Lock()
 
@@ -200,7 +203,7 @@ class Group:
         A no-op except in a GPU virtual world, where it keeps the ranks' launches together (see
         ``VirtualGroup.waiting_launch``).
         """
-        return contextlib.nullcontext()
+        return NULL_CONTEXT
 
     def launch_step(self, op: str = "?", epoch: int = -1) -> None:
         """Inside ``waiting_launch``: a no-op except in a GPU virtual world, where every rank's

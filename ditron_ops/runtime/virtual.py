@@ -18,7 +18,8 @@ import torch
 
 from .. import _env
 from ..errors import DitronTimeoutError
-from .group import Group, SymmetricBuffer, register_group, unregister_group, using_group
+from .group import (NULL_CONTEXT, Group, SymmetricBuffer, register_group, unregister_group,
+                    using_group)
 from .warmup import warmup
 
 _world_ids = itertools.count()
@@ -34,7 +35,7 @@ class VirtualWorld:
     """Shared state of the W virtual ranks (barrier, object exchange, streams, allocations)."""
 
     def __init__(self, world_size: int, device: Optional[torch.device] = None,
-                 timeout_s: Optional[float] = None):
+                 timeout_s: Optional[float] = None, gate: bool = True):
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"ditron.launch: world_size must be a positive int, got {world_size!r}")
         device = _default_device() if device is None else torch.device(device)
@@ -49,6 +50,8 @@ class VirtualWorld:
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"ditron.launch: unsupported device {device}")
         self.world_size, self.device = world_size, device
+        # the launch gate (``VirtualGroup.waiting_launch``): GPU worlds of several ranks only
+        self.gate = gate and device.type == "cuda" and world_size > 1
         self.name = f"virtual{next(_world_ids)}"
         timeout = _env.default_timeout_s() if timeout_s is None else float(timeout_s)
         self._barrier = threading.Barrier(world_size)
@@ -103,7 +106,6 @@ class VirtualGroup(Group):
     def barrier(self) -> None:
         self.world.barrier(self.timeout_s)
 
-    @contextlib.contextmanager
     def waiting_launch(self, op: str = "?", epoch: int = -1):
         """Launch a waiting kernel into an idle stream, and only after every rank has done so.
 
@@ -115,12 +117,17 @@ class VirtualGroup(Group):
         front of a peer's kernel. Here every rank drains its stream, meets the others, launches,
         and meets them again before queuing more work, so waiting kernels never queue behind
         dependent work. Costs a stream synchronization and two host barriers per call, only in
-        GPU virtual worlds of W > 1 (``DITRON_VIRTUAL_GATE=0`` turns it off), never during
+        GPU virtual worlds of W > 1 (``launch(..., gate=False)`` turns it off), never during
         CUDA-graph capture. A rank that never comes raises ``DitronTimeoutError`` naming
         ``op``, the missing peer and ``epoch`` (this rank's call count of the op's workspace).
         """
-        gate = (self.device.type == "cuda" and self.world_size > 1 and _env.virtual_gate()
-                and not torch.cuda.is_current_stream_capturing())
+        if not self.world.gate:
+            return NULL_CONTEXT
+        return self._gated_launch(op, epoch)
+
+    @contextlib.contextmanager
+    def _gated_launch(self, op: str, epoch: int):
+        gate = not torch.cuda.is_current_stream_capturing()
         if gate:
             torch.cuda.current_stream(self.device).synchronize()
             self._gate(op, epoch)
@@ -201,7 +208,7 @@ def _root_cause(errors: Sequence[Optional[BaseException]]) -> tuple[int, BaseExc
 
 
 def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple = (),
-           timeout_s: Optional[float] = None) -> list:
+           timeout_s: Optional[float] = None, gate: bool = True) -> list:
     """Run ``fn(group, *args)`` on ``world_size`` virtual ranks and return the per-rank results.
 
     Parameters
@@ -217,6 +224,9 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
         Extra positional arguments passed to every rank.
     timeout_s : float, optional
         Bound of every device-side wait (default ``DITRON_TIMEOUT_S`` or 10 s).
+    gate : bool
+        Launch the ranks' waiting kernels together on a GPU (``VirtualGroup.waiting_launch``;
+        default on; off only to study what it prevents).
 
     Returns
     -------
@@ -229,7 +239,7 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
         The failing rank's own exception (with a note naming the rank); ranks that only timed out
         waiting for it are not reported over it.
     """
-    world = VirtualWorld(world_size, device, timeout_s)
+    world = VirtualWorld(world_size, device, timeout_s, gate)
     warmup(world.device)
     results: list[Any] = [None] * world_size
     errors: list[Optional[BaseException]] = [None] * world_size

@@ -9,12 +9,12 @@ two-shot) deterministic and bitwise equal to the rank-ordered fp32 sum, the unfu
 (``impl="baseline"``: NCCL), flash_decode; then CUDA-graph capture and replay, 300 back-to-back
 calls of varying sizes, and last a rank that skips a call: its peer must raise
 ``DitronTimeoutError`` within the group's timeout, not hang. Rank 0 prints ``CHECK <name> ok``
-per check and ``ALL OK`` at the end; any failure raises (non-zero exit). ``DITRON_CHECKS_SKIP``
-leaves parts out (``PARTS``); ``DITRON_CHECKS_DUMP_S`` prints progress and, after that many
-seconds, every rank's stack.
+per check and ``ALL OK`` at the end; any failure raises (non-zero exit). ``--skip`` leaves parts
+out (``PARTS``); ``--dump-after S`` prints progress and, after S seconds, every rank's stack.
 """
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import os
 import sys
@@ -44,8 +44,11 @@ def _say(group, name: str) -> None:
         print(f"CHECK {name} ok", flush=True)
 
 
+_VERBOSE = False  # --dump-after given: every rank prints its steps
+
+
 def _progress(group, step: str) -> None:
-    if os.environ.get("DITRON_CHECKS_DUMP_S"):
+    if _VERBOSE:
         print(f"[rank {group.rank}] {step}", flush=True)
 
 
@@ -183,12 +186,22 @@ def _check_timeout(group, dtype: torch.dtype) -> None:
     raise AssertionError(f"rank {group.rank}: a call whose peer never came returned normally")
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    global _VERBOSE
+    parser = argparse.ArgumentParser(prog="python -m ditron_ops.testing.torchrun_checks",
+                                     description="The multi-GPU checks (run under torchrun).")
+    parser.add_argument("--skip", default="", help="comma list of parts to leave out: "
+                        + ", ".join(list(PARTS) + ["timeout"]))
+    parser.add_argument("--dump-after", type=float, default=None, metavar="S",
+                        help="print every rank's steps, and every rank's stack after S seconds "
+                             "(to locate a stall)")
+    args = parser.parse_args(argv)
     os.environ.setdefault("DITRON_TIMEOUT_S", str(TIMEOUT_S))
-    if os.environ.get("DITRON_CHECKS_DUMP_S"):  # where every rank is, if the run stalls
-        faulthandler.dump_traceback_later(float(os.environ["DITRON_CHECKS_DUMP_S"]), exit=False)
+    if args.dump_after is not None:  # where every rank is, if the run stalls
+        _VERBOSE = True
+        faulthandler.dump_traceback_later(args.dump_after, exit=False)
     try:
-        _run_all()
+        _run_all({name for name in args.skip.split(",") if name})
     except BaseException:  # noqa: BLE001 - fail fast: peers would wait in collective frees
         traceback.print_exc()
         sys.stdout.flush()
@@ -206,12 +219,11 @@ PARTS = {  # name: (check, its CHECK line, needs symmetric memory on a GPU)
     "graphs": (_check_graphs, "CUDA graphs", True),
     "back_to_back": (_check_back_to_back, "300 back-to-back calls", True),
 }
-"""The checks in run order, the timeout check after them (``DITRON_CHECKS_SKIP``: a comma list
-of names to leave out, e.g. a part that stalls, so the others still report)."""
+"""The checks in run order, the timeout check after them (``--skip``: a comma list of names to
+leave out, e.g. a part that stalls, so the others still report)."""
 
 
-def _run_all() -> None:
-    skip = {name for name in os.environ.get("DITRON_CHECKS_SKIP", "").split(",") if name}
+def _run_all(skip: set) -> None:
     with torchrun_group() as group:
         dtype = torch.bfloat16 if group.device.type == "cuda" else torch.float32
         heap = group.has_symmetric_memory and group.device.type == "cuda"

@@ -25,10 +25,11 @@ CHECKS = ("collectives", "ag_gemm", "gemm_rs / gemm_ar", "flash_decode", "CUDA g
 @pytest.mark.skipif(GPUS < 2, reason="needs at least 2 GPUs (one process per GPU)")
 @pytest.mark.parametrize("nproc", sorted({2, GPUS} - {0, 1}))
 def test_torchrun_checks(nproc):
-    # a stall dumps every rank's stack (DITRON_CHECKS_DUMP_S) before the hard limit kills it
-    env = {**os.environ, **NO_MULTICAST, "DITRON_CHECKS_DUMP_S": str(LIMIT_S - 60)}
+    # a stall dumps every rank's stack (--dump-after) before the hard limit kills it
+    env = {**os.environ, **NO_MULTICAST}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(nproc), "-m", "ditron_ops.testing.torchrun_checks"]
+           "--nproc-per-node", str(nproc), "-m", "ditron_ops.testing.torchrun_checks",
+           "--dump-after", str(LIMIT_S - 60)]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LIMIT_S)
     except subprocess.TimeoutExpired as exc:

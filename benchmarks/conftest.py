@@ -1,0 +1,3 @@
+from ditron_ops import _env
+
+_env.prepare_cuda_for_virtual_ranks()  # before any CUDA call (see its docstring)
