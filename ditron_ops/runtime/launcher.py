@@ -118,8 +118,8 @@ class BoundKernel:
                 meta_i += 1
                 desc_meta[i] = meta
                 flat.extend(_expand_descriptor(value, meta))
-            else:
-                flat.append(value)
+            else:  # a tensor as its address: the launcher then skips data_ptr() and the
+                flat.append(_address(value))  # driver's pointer check (self.args keeps it alive)
         self._flat = flat
         # per varying argument: (first flat slot, width, None or what converts a base tensor
         # into the launcher's arguments of the descriptor over it, its per-address cache)
@@ -153,7 +153,7 @@ class BoundKernel:
             flat = list(flat)
             for (slot, width, make, cache), value in zip(self._slots, values):
                 if make is None:
-                    flat[slot] = value
+                    flat[slot] = _address(value)
                 else:
                     flat[slot:slot + width] = _cached(cache, value, make)
         gx, gy, gz = self.grid
@@ -171,6 +171,10 @@ class BoundKernel:
             else:
                 kwargs[name] = value
         self.fn[self.grid](*args, **kwargs)
+
+
+def _address(value):
+    return value.data_ptr() if isinstance(value, torch.Tensor) else value
 
 
 def _over(template: TensorDescriptor, base: torch.Tensor) -> TensorDescriptor:
