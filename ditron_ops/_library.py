@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+import contextlib
+
 import torch
 
 lib = torch.library.Library("ditron", "DEF")
+_NO_SCOPE = contextlib.nullcontext()
 
 
 def define_op(schema: str, impl: Callable, fake: Callable) -> None:
@@ -19,3 +22,15 @@ def define_op(schema: str, impl: Callable, fake: Callable) -> None:
     for key in ("CPU", "CUDA"):
         lib.impl(name, impl, key)
     torch.library.register_fake(f"ditron::{name}", fake, lib=lib)
+
+
+def autograd_scope(*tensors):
+    """Around an eager call of an op with an autograd formula: below the autograd layer when no
+    input needs a gradient, else nothing. Skipping the layer is what its own no-grad path does
+    after two Python frames and a redispatch (about 10 µs of the H200 machine's CPU per call);
+    under torch.compile the op is traced as it is."""
+    if torch.compiler.is_compiling():
+        return _NO_SCOPE
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return _NO_SCOPE
+    return torch._C._AutoDispatchBelowAutograd()

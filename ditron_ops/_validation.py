@@ -10,15 +10,15 @@ from .runtime.group import Group
 
 def check_tensor(op: str, name: str, t, group: Group, dtypes: Iterable[torch.dtype],
                  min_dim: int = 0) -> None:
+    """A tensor of one of ``dtypes`` on the group's device with at least ``min_dim`` dims (every
+    call runs it: plain attribute reads, no torch.device objects)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"ditron.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    dtypes = tuple(dtypes)
     if t.dtype not in dtypes:
         allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"ditron.{op}: {name} has dtype {str(t.dtype).replace('torch.', '')}; "
                         f"expected one of {allowed}")
-    if t.device.type != group.device.type or (
-            group.device.type == "cuda" and t.device.index != group.device.index):
+    if t.get_device() != group.device_index:
         raise ValueError(f"ditron.{op}: {name} is on {t.device} but rank {group.rank} of "
                          f"{group.group_name!r} runs on {group.device}")
     if t.dim() < min_dim:

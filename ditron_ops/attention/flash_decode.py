@@ -218,7 +218,7 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
         return _merge_over_process_group(group, o_part, lse_part, kv_lens, plan, b, hq,
                                           d).to(q.dtype)
     key = ("flash_decode", deterministic, softmax_scale, tensor_key(q), tensor_key(k_cache),
-           tensor_key(v_cache), tensor_key(kv_lens), tensor_key(out))
+           tensor_key(v_cache), tensor_key(kv_lens))  # out: made here, contiguous and aligned
     plan = group.plans.get(key, lambda: _DecodePlan(group, q, k_cache, v_cache, kv_lens, out,
                                                     softmax_scale, deterministic))
     return plan.run(q, k_cache, v_cache, kv_lens, out)

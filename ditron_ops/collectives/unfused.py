@@ -35,6 +35,8 @@ def gather_rows(x: torch.Tensor, group: Group, sizes: Sequence[int],
 def reduce_rows(x: torch.Tensor, group: Group, rows: Sequence[int], out: torch.Tensor,
                 deterministic: bool) -> torch.Tensor:
     """``out [rows[rank], N]`` = this rank's rows of the sum over ranks of ``x [ΣM, N]``."""
+    if group.world_size == 1:  # the sum over one rank: its rows (one rounding, as the kernels)
+        return out.copy_(x)
     if not deterministic and nccl.reduce_scatter_rows(x, group, rows, out):
         return out
     if list(rows) == split_sizes(x.shape[0], group.world_size):
@@ -49,6 +51,8 @@ def reduce_rows(x: torch.Tensor, group: Group, rows: Sequence[int], out: torch.T
 
 def sum_all(x: torch.Tensor, group: Group, out: torch.Tensor, deterministic: bool) -> torch.Tensor:
     """``out`` = the sum over ranks of ``x`` (``x`` may be ``out``)."""
+    if group.world_size == 1:  # the sum over one rank
+        return x if x is out else out.copy_(x)
     if not deterministic and nccl.all_reduce_(x, group):
         return x if x is out else out.copy_(x)
     red = all_reduce(x, group) if group.has_symmetric_memory else reference.all_reduce(x, group)

@@ -10,6 +10,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..errors import DitronError
 from ..language.barrier import start_barrier_kernel
+from ..runtime import cuda_driver
 from ..runtime.group import Group, op_id
 from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
 from ..runtime.launcher import BoundKernel
@@ -67,6 +68,8 @@ class AgGemmPlan:
         if producer not in PRODUCERS:
             raise ValueError(f"ditron.ag_gemm: producer must be one of {PRODUCERS}, got {producer!r}")
         self.group, self.producer = group, producer
+        self.gpu = a.is_cuda
+        self.device_index = a.device.index if a.device.index is not None else 0
         self.ws = ws = group.workspace(PURPOSE)
         cfg = tile_config(a.device)
         m, k = sum(shard_sizes), a.shape[1]
@@ -94,8 +97,10 @@ class AgGemmPlan:
         programs = None  # the core's default grid
         if producer == "copy":
             # per destination, in push order: this rank's region of its gathered buffer (None
-            # without rows), then the publish of rows and arrival
+            # without rows; its address and bytes for the driver's copy on a GPU), then the
+            # publish of rows and arrival
             self.pushes = []
+            nbytes = rows * pitch * elem
             for i in range(w):
                 dst = (rank + i) % w
                 region = (data.peers[dst].view(a.dtype)[first * pitch:(first + rows) * pitch]
@@ -103,7 +108,7 @@ class AgGemmPlan:
                 publish = BoundKernel(ag_publish_kernel, (1,),
                                       (sig, ws.signal.ptr_table, dst, rank, w), {},
                                       device=a.device)
-                self.pushes.append((region, publish))
+                self.pushes.append((region, region.data_ptr() if rows else 0, nbytes, publish))
         else:
             src = a if self.src_pad is None else self.src_pad
             self.pull = BoundKernel(
@@ -123,14 +128,25 @@ class AgGemmPlan:
         """The workspace grew since (another call's plan): the views are of a freed buffer."""
         return self.ws.data is not self.data
 
-    def _produce(self, src: torch.Tensor) -> None:
+    def _produce_on(self, side: int, src: torch.Tensor) -> None:
+        """The producer's work on the raw side stream (GPU)."""
         if self.producer == "copy":  # copy engines: the chunk into every rank, then its flags
-            flat = src.view(-1)
-            for region, publish in self.pushes:
-                if region is not None:
-                    region.copy_(flat)
-                publish.launch()
+            address = src.data_ptr()
+            for _, region, nbytes, publish in self.pushes:
+                if nbytes:
+                    cuda_driver.copy_async(region, address, nbytes, side)
+                publish.launch_on(side)
         else:  # SMs: every rank pulls its peers' chunks from their gathered buffers
+            self.pull.launch_on(side, src)
+
+    def _produce_here(self, src: torch.Tensor) -> None:
+        """The producer's work in the interpreter (kernels run synchronously)."""
+        if self.producer == "copy":
+            for region, _, _, publish in self.pushes:
+                if region is not None:
+                    region.copy_(src.view(-1))
+                publish.launch()
+        else:
             self.pull.launch(src)
 
     def run(self, a, b, bias, out, gathered) -> None:
@@ -144,18 +160,17 @@ class AgGemmPlan:
             self.start.launch()
             if self.producer == "pull":  # the pull kernel waits (event) for this start barrier
                 group.launch_step("ag_gemm", ws.calls)
-            if a.is_cuda:
+            if self.gpu:  # fork the side stream, produce there, GEMM here, join
                 side, fork, join = group.side_stream()
-                main = torch.cuda.current_stream(a.device)
-                fork.record(main)
-                side.wait_event(fork)
-                with torch.cuda.stream(side):
-                    self._produce(src)
-                    join.record(side)
+                main = torch._C._cuda_getCurrentRawStream(self.device_index)
+                cuda_driver.record(fork, main)
+                cuda_driver.wait(side, fork)
+                self._produce_on(side, src)
+                cuda_driver.record(join, side)
                 self.core.run(None, b, out, bias)
-                main.wait_event(join)
-            else:  # interpreter: kernels run synchronously, one after the other
-                self._produce(src)
+                cuda_driver.wait(main, join)
+            else:
+                self._produce_here(src)
                 self.core.run(None, b, out, bias)
         if gathered is not None:
             gathered.copy_(self.gathered_view)

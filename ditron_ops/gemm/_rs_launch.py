@@ -48,8 +48,8 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     the call's plan.
     """
     group.check()
-    key = (op, broadcast, partials, tensor_key(a), tensor_key(b), tensor_key(out),
-           None if broadcast else tuple(rows))
+    key = (op, broadcast, partials, tensor_key(a), tensor_key(b),
+           None if broadcast else tuple(rows))  # out: made by the op, contiguous and aligned
     plan = group.plans.get(key, lambda: RsPlan(group, a, b, out, rows, broadcast, op, partials))
     return plan.run(a, b, out)
 

@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .._library import define_op
+from .._library import autograd_scope, define_op
 from .._validation import check_sizes, check_tensor
 from ..collectives.unfused import gather_rows
 from ..runtime.group import Group, current_group, resolve_group
@@ -105,8 +105,9 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
                                                 bool(return_gathered), impl)
         result = out
     else:
-        result, gathered = torch.ops.ditron.ag_gemm(a, b, bias, group.group_name, sizes,
-                                                    bool(return_gathered), impl)
+        with autograd_scope(a, b, bias):
+            result, gathered = torch.ops.ditron.ag_gemm(a, b, bias, group.group_name, sizes,
+                                                        bool(return_gathered), impl)
     return (result, gathered) if return_gathered else result
 
 

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .._library import define_op
+from .._library import autograd_scope, define_op
 from .._validation import check_sizes, check_tensor
 from ._core import matmul
 from ..collectives.unfused import gather_rows, reduce_rows, sum_all
@@ -99,7 +99,8 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
         "gemm_rs", "shard_sizes", shard_sizes, group)
     if sum(rows) != a.shape[0]:
         raise ValueError(f"ditron.gemm_rs: shard_sizes {rows} must sum to M = {a.shape[0]}")
-    return torch.ops.ditron.gemm_rs(a, b, group.group_name, rows, flag, impl)
+    with autograd_scope(a, b):
+        return torch.ops.ditron.gemm_rs(a, b, group.group_name, rows, flag, impl)
 
 
 def gemm_ar(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,

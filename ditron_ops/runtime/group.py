@@ -95,6 +95,9 @@ class Group:
         self.local_rank = rank if local_rank is None else local_rank
         self.local_world_size = world_size if local_world_size is None else local_world_size
         self.device = torch.device(device)
+        # what Tensor.get_device() returns for a tensor on it (-1: CPU)
+        self.device_index = (self.device.index if self.device.index is not None
+                             else torch.cuda.current_device()) if self.device.type == "cuda" else -1
         self.group_name = group_name
         self.timeout_s = float(timeout_s) if timeout_s is not None else _env.default_timeout_s()
         self._workspaces: dict[str, Any] = {}
@@ -210,10 +213,17 @@ class Group:
         launches so far are queued before any rank goes on (``VirtualGroup.launch_step``)."""
 
     def side_stream(self) -> tuple:
-        """``(stream, fork event, join event)`` of this rank, made once: the fused ops' copy
-        engine work runs on the side stream between a fork and a join."""
+        """``(stream, fork event, join event)`` of this rank as raw handles (``cuda_driver``),
+        made once: the fused ops' copy-engine work runs on the side stream between a fork and
+        a join. The torch objects that own them live as long as the group."""
         if self._side is None:
-            self._side = (torch.cuda.Stream(self.device), torch.cuda.Event(), torch.cuda.Event())
+            stream = torch.cuda.Stream(self.device)
+            events = (torch.cuda.Event(), torch.cuda.Event())
+            for event in events:
+                event.record(stream)  # created now (torch makes events on first record)
+            stream.synchronize()
+            self._side_owners = (stream, events)
+            self._side = (stream.cuda_stream, events[0].cuda_event, events[1].cuda_event)
         return self._side
 
     def synchronize(self) -> None:

@@ -145,9 +145,16 @@ class BoundKernel:
     def launch(self, *values) -> None:
         """Launch on the current stream with ``values`` for the ``vary`` arguments (for a
         descriptor argument, the tensor it is over)."""
+        if self._fast is None:
+            return self._slow(values)
+        self.launch_on(torch._C._cuda_getCurrentRawStream(self._device_index), *values)
+
+    def launch_on(self, stream: int, *values) -> None:
+        """``launch`` on the raw CUDA stream ``stream``."""
         raw = self._fast
         if raw is None:
-            return self._slow(values)
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
+                return self._slow(values)
         flat = self._flat
         if values:
             flat = list(flat)
@@ -157,8 +164,7 @@ class BoundKernel:
                 else:
                     flat[slot:slot + width] = _cached(cache, value, make)
         gx, gy, gz = self.grid
-        raw(gx, gy, gz, torch._C._cuda_getCurrentRawStream(self._device_index), self._function,
-            *self._head, *flat)
+        raw(gx, gy, gz, stream, self._function, *self._head, *flat)
 
     def _slow(self, values) -> None:
         args, kwargs = list(self.args), dict(self.kwargs)

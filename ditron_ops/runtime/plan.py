@@ -82,4 +82,4 @@ def tensor_key(t) -> tuple:
     (``None`` for an absent optional tensor)."""
     if t is None:
         return None
-    return (t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0)
+    return (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)

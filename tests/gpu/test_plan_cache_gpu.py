@@ -32,9 +32,9 @@ def _ops(group):
 
 
 def test_repeated_calls_bind_and_convert_nothing(monkeypatch):
-    """With CUDA's caching allocator a loop's outputs come back to the same few addresses: after
-    a few calls, identical calls bind no kernel and convert no descriptor, and every launch
-    goes through the compiled launcher directly (no Triton ``run`` path)."""
+    """An op called in a loop (its outputs dropped): CUDA's caching allocator hands its outputs
+    the same addresses, so after a few calls an identical call binds no kernel and converts no
+    descriptor; every launch goes through the compiled launcher directly (no Triton ``run``)."""
     made = {"bind": 0, "desc": 0}
     init, expand = BoundKernel.__init__, launcher_module._expand_descriptor
 
@@ -51,21 +51,22 @@ def test_repeated_calls_bind_and_convert_nothing(monkeypatch):
     monkeypatch.setattr(launcher_module, "_expand_descriptor", counting_expand)
 
     def body(group):
-        ops = _ops(group)
-        firsts = {name: op() for name, op in ops.items()}
-        for _ in range(3):
-            for op in ops.values():
+        changed = {}
+        for name, op in _ops(group).items():
+            first = op().clone()
+            for _ in range(3):
                 op()
-        group.synchronize()
-        before = dict(made), group.plans.builds
-        again = {name: op() for name, op in ops.items()}
-        group.synchronize()
-        for name in ops:
-            assert torch.equal(again[name], firsts[name]), name
-        return before, (dict(made), group.plans.builds)
+            group.synchronize()
+            before = dict(made), group.plans.builds
+            for _ in range(3):
+                again = op()
+            group.synchronize()
+            assert torch.equal(again, first), name
+            if (dict(made), group.plans.builds) != before:
+                changed[name] = (before, (dict(made), group.plans.builds))
+        return changed
 
-    (before, after), = ditron_ops.launch(body, 1)
-    assert before == after, (before, after)
+    assert ditron_ops.launch(body, 1) == [{}]
 
 
 def test_new_plan_during_capture_raises_and_warm_capture_replays():
