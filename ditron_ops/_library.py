@@ -34,3 +34,19 @@ def autograd_scope(*tensors):
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return _NO_SCOPE
     return torch._C._AutoDispatchBelowAutograd()
+
+
+def direct(*tensors) -> bool:
+    """True when an eager call may run the op's implementation without the dispatcher: not
+    under torch.compile, no torch-function or dispatch mode active (FakeTensor, profilers'
+    modes, user modes see the op as usual), plain tensors, and no gradient to record. The
+    implementation is the function the dispatcher would call; skipping the dispatch saves its
+    argument boxing and the Python re-entry (about 5 µs of the H200 machine's CPU per call)."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled()):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+            return False
+    return True

@@ -37,3 +37,22 @@ def check_sizes(op: str, name: str, sizes, group: Group) -> list[int]:
     if any(s < 0 for s in sizes):
         raise ValueError(f"ditron.{op}: {name} must be non-negative, got {sizes}")
     return sizes
+
+
+_MEMO_SIZE = 512
+
+
+def memo(group: Group, key, validate):
+    """``validate()``'s result for ``key``, remembered per group: a call whose key (op, flags,
+    and dtype, device, shape, strides and alignment of every tensor) matches a validated one's
+    needs no checks. ``key`` None (an argument that is not a tensor): no memo."""
+    if key is None:
+        return validate()
+    done = group._validated
+    got = done.get(key)
+    if got is None:
+        got = validate()
+        if len(done) >= _MEMO_SIZE:
+            done.clear()
+        done[key] = got
+    return got

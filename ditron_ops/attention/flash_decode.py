@@ -10,13 +10,13 @@ from typing import Optional
 
 import torch
 
-from .._library import define_op
-from .._validation import check_tensor
+from .._library import define_op, direct
+from .._validation import check_tensor, memo
 from ..language.barrier import start_barrier_kernel
 from ..deterministic import resolve_deterministic
 from ..runtime.group import Group, current_group, op_id, resolve_group, sm_count
 from ..runtime.launcher import BoundKernel
-from ..runtime.plan import tensor_key
+from ..runtime.plan import call_key, tensor_key
 from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
 from ._flash_decode_kernels import chunk_combine_kernel, decode_merge_kernel, split_kv_kernel
 
@@ -66,6 +66,17 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     does not synchronize, and is CUDA-graph capturable after one eager call with the same shapes.
     """
     group = current_group(group)
+    key = call_key("flash_decode", q, k_cache, v_cache, kv_lens)
+    d = memo(group, key, lambda: _validate(group, q, k_cache, v_cache, kv_lens))
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    flag = resolve_deterministic(deterministic)
+    if direct(q, k_cache, v_cache, kv_lens):
+        return _impl(q, k_cache, v_cache, kv_lens, group.group_name, scale, flag)
+    return torch.ops.ditron.flash_decode(q, k_cache, v_cache, kv_lens, group.group_name, scale, flag)
+
+
+def _validate(group: Group, q, k_cache, v_cache, kv_lens) -> int:
+    """The call's checks (typed errors naming the argument); the head dim."""
     dtypes = GPU_DTYPES if group.device.type == "cuda" else CPU_DTYPES
     check_tensor("flash_decode", "q", q, group, dtypes, min_dim=3)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -85,9 +96,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         raise ValueError(f"ditron.flash_decode: Hq = {hq} must be a multiple of Hkv = {k_cache.shape[2]}")
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("ditron.flash_decode: the head_dim (last) dimension must be contiguous")
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    flag = resolve_deterministic(deterministic)
-    return torch.ops.ditron.flash_decode(q, k_cache, v_cache, kv_lens, group.group_name, scale, flag)
+    return d
 
 
 SPLIT_CONFIG = {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3}

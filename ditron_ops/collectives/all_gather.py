@@ -11,9 +11,10 @@ from typing import Optional, Sequence
 import torch
 
 from .. import reference
-from .._library import define_op
-from .._validation import check_sizes, check_tensor
+from .._library import define_op, direct
+from .._validation import check_sizes, check_tensor, memo
 from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.plan import call_key
 from ._launch import push_combine
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -47,12 +48,19 @@ def all_gather(x: torch.Tensor, group: Optional[Group] = None, *,
     next op on the group (or ``group.synchronize()``) raise ``DitronTimeoutError``.
     """
     group = current_group(group)
-    check_tensor("all_gather", "x", x, group, DTYPES, min_dim=1)
-    sizes = [x.shape[0]] * group.world_size if shard_sizes is None else check_sizes(
-        "all_gather", "shard_sizes", shard_sizes, group)
-    if sizes[group.rank] != x.shape[0]:
-        raise ValueError(f"ditron.all_gather: shard_sizes[{group.rank}] = {sizes[group.rank]} but "
-                         f"x has {x.shape[0]} rows on rank {group.rank}")
+
+    def validate() -> list[int]:
+        check_tensor("all_gather", "x", x, group, DTYPES, min_dim=1)
+        sizes = [x.shape[0]] * group.world_size if shard_sizes is None else check_sizes(
+            "all_gather", "shard_sizes", shard_sizes, group)
+        if sizes[group.rank] != x.shape[0]:
+            raise ValueError(f"ditron.all_gather: shard_sizes[{group.rank}] = {sizes[group.rank]} "
+                             f"but x has {x.shape[0]} rows on rank {group.rank}")
+        return sizes
+
+    sizes = memo(group, call_key("all_gather", x, shard_sizes), validate)
+    if direct(x):
+        return _all_gather_impl(x, group.group_name, sizes)
     return torch.ops.ditron.all_gather(x, group.group_name, sizes)
 
 

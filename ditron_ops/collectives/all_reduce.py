@@ -20,10 +20,11 @@ from typing import Optional
 import torch
 
 from .. import reference
-from .._library import define_op
-from .._validation import check_tensor
+from .._library import define_op, direct
+from .._validation import check_tensor, memo
 from ..deterministic import resolve_deterministic
 from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
 from ._launch import push_combine
 
@@ -64,12 +65,20 @@ def all_reduce(x: torch.Tensor, group: Optional[Group] = None, *, algorithm: str
     """
     group = current_group(group)
     flag = resolve_deterministic(deterministic)
-    check_tensor("all_reduce", "x", x, group, DTYPES)
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"ditron.all_reduce: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    if algorithm == "auto":
-        algorithm = choose_algorithm(x.numel() * x.element_size(), group.world_size)
-    return torch.ops.ditron.all_reduce(x, group.group_name, algorithm, flag)
+
+    def validate() -> str:  # the algorithm to run
+        check_tensor("all_reduce", "x", x, group, DTYPES)
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"ditron.all_reduce: algorithm must be one of {ALGORITHMS}, got "
+                             f"{algorithm!r}")
+        if algorithm == "auto":
+            return choose_algorithm(x.numel() * x.element_size(), group.world_size)
+        return algorithm
+
+    chosen = memo(group, call_key("all_reduce", x, algorithm), validate)
+    if direct(x):
+        return _all_reduce_impl(x, group.group_name, chosen, flag)
+    return torch.ops.ditron.all_reduce(x, group.group_name, chosen, flag)
 
 
 def _all_reduce_impl(x: torch.Tensor, group_name: str, algorithm: str, deterministic: bool) -> torch.Tensor:

@@ -14,10 +14,11 @@ from typing import Optional
 import torch
 
 from .. import reference
-from .._library import define_op
-from .._validation import check_tensor
+from .._library import define_op, direct
+from .._validation import check_tensor, memo
 from ..deterministic import resolve_deterministic
 from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
 from ._launch import push_combine
 
@@ -51,7 +52,10 @@ def reduce_scatter(x: torch.Tensor, group: Optional[Group] = None, *,
     """
     group = current_group(group)
     flag = resolve_deterministic(deterministic)
-    check_tensor("reduce_scatter", "x", x, group, DTYPES, min_dim=1)
+    memo(group, call_key("reduce_scatter", x),
+         lambda: check_tensor("reduce_scatter", "x", x, group, DTYPES, min_dim=1) or True)
+    if direct(x):
+        return _reduce_scatter_impl(x, group.group_name, flag)
     return torch.ops.ditron.reduce_scatter(x, group.group_name, flag)
 
 

@@ -70,6 +70,7 @@ class AgGemmPlan:
         self.group, self.producer = group, producer
         self.gpu = a.is_cuda
         self.device_index = a.device.index if a.device.index is not None else 0
+        self.side = group.side_stream() if self.gpu else None  # raw handles, the group's
         self.ws = ws = group.workspace(PURPOSE)
         cfg = tile_config(a.device)
         m, k = sum(shard_sizes), a.shape[1]
@@ -161,7 +162,7 @@ class AgGemmPlan:
             if self.producer == "pull":  # the pull kernel waits (event) for this start barrier
                 group.launch_step("ag_gemm", ws.calls)
             if self.gpu:  # fork the side stream, produce there, GEMM here, join
-                side, fork, join = group.side_stream()
+                side, fork, join = self.side
                 main = torch._C._cuda_getCurrentRawStream(self.device_index)
                 cuda_driver.record(fork, main)
                 cuda_driver.wait(side, fork)

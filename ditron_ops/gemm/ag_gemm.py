@@ -10,10 +10,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from .._library import autograd_scope, define_op
-from .._validation import check_sizes, check_tensor
+from .._library import autograd_scope, define_op, direct
+from .._validation import check_sizes, check_tensor, memo
 from ..collectives.unfused import gather_rows
 from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.plan import call_key
 from . import _ag_launch
 
 IMPLS = ("auto", "fused", "baseline")
@@ -77,6 +78,28 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     fused path forks a side stream and joins it before returning); does not synchronize.
     """
     group = current_group(group)
+    key = call_key("ag_gemm", a, b, bias, out, impl, shard_sizes)
+    sizes = memo(group, key, lambda: _validate(group, a, b, bias, out, impl, shard_sizes))
+    gather = bool(return_gathered)
+    if out is not None:
+        if direct(a, b, bias, out):
+            gathered = _ag_gemm_out_impl(a, b, bias, out, group.group_name, sizes, gather, impl)
+        else:
+            gathered = torch.ops.ditron.ag_gemm_out(a, b, bias, out, group.group_name, sizes,
+                                                    gather, impl)
+        result = out
+    elif direct(a, b, bias):
+        result, gathered = _ag_gemm_impl(a, b, bias, group.group_name, sizes, gather, impl,
+                                         empty=False)
+    else:
+        with autograd_scope(a, b, bias):
+            result, gathered = torch.ops.ditron.ag_gemm(a, b, bias, group.group_name, sizes,
+                                                        gather, impl)
+    return (result, gathered) if return_gathered else result
+
+
+def _validate(group: Group, a, b, bias, out, impl: str, shard_sizes) -> list[int]:
+    """The call's checks (typed errors naming the argument); the shard sizes."""
     dtypes = GPU_DTYPES if group.device.type == "cuda" else CPU_DTYPES
     check_tensor("ag_gemm", "a", a, group, dtypes, min_dim=2)
     check_tensor("ag_gemm", "b", b, group, (a.dtype,), min_dim=2)
@@ -101,14 +124,7 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
         if tuple(out.shape) != (sum(sizes), b.shape[1]):
             raise ValueError(f"ditron.ag_gemm: out must be [ΣM_r, N] = [{sum(sizes)}, {b.shape[1]}], "
                              f"got {tuple(out.shape)}")
-        gathered = torch.ops.ditron.ag_gemm_out(a, b, bias, out, group.group_name, sizes,
-                                                bool(return_gathered), impl)
-        result = out
-    else:
-        with autograd_scope(a, b, bias):
-            result, gathered = torch.ops.ditron.ag_gemm(a, b, bias, group.group_name, sizes,
-                                                        bool(return_gathered), impl)
-    return (result, gathered) if return_gathered else result
+    return sizes
 
 
 def use_fused(group: Group, impl: str, m: int, n: int, k: int) -> bool:
@@ -123,24 +139,27 @@ def use_fused(group: Group, impl: str, m: int, n: int, k: int) -> bool:
     return group.device.type == "cuda" and 2 * m * n * k >= bound
 
 
-def _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl):
+def _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl, empty=True):
+    """``out`` = the product; returns the gathered A (``[ΣM_r, K]``) when ``return_gathered``,
+    else an empty tensor (the op's second output), or None without ``empty`` (eager calls,
+    which drop it)."""
     group = resolve_group(group_name)
     m, k, n = sum(shard_sizes), a.shape[1], b.shape[1]
-    gathered = a.new_empty((m, k) if return_gathered else (0,))
+    gathered = a.new_empty((m, k)) if return_gathered else None
     if use_fused(group, impl, m, n, k) and m and n:
         if k == 0:
             out.zero_() if bias is None else out.copy_(bias.expand_as(out))
-            return gathered
-        _ag_launch.fused(group, a, b, bias, out, list(shard_sizes), gathered if return_gathered else None)
-        return gathered
-    full = gather_rows(a, group, shard_sizes, out=gathered if return_gathered else None)
-    torch.matmul(full, b, out=out) if bias is None else torch.addmm(bias, full, b, out=out)
-    return gathered
+        else:
+            _ag_launch.fused(group, a, b, bias, out, shard_sizes, gathered)
+    else:
+        full = gather_rows(a, group, shard_sizes, out=gathered)
+        torch.matmul(full, b, out=out) if bias is None else torch.addmm(bias, full, b, out=out)
+    return gathered if gathered is not None or not empty else a.new_empty((0,))
 
 
-def _ag_gemm_impl(a, b, bias, group_name, shard_sizes, return_gathered, impl):
+def _ag_gemm_impl(a, b, bias, group_name, shard_sizes, return_gathered, impl, empty=True):
     out = a.new_empty((sum(shard_sizes), b.shape[1]))
-    gathered = _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl)
+    gathered = _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl, empty)
     return out, gathered
 
 

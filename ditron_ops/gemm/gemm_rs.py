@@ -24,12 +24,13 @@ from typing import Optional, Sequence
 
 import torch
 
-from .._library import autograd_scope, define_op
-from .._validation import check_sizes, check_tensor
+from .._library import autograd_scope, define_op, direct
+from .._validation import check_sizes, check_tensor, memo
 from ._core import matmul
 from ..collectives.unfused import gather_rows, reduce_rows, sum_all
 from ..deterministic import resolve_deterministic
 from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
 from . import _rs_launch
 
@@ -93,12 +94,19 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     Runs on the current stream and does not synchronize.
     """
     group = current_group(group)
-    _check("gemm_rs", a, b, group, impl)
     flag = resolve_deterministic(deterministic)
-    rows = split_sizes(a.shape[0], group.world_size) if shard_sizes is None else check_sizes(
-        "gemm_rs", "shard_sizes", shard_sizes, group)
-    if sum(rows) != a.shape[0]:
-        raise ValueError(f"ditron.gemm_rs: shard_sizes {rows} must sum to M = {a.shape[0]}")
+
+    def validate() -> list[int]:
+        _check("gemm_rs", a, b, group, impl)
+        rows = split_sizes(a.shape[0], group.world_size) if shard_sizes is None else check_sizes(
+            "gemm_rs", "shard_sizes", shard_sizes, group)
+        if sum(rows) != a.shape[0]:
+            raise ValueError(f"ditron.gemm_rs: shard_sizes {rows} must sum to M = {a.shape[0]}")
+        return rows
+
+    rows = memo(group, call_key("gemm_rs", a, b, impl, shard_sizes), validate)
+    if direct(a, b):
+        return _gemm_rs_impl(a, b, group.group_name, rows, flag, impl)
     with autograd_scope(a, b):
         return torch.ops.ditron.gemm_rs(a, b, group.group_name, rows, flag, impl)
 
@@ -124,10 +132,18 @@ def gemm_ar(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     As ``gemm_rs``.
     """
     group = current_group(group)
-    _check("gemm_ar", a, b, group, impl)
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"ditron.gemm_ar: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     flag = resolve_deterministic(deterministic)
+
+    def validate() -> bool:
+        _check("gemm_ar", a, b, group, impl)
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"ditron.gemm_ar: algorithm must be one of {ALGORITHMS}, got "
+                             f"{algorithm!r}")
+        return True
+
+    memo(group, call_key("gemm_ar", a, b, impl, algorithm), validate)
+    if direct(a, b):
+        return _gemm_ar_impl(a, b, group.group_name, flag, impl, algorithm)
     return torch.ops.ditron.gemm_ar(a, b, group.group_name, flag, impl, algorithm)
 
 

@@ -102,6 +102,7 @@ class Group:
         self.timeout_s = float(timeout_s) if timeout_s is not None else _env.default_timeout_s()
         self._workspaces: dict[str, Any] = {}
         self.plans = PlanCache(self)
+        self._validated: dict = {}  # call keys whose arguments passed the checks (``_validation.memo``)
         self.sync_check = _env.sync_check()  # read once: no environment read on the call path
         self._failure: Optional[BaseException] = None
         self._error_record: Optional[torch.Tensor] = None

@@ -14,7 +14,7 @@ records the buffer it viewed and is rebuilt when the workspace grew (``Plan.stal
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Hashable, TypeVar
+from typing import Callable, Hashable, Optional, TypeVar
 
 import torch
 
@@ -78,8 +78,23 @@ def aligned16(t: torch.Tensor) -> bool:
 
 
 def tensor_key(t) -> tuple:
-    """What a plan key holds of a tensor argument: dtype, shape, strides, 16-byte alignment
-    (``None`` for an absent optional tensor)."""
+    """What a plan key holds of a tensor argument: dtype, device index, shape, strides, 16-byte
+    alignment (``None`` for an absent optional tensor)."""
     if t is None:
         return None
-    return (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
+    return (t.dtype, t.get_device(), t.shape, t.stride(), t.data_ptr() % 16 == 0)
+
+
+def call_key(*parts) -> Optional[tuple]:
+    """A validation key of a public call: ``parts`` with every tensor as its ``tensor_key`` and
+    lists as tuples; None when a part is unhashable, and under torch.compile (traced tensors have
+    no address; the checks run once, at trace time)."""
+    if torch.compiler.is_compiling():
+        return None
+    key = tuple(tensor_key(p) if isinstance(p, torch.Tensor) else
+                tuple(p) if isinstance(p, list) else p for p in parts)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable argument: no memo (the checks raise if it is wrong)
+        return None
+    return key
