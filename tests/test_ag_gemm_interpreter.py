@@ -47,13 +47,15 @@ def test_ag_gemm_back_to_back_varying_shapes():
     assert ditron_ops.launch(body, 4) == [True] * 4
 
 
+@pytest.mark.parametrize("producer", ["copy", "pull", "push"])
 @pytest.mark.parametrize("world_size,sizes,n,k", CASES)
-def test_ag_gemm_pull_producer(monkeypatch, world_size, sizes, n, k):
-    """The SM pull producer (``ag_pull_kernel``) gives the same results, including back-to-back
-    calls whose chunks change size (``ready`` / count words of the pad are reused)."""
+def test_ag_gemm_each_producer(monkeypatch, producer, world_size, sizes, n, k):
+    """Every producer (copy engines, the SM pull kernel, the one-launch push call) gives the
+    same results, including back-to-back calls whose chunks change size (the count words of the
+    pad are reused)."""
     from ditron_ops.gemm import _ag_launch as _launch
 
-    monkeypatch.setattr(_launch, "PRODUCER", "pull")
+    monkeypatch.setattr(_launch, "PRODUCER", producer)
 
     def body(group):
         check_ag_gemm(group, sizes, n, k, torch.float16)
@@ -64,7 +66,7 @@ def test_ag_gemm_pull_producer(monkeypatch, world_size, sizes, n, k):
     assert ditron_ops.launch(body, world_size) == [True] * world_size
 
 
-@pytest.mark.parametrize("producer", ["copy", "pull"])
+@pytest.mark.parametrize("producer", ["copy", "pull", "push", "mixed"])
 def test_ag_gemm_back_to_back_without_host_sync(monkeypatch, producer):
     """Calls whose shard sizes change, issued back to back with nothing between them (a fast
     rank starts its next call while peers still gather the last one); checked afterwards."""
@@ -72,14 +74,20 @@ def test_ag_gemm_back_to_back_without_host_sync(monkeypatch, producer):
     from ditron_ops.gemm import _ag_launch as _launch
     from ditron_ops.testing.ag_gemm_checks import ag_gemm_inputs
 
-    monkeypatch.setattr(_launch, "PRODUCER", producer)
     layouts = [[(i * 5 + q * 3) % 9 + (q == 0) for q in range(4)] for i in range(16)]
+    # "mixed": the producers in turn on one workspace (they share the pad's epoch and counts)
+    producers = [("copy", "push", "pull")[i % 3] if producer == "mixed" else producer
+                 for i in range(len(layouts))]
+
+    def call(a, b, sizes, chosen):
+        monkeypatch.setattr(_launch, "PRODUCER", chosen)
+        return ditron_ops.ag_gemm(a, b, group=None, impl="fused", shard_sizes=sizes)
 
     def body(group):
         inputs = [ag_gemm_inputs(group, sizes, 7, 12, torch.float32, True, seed=i)
                   for i, sizes in enumerate(layouts)]
-        outs = [ditron_ops.ag_gemm(a, b, group, impl="fused", shard_sizes=sizes)
-                for (a, b, _), sizes in zip(inputs, layouts)]
+        outs = [call(a, b, sizes, chosen)
+                for (a, b, _), sizes, chosen in zip(inputs, layouts, producers)]
         for (a, b, _), sizes, out in zip(inputs, layouts, outs):
             want = reference.all_gather(a, group, sizes) @ b
             assert torch.allclose(out, want, rtol=1e-5, atol=1e-5), sizes
@@ -244,3 +252,27 @@ def test_split_tail_ag_gemm_matches_reference(monkeypatch, world_size, sizes):
     cfg = interpreter_split_tail(monkeypatch, 4)
     assert _launch.tail_tiles(6, _launch.consumer_grid(torch.device("cpu"), None, 6, cfg), cfg) == 2
     ditron_ops.launch(check_ag_gemm, world_size, args=(sizes, 45, 20, torch.float32))
+
+
+def test_auto_producer_pushes_small_gathers(monkeypatch):
+    """``PRODUCER = "auto"``: the one-launch push call up to ``PUSH_MAX_BYTES`` of gathered
+    rows (a rank-uniform rule), copy engines above."""
+    from ditron_ops.gemm import _ag_launch as _launch
+
+    chosen = []
+    plan = _launch.AgGemmPlan
+
+    def spy(group, a, b, bias, out, sizes, producer):
+        chosen.append(producer)
+        return plan(group, a, b, bias, out, sizes, producer)
+
+    monkeypatch.setattr(_launch, "AgGemmPlan", spy)
+    monkeypatch.setattr(_launch, "PUSH_MAX_BYTES", 16 * 8 * 4)  # 16 rows of K=8 fp32
+
+    def body(group):
+        for rows in (8, 9):  # 16 and 18 gathered rows
+            a, b = torch.randn(rows, 8), torch.randn(8, 5)
+            ditron_ops.ag_gemm(a, b, group, impl="fused")
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+    assert chosen == ["push", "push", "copy", "copy"], chosen

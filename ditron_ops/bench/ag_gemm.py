@@ -153,7 +153,7 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
             b = w.t()
             t = {}
             try:  # a module setting, the same on every rank (their timings are barrier separated)
-                for producer in _ag_launch.PRODUCERS:
+                for producer in ("auto",) + _ag_launch.PRODUCERS:
                     _ag_launch.PRODUCER = producer
                     t[producer] = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="fused"),
                                                   rounds=cfg.rounds, target_ms=cfg.target_ms)
@@ -165,9 +165,11 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
             rows.append(Result("ag_gemm", f"fused M={m}", world, cfg.dtype_name,
                                f"ag_gemm fused ({chosen})", t[chosen], "all_gather + torch.matmul",
                                t_b, **common))
-            rows.append(Result("ag_gemm", f"producer M={m}", world, cfg.dtype_name,
-                               "fused, pull producer (SMs)", t["pull"], "fused, copy-engine producer",
-                               t["copy"], **common))
+            for producer, what in (("pull", "pull producer (SMs)"),
+                                   ("push", "push call (one launch)")):
+                rows.append(Result("ag_gemm", f"producer M={m}", world, cfg.dtype_name,
+                                   f"fused, {what}", t[producer], "fused, copy-engine producer",
+                                   t["copy"], **common))
         return rows
 
     chosen = _ag_launch.PRODUCER

@@ -38,6 +38,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from .. import language as dl
+from ._core_kernels import gemm_tiles
 
 
 @dl.jit(do_not_specialize=("rank", "world_size", "pitch", "timeout_us", "op_id"))
@@ -102,3 +103,69 @@ def ag_publish_kernel(sig_ptr, sig_table, dst, rank, world_size):
     tl.store(peer + 2 * world_size + rank, rows)
     dl.fence_sys()
     dl.signal_set(peer + rank, epoch)
+
+
+@dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias", "tail_tiles",
+                           "rank", "world_size", "timeout_us", "op_id", "pitch", "copiers"))
+def ag_gemm_push_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, sig_table,
+                        offsets_ptr, src_ptr, buf_ptr, buf_table, err_claim, err_record, M, N, K,
+                        stride_cm, stride_cn, has_bias, tail_tiles, rank, world_size, timeout_us,
+                        op_id, pitch, copiers, B_KN: tl.constexpr, C_TMA: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GROUP_M: tl.constexpr, SPLIT_TAIL: tl.constexpr, COPY_BLOCK: tl.constexpr):
+    """The whole fused call in one launch (the ``"push"`` producer, for small all-gathers whose
+    eager host cost would otherwise be four launches, a copy and a stream fork and join):
+
+    1. start: the call's epoch is the pad's completed-call count (word ``3W``) plus one; program
+       0 counts this rank's start on every rank (``start[r]``, as the start barrier does);
+    2. push: for each destination in consumer order (r, r+1, ...), once it has started this
+       call (so its previous call's GEMM is done with its gathered buffer), the first
+       ``copiers`` programs (all of them on a GPU; one in the interpreter, which runs programs
+       one after another) copy their slices of this rank's rows (``src``, ``pitch`` elements a
+       row) into it; the last of them to finish a destination writes its ``rows[r]`` and then
+       its ``flag[r]`` (system-scope release), counting on the pad's words ``[5W, 6W)`` (reset
+       by the last);
+    3. the persistent tile loop (``gemm_tiles``), each tile waiting for its chunks' flags;
+    4. the last program to finish stores the epoch as the completed-call count (``3W``;
+       programs count on word ``6W``), which the start barrier of the copy-engine path reads
+       too, so both producers may alternate on one workspace.
+
+    All of a rank's programs are resident (grid within its SM share), so a tile's wait never
+    needs a program that has not started; the interpreter runs one program per rank.
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    w = world_size
+    epoch = tl.load(sig_ptr + 3 * w, volatile=True).to(tl.int64) + 1
+    deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
+    if pid == 0:
+        for i in range(w):
+            peer = (rank + i) % w
+            dl.signal_add(dl.remote_ptr(sig_table, peer, sig_ptr) + w + rank, 1)
+    lo = tl.load(offsets_ptr + rank).to(tl.int64)
+    hi = tl.load(offsets_ptr + rank + 1).to(tl.int64)
+    copiers = tl.minimum(copiers, nprog)
+    if pid < copiers:
+        for i in range(w):
+            dst = (rank + i) % w
+            ok = dl.wait_at_least(sig_ptr + w + dst, epoch, deadline, err_claim, err_record,
+                                  op_id, rank, dst, epoch)
+            if ok:
+                dl.copy_tiles(dl.peer_base(buf_table, dst, rank, buf_ptr) + lo * pitch, src_ptr,
+                              (hi - lo) * pitch, pid, copiers, COPY_BLOCK)
+            tl.debug_barrier()
+            count = sig_ptr + 5 * w + dst
+            if tl.atomic_add(count, 1, sem="acq_rel", scope="sys") == copiers - 1:
+                tl.store(count, 0)
+                peer = dl.remote_ptr(sig_table, dst, sig_ptr)
+                tl.store(peer + 2 * w + rank, hi - lo)
+                dl.fence_sys()
+                dl.signal_set(peer + rank, epoch)
+    gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr, err_claim,
+               err_record, M, N, K, stride_cm, stride_cn, has_bias, tail_tiles, rank, w, epoch,
+               deadline, op_id, B_KN, C_TMA, True, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+               SPLIT_TAIL)
+    tl.debug_barrier()
+    if tl.atomic_add(sig_ptr + 6 * w, 1, sem="acq_rel", scope="gpu") == nprog - 1:
+        tl.store(sig_ptr + 6 * w, 0)
+        tl.store(sig_ptr + 3 * w, epoch)

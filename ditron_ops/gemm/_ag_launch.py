@@ -15,18 +15,26 @@ from ..runtime.group import Group, op_id
 from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import tensor_key
-from ._ag_kernels import ag_publish_kernel, ag_pull_kernel
+from ._ag_kernels import ag_gemm_push_kernel, ag_publish_kernel, ag_pull_kernel
 from ._core import CoreGemm, consumer_programs, launch_consumer, tile_config
 
 PURPOSE = "ag_gemm"
-PRODUCERS = ("copy", "pull")
-PRODUCER = "copy"
-"""How the fused path moves the shards: ``"copy"``, copy engines on a side stream (no SM); or
-``"pull"``, ``ag_pull_kernel`` on ``pull_programs`` SMs taken from the GEMM. The ``ag_gemm``
-bench measures both (``producer`` rows)."""
+PRODUCERS = ("copy", "pull", "push")
+PRODUCER = "auto"
+"""How the fused path moves the shards: ``"copy"``, copy engines on a side stream (no SM);
+``"pull"``, ``ag_pull_kernel`` on ``pull_programs`` SMs taken from the GEMM; ``"push"``, the
+GEMM kernel's own programs push this rank's rows before their tiles (``ag_gemm_push_kernel``: the
+whole call is one launch); ``"auto"``, push for gathers of at most ``PUSH_MAX_BYTES``, else copy.
+The ``ag_gemm`` bench measures them (``producer`` rows)."""
+PUSH_MAX_BYTES = 1 << 20
+"""``"auto"`` pushes gathers (``ΣM_r · K`` elements) of at most this many bytes: the call is
+then host-bound (a fused call with copy engines costs four launches, a copy, and a stream fork
+and join: 3.3x ``torch.matmul``'s host time on the H200 machine, against one launch), and the
+copy by the GEMM's programs is a few µs. Rank-uniform (a function of the shard sizes and K)."""
 PULL_SM_FRACTION = 8
 """Pull mode: one SM in this many of a rank's share runs the pull kernel (at least one)."""
 _PULL_BLOCK, _PULL_WARPS = 4096, 8
+_PUSH_BLOCK, _PUSH_BLOCK_INTERPRETER = 4096, 256
 
 
 def k_pitch(k: int, elem: int) -> int:
@@ -50,6 +58,9 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
     with a flag per chunk (``producer``, default ``PRODUCER``), persistent GEMM over the
     gathered rows as chunks land. Everything but the launches comes from the call's plan."""
     producer = producer or PRODUCER
+    if producer == "auto":
+        producer = "push" if sum(shard_sizes) * a.shape[1] * a.element_size() <= PUSH_MAX_BYTES \
+            else "copy"
     group.check()
     key = ("ag_gemm", producer, tensor_key(a), tensor_key(b), tensor_key(bias), tensor_key(out),
            tuple(shard_sizes))
@@ -96,7 +107,13 @@ class AgGemmPlan:
                                  (sig, ws.signal.ptr_table, claim, record, rank, w, rows, timeout,
                                   op_id("ag_gemm")), {}, device=a.device)
         programs = None  # the core's default grid
-        if producer == "copy":
+        push = None
+        if producer == "push":  # one launch: the core kernel's programs push the rows first
+            push = dict(kernel=ag_gemm_push_kernel, sig_table=ws.signal.ptr_table,
+                        src=a if self.src_pad is None else self.src_pad, buf=buf,
+                        buf_table=data.ptr_table, pitch=pitch, src_varies=self.src_pad is None,
+                        copy_block=_PUSH_BLOCK if a.is_cuda else _PUSH_BLOCK_INTERPRETER)
+        elif producer == "copy":
             # per destination, in push order: this rank's region of its gathered buffer (None
             # without rows; its address and bytes for the driver's copy on a GPU), then the
             # publish of rows and arrival
@@ -123,7 +140,8 @@ class AgGemmPlan:
                 programs = max(1, min(consumer_programs(a.device, group, tiles),
                                       group.sm_share() - pull_programs(group)))
         self.core = CoreGemm(a_desc, b, out, bias, group=group, wait=True, sig=sig,
-                             offsets=offsets, claim=claim, record=record, m=m, programs=programs)
+                             offsets=offsets, claim=claim, record=record, m=m, programs=programs,
+                             push=push)
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the views are of a freed buffer."""
@@ -157,6 +175,11 @@ class AgGemmPlan:
             self.src_pad[:, :a.shape[1]] = a
             src = self.src_pad
         ws.calls += 1
+        if self.producer == "push":
+            with group.waiting_launch("ag_gemm", ws.calls):
+                self.core.run(None, b, out, bias, src)
+            self._finish(gathered)
+            return
         with group.waiting_launch("ag_gemm", ws.calls):
             self.start.launch()
             if self.producer == "pull":  # the pull kernel waits (event) for this start barrier
@@ -173,10 +196,13 @@ class AgGemmPlan:
             else:
                 self._produce_here(src)
                 self.core.run(None, b, out, bias)
+        self._finish(gathered)
+
+    def _finish(self, gathered) -> None:
         if gathered is not None:
             gathered.copy_(self.gathered_view)
-        if group.sync_check:
-            group.synchronize()
+        if self.group.sync_check:
+            self.group.synchronize()
 
 
 def _warmup(device: torch.device) -> None:
@@ -208,6 +234,23 @@ def _warmup(device: torch.device) -> None:
     torch.cuda.synchronize(device)
     if int(record[0]) != 0 or sig[:3].tolist() != [2, 2, 64]:
         raise RuntimeError("ditron: ag_gemm start-barrier / publish warm-up failed (kernel bug)")
+    for dtype in (torch.float16, torch.bfloat16):  # the one-launch push call, each variant
+        src = torch.ones(64, 64, dtype=dtype, device=device)
+        for b, c_tma in itertools.product((src.clone(), src.clone().t()), (False, True)):
+            sig, sig_table, claim, record = one_rank_pad(device)  # a fresh pad: call 1
+            buf = torch.zeros(64 * 64, dtype=dtype, device=device)
+            a_desc = TensorDescriptor(buf, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
+            out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
+            push = dict(kernel=ag_gemm_push_kernel, sig_table=sig_table, src=src, buf=buf,
+                        buf_table=pointer_table(buf), pitch=64, src_varies=True,
+                        copy_block=_PUSH_BLOCK)
+            CoreGemm(a_desc, b, out, None, group=None, wait=True, sig=sig, offsets=offsets,
+                     claim=claim, record=record, m=64, programs=2 if cfg.split_tail else 1,
+                     push=push).run(None, b, out, None, src)
+            torch.cuda.synchronize(device)
+            if (int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64))
+                    or sig[:4].tolist() != [1, 1, 64, 1]):
+                raise RuntimeError(f"ditron: ag_gemm push warm-up failed for {dtype} (kernel bug)")
     for dtype in (torch.float16, torch.bfloat16):  # pull producer: W=1 pad, epoch 1, 64 rows sent
         sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1, 64))
         src = torch.ones(64, 64, dtype=dtype, device=device)

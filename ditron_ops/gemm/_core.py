@@ -230,13 +230,19 @@ class CoreGemm:
         The waiting consumer's group (``wait=True``); None for a plain GEMM.
     wait, sig, offsets, claim, record, m, programs, cfg
         As the kernel takes them (``cfg`` default ``tile_config``).
+    push : dict, optional
+        ag_gemm's one-launch call instead of the plain consumer: ``kernel`` (its
+        ``ag_gemm_push_kernel``), ``sig_table``, ``src`` (an example of the per-call source
+        rows, or the plan's padded copy of them with ``src_varies=False``), ``buf`` and
+        ``buf_table`` (the gathered buffer), ``pitch``, ``copy_block`` and ``src_varies``.
     """
 
     def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
                  bias: Optional[torch.Tensor], *, group: Optional[Group], wait: bool,
                  sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
                  record: torch.Tensor, m: int, programs: Optional[int] = None,
-                 cfg: Optional[TileConfig] = None, a_varies: bool = False):
+                 cfg: Optional[TileConfig] = None, a_varies: bool = False,
+                 push: Optional[dict] = None):
         cfg = fit_stages(cfg or tile_config(out.device), out.device, b.element_size(),
                          out.element_size())
         self.cfg = cfg
@@ -252,23 +258,36 @@ class CoreGemm:
         tail = tail_tiles(tiles, grid, cfg)
         bh_desc = half_b_descriptor(b_desc, b_kn, cfg)
         rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
-        timeout_us = group.timeout_us() if group is not None else 1
+        timeout_us = group.timeout_us() if group is not None else 10**7  # (warm-ups: 10 s)
         vary = (("a_desc",) if a_varies else ()) + (("b_desc", "bh_desc") if self._b_pad is None
                                                     else ()) + (("c_desc",) if c_desc else ())
         self._a_varies, self._b_varies, self._c_tma = a_varies, self._b_pad is None, c_desc is not None
-        self.kernel = BoundKernel(
-            persistent_gemm_kernel, (grid,),
-            (a_desc, b_desc, bh_desc, c_desc, out, bias if bias is not None else out, sig, offsets,
-             claim, record, m, n, k, out.stride(0), out.stride(1), int(bias is not None), tail,
-             rank, world, timeout_us, op_id("ag_gemm")),
-            dict(B_KN=b_kn, C_TMA=c_desc is not None, WAIT=wait, BLOCK_M=cfg.block_m,
-                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                 SPLIT_TAIL=cfg.split_tail, num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-            vary=vary + ("c_ptr", "bias_ptr"), device=out.device)
+        self._src_varies = bool(push and push["src_varies"])
+        tiles_cfg = dict(B_KN=b_kn, C_TMA=c_desc is not None, BLOCK_M=cfg.block_m,
+                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                         SPLIT_TAIL=cfg.split_tail, num_warps=cfg.num_warps,
+                         num_stages=cfg.num_stages)
+        head = (a_desc, b_desc, bh_desc, c_desc, out, bias if bias is not None else out, sig)
+        sizes = (m, n, k, out.stride(0), out.stride(1), int(bias is not None), tail, rank, world,
+                 timeout_us, op_id("ag_gemm"))
+        if push is None:
+            self.kernel = BoundKernel(persistent_gemm_kernel, (grid,),
+                                      head + (offsets, claim, record) + sizes,
+                                      dict(WAIT=wait, **tiles_cfg),
+                                      vary=vary + ("c_ptr", "bias_ptr"), device=out.device)
+        else:
+            self.kernel = BoundKernel(
+                push["kernel"], (grid,),
+                head + (push["sig_table"], offsets, push["src"], push["buf"], push["buf_table"],
+                        claim, record) + sizes + (push["pitch"], grid if out.is_cuda else 1),
+                dict(COPY_BLOCK=push["copy_block"], **tiles_cfg),
+                vary=vary + ("c_ptr", "bias_ptr") + (("src_ptr",) if self._src_varies else ()),
+                device=out.device)
 
     def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
-            bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """Launch on the current stream (``a`` only when it varies; else None)."""
+            bias: Optional[torch.Tensor], src: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Launch on the current stream (``a`` only when it varies, else None; ``src``, the
+        push call's rows, only when they vary)."""
         values = [a] if self._a_varies else []
         if self._b_varies:
             values += (b, b)  # the descriptors' templates say [K, N] or [N, K]
@@ -277,6 +296,8 @@ class CoreGemm:
         if self._c_tma:
             values.append(out)
         values += (out, bias if bias is not None else out)
+        if self._src_varies:
+            values.append(src)
         self.kernel.launch(*values)
         return out
 

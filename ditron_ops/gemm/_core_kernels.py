@@ -96,7 +96,27 @@ def persistent_gemm_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, SPLIT_TAIL: tl.constexpr = False):
     """Persistent GEMM ``C[M, N] = A[M, K] @ B[K, N] (+ bias)``; with ``WAIT`` A is the gathered
-    buffer and each tile first waits for the chunks its rows come from.
+    buffer and each tile first waits for the chunks its rows come from (the call's epoch is the
+    pad's word ``3W``, set by the start barrier). The tiles: ``gemm_tiles``."""
+    epoch = tl.zeros((), tl.int64)
+    deadline = tl.zeros((), tl.int64)
+    if WAIT:
+        epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64)
+        deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
+    gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr, err_claim,
+               err_record, M, N, K, stride_cm, stride_cn, has_bias, tail_tiles, rank, world_size,
+               epoch, deadline, op_id, B_KN, C_TMA, WAIT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+               SPLIT_TAIL)
+
+
+@dl.jit
+def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr, err_claim,
+               err_record, M, N, K, stride_cm, stride_cn, has_bias, tail_tiles, rank, world_size,
+               epoch, deadline, op_id, B_KN: tl.constexpr, C_TMA: tl.constexpr,
+               WAIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_TAIL: tl.constexpr):
+    """The persistent tile loop: ``C[M, N] = A[M, K] @ B[K, N] (+ bias)``, with ``WAIT`` each
+    tile first waiting for the gathered chunks its rows come from (flags ``>= epoch``).
 
     ``B_KN``: ``b_desc`` is over ``B [K, N]``, else over ``B^T [N, K]`` (a Linear weight).
     ``C_TMA``: C is stored through ``c_desc`` (blocks ``[BLOCK_M, BLOCK_N / 2]``), else with
@@ -116,12 +136,8 @@ def persistent_gemm_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig
     main_tiles = tiles_m * tiles_n - tail_tiles  # (the host passes 0 without SPLIT_TAIL)
     group_tiles = GROUP_M * tiles_n
     shift = 0
-    epoch = tl.zeros((), tl.int64)
-    deadline = tl.zeros((), tl.int64)
     if WAIT:
-        epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64)
         shift = tl.load(offsets_ptr + rank) // BLOCK_M  # own rows first
-        deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
     seen = tl.zeros((), tl.int64)  # chunks this program has seen land
     for tile in range(pid, main_tiles, nprog):
         pid_m, pid_n = _tile_coords(tile, tiles_m, group_tiles, shift, GROUP_M)

@@ -34,12 +34,14 @@ def test_ag_gemm_odd_shapes(world_size, dtype):
     assert ditron_ops.launch(body, world_size) == [True] * world_size
 
 
+@pytest.mark.parametrize("producer", ["pull", "push", "copy"])
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
-def test_ag_gemm_pull_producer(monkeypatch, world_size):
-    """The SM pull producer: model shape, odd shapes, back-to-back sizes, graph replay."""
+def test_ag_gemm_each_producer(monkeypatch, world_size, producer):
+    """The SM pull producer and the one-launch push call (the default picks copy engines at
+    these sizes): model shape, odd shapes, back-to-back sizes, graph replay."""
     from ditron_ops.gemm import _ag_launch as _launch
 
-    monkeypatch.setattr(_launch, "PRODUCER", "pull")
+    monkeypatch.setattr(_launch, "PRODUCER", producer)
     shape = get_model("LLaMA-7B")
     odd = [1000 + 37 * q if q % 3 else 1 + q for q in range(world_size)]
 
