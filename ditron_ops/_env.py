@@ -48,10 +48,9 @@ def default_timeout_s() -> float:
 def prepare_cuda_for_virtual_ranks() -> None:
     """Set the CUDA variables virtual ranks need, before CUDA starts (no-op afterwards or if set).
 
-    * ``CUDA_DEVICE_MAX_CONNECTIONS=32``: more hardware queues for the ranks' streams. It was
-      meant to stop one rank's kernel queuing behind a peer's spinning kernel, but on the H200
-      stalls were as frequent with 8 as with 32 queues; ``VirtualGroup.waiting_launch`` is what
-      fixed them. Kept because more queues cost nothing.
+    * ``CUDA_DEVICE_MAX_CONNECTIONS=32``: more hardware queues for the ranks' streams; no
+      measured effect on the H200's stalls (``VirtualGroup.waiting_launch`` fixed them), kept
+      because more queues cost nothing. History: benchmarks/NOTES.md, virtual world.
     * ``CUDA_MODULE_LOADING=EAGER``: with lazy loading the first use of a kernel loads its module,
       which can wait for running kernels, i.e. for peers spinning on this rank.
 

@@ -2,6 +2,8 @@
 
 Every op is defined with a schema (groups travel as ``str group_name``), a fake (shape-only)
 implementation for torch.compile / FakeTensor, and one implementation registered for CPU and CUDA.
+What the eager shortcuts (``autograd_scope``, ``direct``) save: benchmarks/NOTES.md, eager host
+cost.
 """
 from __future__ import annotations
 

@@ -10,9 +10,8 @@ that never started shows as a rank whose arrivals stay one epoch behind. Modes: 
 ``pool`` (torch's stream pool) or ``driver`` (fresh cuStreamCreate streams); ``programs``
 ``default`` or ``half`` (half the collective programs per rank). Prints ok/fail counts.
 
-Measured on the H200 (2026-11-29): without the launch gate 7 of 96 launches timed out (pool or
-driver streams, any CUDA_DEVICE_MAX_CONNECTIONS, flag scope or poll back-off); with the gate
-(``VirtualGroup.waiting_launch``) 0 of 224.
+What it found on the H200 (the launch gate, ``VirtualGroup.waiting_launch``: 7 of 96 launches
+timed out without it, 0 of 224 with it): benchmarks/NOTES.md, virtual world.
 """
 import ctypes, os, sys, threading, time, traceback, itertools
 from ditron_ops import _env

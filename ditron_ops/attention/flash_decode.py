@@ -101,18 +101,17 @@ def _validate(group: Group, q, k_cache, v_cache, kv_lens) -> int:
 
 SPLIT_CONFIG = {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
 CTAS_PER_SM = 1
-"""Split-KV kernel on the GPU and its programs resident per SM (shared memory bound). Picked on
-the H200 from BLOCK_N x warps x stages x waves (CUDA-graph replay, six problem shapes, bf16):
-geo-mean 3454 GB/s vs 3295 for (64, 4 warps, 2 stages, 3 per SM), the runner-up."""
+"""Split-KV kernel on the GPU and its programs resident per SM (shared memory bound): the best of
+a BLOCK_N x warps x stages x waves sweep on the H200, geo-mean 3454 GB/s vs 3295 for the
+runner-up (64, 4 warps, 2 stages, 3 per SM). History: benchmarks/NOTES.md, flash_decode."""
 WIDE_SPLIT_CONFIG = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 WIDE_CTAS_PER_SM = 3
 WIDE_MAX_KEYS = 4096
 """Default mode with at least ``WIDE_CTAS_PER_SM`` (batch, KV head) pairs per SM and at most
 ``WIDE_MAX_KEYS`` keys: one program per pair already fills the GPU several times over, and three
-short programs per SM hide each other's pipeline start. Measured on the H200 (graph replay, bf16,
-B=64, KV=4k): 0.960x / 0.938x SDPA (32/8, 64/8) vs 0.940x / 0.906x with ``SPLIT_CONFIG``; at
-KV=32k it lost (0.961x vs 0.990x), at B=8 there are too few pairs. Never used in deterministic
-mode, whose partials must not depend on the batch."""
+short programs per SM hide each other's pipeline start (H200, B=64, KV=4k: 0.960x SDPA vs 0.940x
+with ``SPLIT_CONFIG``; it lost at KV=32k, hence the key bound). Never used in deterministic
+mode, whose partials must not depend on the batch. History: benchmarks/NOTES.md, flash_decode."""
 SPLIT_WAVES = 1
 """Aim for at most this many waves of split-KV programs (1 beat 2 and 3 for every config)."""
 MIN_PART = 256

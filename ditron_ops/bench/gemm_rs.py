@@ -70,8 +70,7 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
 PRESENT_ROUNDS_FACTOR = 3
 """``present`` times ``cfg.rounds`` x this many passes: its overheads are 0.5-3% differences
 between kernels of 0.15-2.5 ms, and with 10 passes one shape's median moved by up to 2 points
-between runs of the same code (8192x4096x1792 at 16b83ec: +3.17% in the bench, +1.22% / +1.43%
-in two 16-24 pass runs of the same pairing)."""
+between runs of the same code (benchmarks/NOTES.md, gemm_rs / gemm_ar)."""
 
 
 def present(group, cfg: BenchConfig, out: list[Result]) -> None:

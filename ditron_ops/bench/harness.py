@@ -294,8 +294,8 @@ def paired_graph_times(group, fns: dict[str, Callable[[], Any]], *, rounds: int 
     odd ones; each function's result is the median of its passes. Ratios between the functions
     then compare the GPU in one state: clocks and temperature drift over a long bench (timing a
     baseline and, later, ours in one block each moved ratios by up to 8% between runs), and a
-    drift within a pass favours neither end of the order. (Passes of 4 rounds per function in
-    one order left up to +-3% between two builds of the same kernel on the H200.)"""
+    drift within a pass favours neither end of the order. History: benchmarks/NOTES.md, bench
+    timing."""
     if group.device.type != "cuda":
         return {name: time_spmd(group, fn, rounds=rounds, target_ms=target_ms, max_iters=max_iters)
                 for name, fn in fns.items()}

@@ -44,54 +44,16 @@ GPU_CONFIGS = {
     "128x256x64/s4/tail": TileConfig(128, 256, 64, 8, 8, 4, split_tail=True),
 }
 """Candidates the ``ag_gemm`` bench compares (``matmul(..., cfg=)``); ``GPU_CONFIG`` names the one
-every op uses (every rank the same).
-
-Measured on the H200 (bf16, local model shapes M=8192, CUDA-graph replay, paired timing):
-earlier sessions 3 stages 0.953-0.954x cuBLAS (geo-mean), 4 stages 0.965x; 128x128x64 (4-5
-stages, 4 or 8 warps) 0.91-0.92x, 256x128x64 0.93x, 128x128x128 0.89x, GROUP_M 16 0.974x (one
-unpaired sweep where s3 read 0.975x). The shapes that trail most fill their last wave worst
-(8192x1792: 448 tiles = 3.4 waves of 132 SMs; 8192x3696: 7.3 waves): ``split_tail``.
-
-Six runs, P1 geo-mean vs cuBLAS (P2 overhead geo-mean, consumer with every chunk present vs
-the same configuration's plain GEMM; the last two with the interleaved pairing of
-``paired_graph_times``, the first four with blocks of rounds; (+) is 3b9a903 with this default
-and ``fit_stages``):
-
-    config   9ad02c3 (*)   a902b56       c6eb20b       ff305fc       97abeab       (+)
-    s3       0.905 (+2.0%) 0.956 (-2.4%) 0.964 (-1.9%) 0.961 (-1.8%) 0.948 (+0.7%) 0.948 (+0.8%)
-    s4       0.936 (+1.5%) 0.969 (+1.2%) 0.978 (+0.4%) 0.977 (+0.5%) 0.946 (+0.8%) 0.950 (+0.4%)
-    s3/tail  0.946 (+2.5%) 0.986 (+1.4%) 0.990 (+1.9%) 0.995 (+1.1%) 0.970 (+0.8%) 0.970 (+0.5%)
-    s4/tail  -             0.996 (+3.1%) 0.996 (+2.5%) 0.997 (+1.9%) 0.985 (+0.4%) 0.985 (+0.4%)
-
-A seventh run, 83e3a62 (the code of (+)), on a machine where cuBLAS and ours both ran 1-3%
-slower on the large shapes: s3 0.941, s4 0.941, s3/tail 0.962 (+1.0%), s4/tail 0.978 (+0.6%,
-at most 1.7% per shape; s3/tail 2.2%). An eighth, 577d1d7 (same GEMM code): s3 0.947 (+0.7%),
-s4 0.944 (+0.9%), s3/tail 0.966 (+0.5%), s4/tail 0.984 (+0.6%, at most 1.7%); per shape
-0.931 / 1.03 / 0.988 / 0.993 / 0.972 / 0.994. The two shapes that trail (8192x1376: 0.93x,
-8192x3696: 0.95-0.97x) leave their last 256-wide column mostly empty, but running that column as
-half tiles would not shorten them: counted in half tiles they still need as many waves (704 half
-tiles on 132 programs, 6 per program as now; 1856, 7.5 waves as with ``split_tail`` now). cuBLAS
-runs exactly these two with tiles that are not powers of two (torch.profiler on the H200,
-2026-12-01: ``nvjet_sm90_tst_160x192_64x4_1x2`` on 8192x1376x4096, ``..._208x192_64x4_1x2`` on
-8192x3696x8192; 320x128 on 8192x1792 and 256x128 on the other three). Triton's block shapes are
-powers of two, so those tiles are out of its reach. Hopper warp specialization
-(``tl.range(warp_specialize=True)``), which would overlap the epilogue with the next tile's
-loads, does nothing in Triton 3.6 for sm_90a: a tutorial-style persistent TMA GEMM compiled
-with it at 8 warps came out as without it (no ``ttg.warp_specialize`` in the TTGIR, the same
-registers and SASS instruction counts); at 4 warps the NVGPUWarpSpecialization pass failed.
-
-(*) a machine whose cuBLAS ran 7-10% faster than in every other run (777 TFLOPS on
-8192x6144x12288; ours the same as elsewhere), where a flattened tile + K loop
-(``tl.range(flatten=True)``, since removed) also ran: 0.766x, 0.816x with split tail. In the
-last two runs cuBLAS was again faster than in the middle three (136.5-138.1 us on
-8192x1376x4096 against 141.1, 703.2-704.2 on 8192x3696x8192 against 728.2) while ours was not.
-Before the interleaved pairing, per-shape P2 moved by up to +-5% between runs; with it, two
-builds of the same GEMM agree within 0.4% on five of the six shapes. s4/tail is the default: the
-best P1 in every run that measured it, and in the last two the lowest per-shape P2 (at most
-1.2%, where s3/tail reached 3.3% and 3.0% on 8192x1792). It needs 229 KB of shared memory
-(s3: 180 KB), so fp32 products drop to 3 stages (``fit_stages``); gemm_rs, with the same tiles
-and stages, compiles to 229,408 bytes in every variant."""
+every op uses (every rank the same). ``/tail`` (``split_tail``): the shapes that trailed most
+filled their last wave worst (8192x1792: 448 tiles = 3.4 waves of 132 SMs). Other tiles measured
+lower (128x128, 256x128: 0.89-0.93x cuBLAS). History: benchmarks/NOTES.md, GEMM core."""
 GPU_CONFIG = "128x256x64/s4/tail"
+"""s4/tail: the best P1 in every run that measured it (0.978-0.997x cuBLAS geo-mean, H200, bf16,
+model shapes at M=8192) and the lowest per-shape P2 in the last paired runs (at most 1.2%). It
+needs 229 KB of shared memory (s3: 180 KB), so fp32 products drop to 3 stages (``fit_stages``).
+Its weakest shape, 8192x1376x4096 (0.93x), is one cuBLAS runs with non-power-of-two tiles
+(160x192), out of Triton's reach; Hopper warp specialization is a no-op in Triton 3.6 for
+sm_90a. History: benchmarks/NOTES.md, GEMM core."""
 INTERPRETER_CONFIG = TileConfig(16, 16, 16, 4, 4, 1)
 """Small tiles in the interpreter (its cost is per element of every block, masked or not); tests
 swap in variants (``split_tail`` with ``block_n=32``)."""

@@ -126,8 +126,8 @@ def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offset
     waves) run after the main loop as twice as many ``BLOCK_N / 2`` wide half tiles through
     ``bh_desc`` (B in half-width blocks), so the last wave is spread over up to twice the
     programs and takes about half as long (a half past N is skipped).
-    (No flattened tile + K loop: ``tl.range(flatten=True)`` measured 0.75-0.83x cuBLAS in this
-    kernel on the H200 against 0.89-0.96x plain, see ``_launch.GPU_CONFIGS``.)
+    No flattened tile + K loop: ``tl.range(flatten=True)`` measured 0.75-0.83x cuBLAS against
+    0.89-0.96x plain (H200). History: benchmarks/NOTES.md, GEMM core.
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -147,8 +147,8 @@ def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offset
             seen = _wait_rows(sig_ptr, offsets_ptr, off_m, tl.minimum(off_m + BLOCK_M, M), rank,
                               world_size, epoch, deadline, err_claim, err_record, op_id, seen)
         # A zero accumulator (the first MMA need not read it) and the bias added after the K
-        # loop (H200, one run: a plain kernel of the same tiles without the bias seed ran 1.4%
-        # faster than this one with it).
+        # loop: a kernel of the same tiles without the bias seed ran 1.4% faster than one with
+        # it (H200, one run; benchmarks/NOTES.md, GEMM core).
         acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), off_m,
                           off_n, K, B_KN, BLOCK_K)
         _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm, stride_cn,

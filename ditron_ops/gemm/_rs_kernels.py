@@ -43,20 +43,13 @@ as from +0.0 except that a sum of zeros keeps the sign of -0.0 (-0.0 is the addi
 +0.0 is not), which only a bit-level comparison sees (``==`` and ``torch.equal`` do not); the
 one-shot ``reduce_finish_kernel`` and the collectives still start from +0.0.
 
-Cost at one rank (the fused path with nothing to exchange, vs the plain GEMM of the same tiles;
-H200, %clock64 / %globaltimer per program and tile, and paired CUDA-graph replay of the six
-bench shapes, 2026-12-01): with the earlier ticket (the last program of the rank, found by an
-acq_rel system-scope atomic whose round trip every program waited out, 1.3 µs, stored the call
-count and flagged) 8192x4096x1376 ran +2.55% / +3.53% over the plain GEMM in two runs, and the
-six shapes +1.20% / +1.50% geo-mean; counting out as above, +1.78% / +1.81% and +1.53% /
-+0.96% (same runs; the first-tile epilogue with the count out 2.71 -> 1.74 µs, the span 142.3
--> 140.0 µs against the plain 137.2). What is left: the other tiles' epilogues (1.35 µs against
-1.17-1.19 plain) and the prologue (0.58 against 0.24 µs). The kernel sits at 255 registers with
-128x256 fp32 tiles, and small edits anywhere move its spills by tens of bytes either way (this
-one: 8 -> 36 bytes in the TMA/aligned variant; reading the call count only when there are
-peers spilled 112 and measured worse, +3.59%), so compile-check edits for sm_90a and measure.
-Counting out at a one-rank program's start and reading a ticket at its end measured worse
-(+5.57% against +3.79%): an acq_rel atomic waits out its round trip at once.
+Cost at one rank (the fused path with nothing to exchange): +1.5% geo-mean over the plain GEMM
+of the same tiles, at most 2.46% per shape (H200, paired graph replay, the last bench run),
+mostly in the epilogues and the prologue; counting out instead of an acq_rel ticket took
+8192x4096x1376 from +2.55% to +1.78%, since an acq_rel atomic waits out its round trip. The
+kernel sits at 255 registers with 128x256 fp32 tiles and small edits move its spills by tens of
+bytes (36 B now in the TMA/aligned variant), so compile-check edits for sm_90a and measure.
+History: benchmarks/NOTES.md, gemm_rs / gemm_ar.
 
 Signal pad (the ``ag_gemm`` layout): ``flag[s]`` at ``s`` (units of ``CALL_UNIT``, above); start
 counts at ``[W, 2W)`` (+1 per call); calls at ``3W`` (``start_barrier_kernel`` bumps it for one-shot

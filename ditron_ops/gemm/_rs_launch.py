@@ -21,13 +21,11 @@ PURPOSE = "gemm_reduce"
 _FINISH_BLOCK = dict(BLOCK_R=8, BLOCK_C=256)
 LOWP_PARTIALS = False
 """Experimental (the benches' ``--lowp-partials`` sets it before any warm-up, which then compiles
-its variants): in the
-default (non-deterministic) mode the partial tiles travel and wait in the input dtype instead of
-fp32 (half the NVLink bytes; each partial rounded once before the fp32 rank-ordered sum, the
-precision of cuBLAS + NCCL). On 2 H200s the fp32 partials of the 7B layer at M = 8192 are 90 MB
-per rank, about the time of the GEMM's first phase, which may be why gemm_rs gains so little
-there (1.04x against a bound of 1.38x). Not yet measured, hence off. Deterministic mode always
-keeps fp32 partials."""
+its variants): in the default (non-deterministic) mode the partial tiles travel and wait in the
+input dtype instead of fp32 (half the NVLink bytes; each partial rounded once before the fp32
+rank-ordered sum, the precision of cuBLAS + NCCL). Off: not yet measured (the fp32 partials may
+be why gemm_rs gains only 1.04x against a bound of 1.38x on 2 H200s; benchmarks/NOTES.md,
+gemm_rs / gemm_ar). Deterministic mode always keeps fp32 partials."""
 
 
 def finish_programs(group: Group) -> int:

@@ -23,18 +23,17 @@ CPU_DTYPES = (torch.float16, torch.float32)
 
 AUTO_MIN_FLOPS_PER_RANK = 60 * 10**9
 """``impl="auto"`` on a multi-GPU group picks the fused path when the GEMM (2·ΣM_r·N·K) has at
-least this many FLOPs, else NCCL's all-gather + cuBLAS. Measured on 2 H200s (NVLink, nvshmem
-backend, ``bench tp``, CUDA-graph replay, LLaMA-3.1-8B [M, 4096] @ [4096, 7168]): fused vs
-NCCL + cuBLAS 0.43x, 0.97x, 1.27x at M = 128, 512, 2048 (8, 30, 120 GFLOP) and 1.03-1.21x on
-every model layer at M = 8192; the bound sits between 30 and 120 GFLOP. Not yet measured at
-W > 2: more ranks mean more bytes to hide per FLOP, so the bound can only move down."""
+least this many FLOPs, else NCCL's all-gather + cuBLAS: fused vs NCCL + cuBLAS measured 0.97x
+at 30 GFLOP, 1.27x at 120 GFLOP and 1.03-1.21x on every model layer at M = 8192 (2 H200s,
+LLaMA-3.1-8B [M, 4096] @ [4096, 7168], CUDA-graph replay). Not yet measured at W > 2: more
+ranks mean more bytes to hide per FLOP, so the bound can only move down. History:
+benchmarks/NOTES.md, ag_gemm."""
 AUTO_MIN_FLOPS_VIRTUAL = 15 * 10**9
-"""The same bound in a virtual world (W ranks on one GPU). Measured on the H200 (W=4,
-LLaMA-3.1-8B layer [M, 4096] @ [4096, 1792], CUDA-graph replay, ``bench ag_gemm``): fused vs
-all_gather + matmul 0.62x, 0.83x, 1.53x, 2.08x at M = 128, 512, 2048, 8192 (7.5 and 30 GFLOP
-either side of the crossover; the bound is their geometric mean). One GPU has no link to hide:
-the fused path wins there because its persistent GEMMs share the SMs in fixed slices while W
-concurrent cuBLAS calls contend for all of them."""
+"""The same bound in a virtual world (W ranks on one GPU): fused vs all_gather + matmul measured
+0.83x at 7.5 GFLOP and 1.53x at 30 GFLOP (H200, W=4, LLaMA-3.1-8B layer [M, 4096] @ [4096,
+1792], CUDA-graph replay); the bound is their geometric mean. One GPU has no link to hide: the
+fused path wins there because its persistent GEMMs share the SMs in fixed slices while W
+concurrent cuBLAS calls contend for all of them. History: benchmarks/NOTES.md, ag_gemm."""
 
 
 def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,

@@ -40,11 +40,10 @@ GPU_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float16, torch.float32)
 ONE_SHOT_MAX_BYTES = 2 << 20
 """``gemm_ar(algorithm="auto")`` is one-shot while the fp32 product ``M·N·4`` bytes is at most
-this (every rank receives W partials of it), two-shot (gemm_rs + all_gather) above. Measured on
-the H200 (virtual world W=4, [M, 1376] @ [1376, 4096], CUDA-graph replay, ``bench gemm_rs``):
-one-shot vs two-shot 1.35x, 0.87x, 0.79x, 0.61x, 0.54x at 2, 4, 8, 16, 128 MiB. (Eager timing,
-host bound, had put the crossover above 128 MiB.) On one GPU both move HBM bytes; multi-GPU
-runs must measure the crossover on NVLink."""
+this (every rank receives W partials of it), two-shot (gemm_rs + all_gather) above: one-shot vs
+two-shot measured 1.35x at 2 MiB and 0.87x at 4 MiB (H200, virtual world W=4, [M, 1376] @
+[1376, 4096], CUDA-graph replay). On one GPU both move HBM bytes; multi-GPU runs must measure the
+crossover on NVLink. History: benchmarks/NOTES.md, gemm_rs / gemm_ar."""
 
 
 def _check(op: str, a, b, group: Group, impl: str) -> None:
@@ -149,12 +148,12 @@ def gemm_ar(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
 
 AUTO_MIN_FLOPS_RS = 60 * 10**9
 """``gemm_rs(impl="auto")`` on a multi-GPU group is fused when the local GEMM (2·M·N·K_r) has at
-least this many FLOPs, else cuBLAS + NCCL's reduce-scatter. Measured on 2 H200s (NVLink, ``bench
-tp``, CUDA-graph replay, LLaMA-3.1-8B [M, 7168] @ [7168, 4096]): fused vs cuBLAS + NCCL 0.38x,
-0.78x, 1.05x at M = 128, 512, 2048 (8, 30, 120 GFLOP) and 0.98-1.04x on the model layers at
-M = 8192. ``gemm_ar(impl="auto")`` stays unfused on multi-GPU groups: there the fused two-shot
-measured 0.40x, 0.67x, 0.90x at M = 128, 512, 2048 and 0.97-1.01x at M = 8192 against cuBLAS +
-NCCL's all-reduce. Both measured at W = 2 only."""
+least this many FLOPs, else cuBLAS + NCCL's reduce-scatter: fused vs cuBLAS + NCCL measured
+0.78x at 30 GFLOP, 1.05x at 120 GFLOP and 0.98-1.04x on the model layers at M = 8192 (2 H200s,
+LLaMA-3.1-8B [M, 7168] @ [7168, 4096], CUDA-graph replay). ``gemm_ar(impl="auto")`` stays
+unfused on multi-GPU groups: the fused two-shot measured at most 0.90x at M <= 2048 and
+0.97-1.01x at M = 8192 against cuBLAS + NCCL's all-reduce. Both measured at W = 2 only.
+History: benchmarks/NOTES.md, gemm_rs / gemm_ar."""
 
 
 def _fused_wanted(group: Group, impl: str, deterministic: bool, op: str, flops: int) -> bool:

@@ -2,11 +2,11 @@
 ``libcuda.so.1``: a device-to-device copy, an event record and a stream wait on raw handles.
 
 ``torch`` offers the same through ``Tensor.copy_``, ``Event.record`` and ``Stream.wait_event``,
-but each of those resolves devices and streams in Python and dispatches through ATen: on the
-H200 machine's CPU an eager fused ag_gemm spent about 12 µs in one 1 KiB ``copy_`` and 20 µs in
-``torch.cuda.current_stream`` lookups (cProfile, 300 calls). A plan knows its addresses and
+but each of those resolves devices and streams in Python and dispatches through ATen (about
+12 µs for one 1 KiB ``copy_`` on the H200 machine's CPU). A plan knows its addresses and
 streams, so it calls the driver directly (about 1 µs a call). The calls are stream-ordered and
-CUDA-graph capturable like their runtime twins; every result is checked.
+CUDA-graph capturable like their runtime twins; every result is checked. History:
+benchmarks/NOTES.md, eager host cost.
 """
 from __future__ import annotations
 

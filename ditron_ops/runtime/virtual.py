@@ -109,17 +109,17 @@ class VirtualGroup(Group):
     def waiting_launch(self, op: str = "?", epoch: int = -1):
         """Launch a waiting kernel into an idle stream, and only after every rank has done so.
 
-        Measured on the H200 (virtual world, W=4 and W=8): a rank's kernel queued behind other
-        work of its stream (an upload, a small torch kernel) sometimes never started while its
-        peers' kernels spun waiting for it (7 of 96 short test sequences timed out, whatever
-        CUDA_DEVICE_MAX_CONNECTIONS, flag scope or poll back-off; 0 of 224 with this gate).
-        Ranks share one GPU's hardware queues, so a dependency of one rank's stream can sit in
-        front of a peer's kernel. Here every rank drains its stream, meets the others, launches,
-        and meets them again before queuing more work, so waiting kernels never queue behind
-        dependent work. Costs a stream synchronization and two host barriers per call, only in
-        GPU virtual worlds of W > 1 (``launch(..., gate=False)`` turns it off), never during
-        CUDA-graph capture. A rank that never comes raises ``DitronTimeoutError`` naming
-        ``op``, the missing peer and ``epoch`` (this rank's call count of the op's workspace).
+        Why: a rank's kernel queued behind other work of its stream (an upload, a small torch
+        kernel) sometimes never started while its peers' kernels spun waiting for it (H200, W=4
+        and W=8: 7 of 96 short test sequences timed out without this gate, 0 of 224 with it;
+        benchmarks/NOTES.md, virtual world). Ranks share one GPU's hardware queues, so a
+        dependency of one rank's stream can sit in front of a peer's kernel. Here every rank
+        drains its stream, meets the others, launches, and meets them again before queuing more
+        work, so waiting kernels never queue behind dependent work. Costs a stream
+        synchronization and two host barriers per call, only in GPU virtual worlds of W > 1
+        (``launch(..., gate=False)`` turns it off), never during CUDA-graph capture. A rank that
+        never comes raises ``DitronTimeoutError`` naming ``op``, the missing peer and ``epoch``
+        (this rank's call count of the op's workspace).
         """
         if not self.world.gate:
             return NULL_CONTEXT
@@ -144,11 +144,11 @@ class VirtualGroup(Group):
         launched so far are queued before any rank queues the next ones.
 
         Needed before a kernel on another stream that waits (stream event) for a kernel that
-        waits on peers. Measured on the H200 (virtual W=8, ag_gemm pull mode): without it a
-        rank's pull kernel, held by its event until its start barrier completes, could sit in a
-        hardware queue in front of a peer's start barrier, which then never ran until the
-        waits expired (4 of 4 runs timed out, 6 of 6 passed with it; the pads read after the
-        timeouts showed every signal had arrived, late).
+        waits on peers: otherwise a rank's kernel held by its event (ag_gemm's pull kernel,
+        behind its start barrier) can sit in a hardware queue in front of a peer's start
+        barrier, which then never runs until the waits expire (H200, virtual W=8, pull mode:
+        4 of 4 runs timed out without it, 6 of 6 passed with it; benchmarks/NOTES.md, virtual
+        world).
         """
         if self._gating:
             self._gate(op, epoch)
