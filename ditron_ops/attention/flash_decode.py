@@ -1,6 +1,6 @@
 """``flash_decode``: decode attention of every rank's queries over the KV cache sharded (along
 the sequence) across the ranks: local split-KV partials, exchanged through the pointer table
-with signals, merged by log-sum-exp (schedule in ``_kernels``).
+with signals, merged by log-sum-exp (schedule in ``_flash_decode_kernels``).
 """
 from __future__ import annotations
 

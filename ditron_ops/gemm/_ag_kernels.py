@@ -1,8 +1,10 @@
-"""Kernels of ``ag_gemm``: a start barrier, a persistent GEMM consumer, and the SM pull producer.
+"""Kernels of ``ag_gemm``'s producers (the consumer is the core's ``persistent_gemm_kernel``):
+the publish after a copy-engine copy, the SM pull producer, and the one-launch push call.
 
-The all-gather is copy-engine work by default (``_launch.PRODUCER = "copy"``, no SM): after the
-start barrier, a side stream copies this rank's shard into every rank's gathered buffer and then
-writes the call's epoch into that rank's flag for it. Overlap schedule (rank r of W=4)::
+Above ``_ag_launch.PUSH_MAX_BYTES`` the all-gather is copy-engine work (no SM): after the start
+barrier, a side stream copies this rank's shard into every rank's gathered buffer and then
+``ag_publish_kernel`` writes the call's epoch into that rank's flag for it. Overlap schedule
+(rank r of W=4)::
 
     main stream   start barrier | GEMM tiles of chunk r | chunk r+1 | chunk r+2 | chunk r+3
     side stream                 | copy A_r -> rank r, flag | -> rank r+1, flag | -> r+2 | -> r+3
@@ -14,6 +16,11 @@ each rank copies its own shard locally, announces it (``ready``), and pulls the 
 from their gathered buffers in the same order. Measured slower on one H200 (0.61-0.75x the
 copy-engine path at W=4, the bench's ``producer`` rows), so copy engines stay the default.
 History: benchmarks/NOTES.md, ag_gemm.
+
+Push (``ag_gemm_push_kernel``, small gathers): the whole call is one kernel whose programs
+first push this rank's rows into every rank that has started the call, then run the tiles
+(``gemm_tiles``) as the consumer does: one launch instead of four, a copy and a stream fork
+and join, for calls whose host cost exceeds their device time.
 
 Signal pad words of the ``ag_gemm`` workspace (W = world size)::
 

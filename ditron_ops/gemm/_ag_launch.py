@@ -55,8 +55,9 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
           out: torch.Tensor, shard_sizes: list[int], gathered: Optional[torch.Tensor],
           producer: Optional[str] = None) -> None:
     """One fused call (schedule in ``_ag_kernels``): start barrier, all-gather on a side stream
-    with a flag per chunk (``producer``, default ``PRODUCER``), persistent GEMM over the
-    gathered rows as chunks land. Everything but the launches comes from the call's plan."""
+    with a flag per chunk, persistent GEMM over the gathered rows as chunks land; or, pushed,
+    all of it in one kernel (``producer``, default ``PRODUCER``). Everything but the launches
+    comes from the call's plan."""
     producer = producer or PRODUCER
     if producer == "auto":
         producer = "push" if sum(shard_sizes) * a.shape[1] * a.element_size() <= PUSH_MAX_BYTES \

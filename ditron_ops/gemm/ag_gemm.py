@@ -1,7 +1,7 @@
 """``ag_gemm``: all-gather of row shards fused with the GEMM that consumes them.
 
 ``out = all_gather(a) @ b (+ bias)`` where every rank holds a row shard ``a [M_r, K]``. The fused
-path hides the all-gather behind the GEMM (schedule in ``_kernels``); the baseline runs the
+path hides the all-gather behind the GEMM (schedule in ``_ag_kernels``); the baseline runs the
 collective, then a cuBLAS/torch matmul.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``gemm_rs``: this rank's rows of ``Σ_r a_r @ b_r``; ``gemm_ar``: all of it, on every rank. The
 fused path stores fp32 partial tiles into their owners' buffers while the GEMM runs and sums
-them in rank order (schedule in ``_kernels``); the baseline is ``matmul`` then the collective.
+them in rank order (schedule in ``_rs_kernels``); the baseline is ``matmul`` then the collective.
 
 What each mode promises
 -----------------------
