@@ -139,27 +139,29 @@ def use_fused(group: Group, impl: str, m: int, n: int, k: int) -> bool:
 
 
 def _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl, empty=True):
-    """``out`` = the product; returns the gathered A (``[ΣM_r, K]``) when ``return_gathered``,
-    else an empty tensor (the op's second output), or None without ``empty`` (eager calls,
-    which drop it)."""
+    """``(out, gathered)``: the product (into ``out``, or a new tensor when None) and the
+    gathered A (``[ΣM_r, K]``) when ``return_gathered``, else an empty tensor (the op's second
+    output), or None without ``empty`` (eager calls, which drop it)."""
     group = resolve_group(group_name)
     m, k, n = sum(shard_sizes), a.shape[1], b.shape[1]
     gathered = a.new_empty((m, k)) if return_gathered else None
     if use_fused(group, impl, m, n, k) and m and n:
+        out = a.new_empty((m, n)) if out is None else out
         if k == 0:
             out.zero_() if bias is None else out.copy_(bias.expand_as(out))
         else:
             _ag_launch.fused(group, a, b, bias, out, shard_sizes, gathered)
     else:
         full = gather_rows(a, group, shard_sizes, out=gathered)
-        torch.matmul(full, b, out=out) if bias is None else torch.addmm(bias, full, b, out=out)
-    return gathered if gathered is not None or not empty else a.new_empty((0,))
+        if out is None:  # the product allocates its own output (one op less per call)
+            out = full @ b if bias is None else torch.addmm(bias, full, b)
+        else:
+            torch.matmul(full, b, out=out) if bias is None else torch.addmm(bias, full, b, out=out)
+    return out, (gathered if gathered is not None or not empty else a.new_empty((0,)))
 
 
 def _ag_gemm_impl(a, b, bias, group_name, shard_sizes, return_gathered, impl, empty=True):
-    out = a.new_empty((sum(shard_sizes), b.shape[1]))
-    gathered = _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl, empty)
-    return out, gathered
+    return _run(a, b, bias, None, group_name, shard_sizes, return_gathered, impl, empty)
 
 
 def _ag_gemm_fake(a, b, bias, group_name, shard_sizes, return_gathered, impl):
@@ -168,7 +170,7 @@ def _ag_gemm_fake(a, b, bias, group_name, shard_sizes, return_gathered, impl):
 
 
 def _ag_gemm_out_impl(a, b, bias, out, group_name, shard_sizes, return_gathered, impl):
-    return _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl)
+    return _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl)[1]
 
 
 def _ag_gemm_out_fake(a, b, bias, out, group_name, shard_sizes, return_gathered, impl):

@@ -209,10 +209,13 @@ def _gemm_rs_fake(a, b, group_name, shard_sizes, deterministic, impl):
 def _gemm_ar_impl(a, b, group_name, deterministic, impl, algorithm):
     group = resolve_group(group_name)
     m, n = a.shape[0], b.shape[1]
-    out = a.new_empty((m, n))
     if m == 0 or n == 0:
-        return out
+        return a.new_empty((m, n))
     flops = 2 * m * a.shape[1] * n
+    if not deterministic and not _fused_wanted(group, impl, deterministic, "gemm_ar", flops):
+        part = _partial(a, b, False)  # in the input dtype: summed in place (one op less a call)
+        return sum_all(part, group, part, False)
+    out = a.new_empty((m, n))
     if _fused_wanted(group, impl, deterministic, "gemm_ar", flops) and a.shape[1] > 0:
         if algorithm == "auto":
             algorithm = "one_shot" if m * n * 4 <= ONE_SHOT_MAX_BYTES else "two_shot"
