@@ -67,6 +67,7 @@ def all_to_all_kernel(x_ptr, out_ptr, buf_ptr, buf_table, sig_ptr, sig_table, er
     nprog = tl.num_programs(0)
     epoch = tl.load(sig_ptr + 3 * world_size, volatile=True).to(tl.int64) + 1
     parity = epoch % 2
+    unit = tl.full((), UNIT, tl.int64)
     p2 = p2 // VEC * VEC
     half_base = parity * (half_elems // VEC * VEC)
     rows = p0.to(tl.int64) * lp * p1
@@ -81,7 +82,7 @@ def all_to_all_kernel(x_ptr, out_ptr, buf_ptr, buf_table, sig_ptr, sig_table, er
         peer_sig = dl.remote_ptr(sig_table, d, sig_ptr)
         if pid == 0:
             tl.store(peer_sig + world_size + parity * world_size + rank, fingerprint.to(tl.int64))
-        dl.signal_add(peer_sig + rank, tl.where(pid == 0, UNIT - nprog + 1, 1).to(tl.int64))
+        dl.signal_add(peer_sig + rank, tl.where(pid == 0, unit - nprog + 1, 1))
 
     ok = pid >= 0
     for s in range(world_size):
@@ -94,7 +95,7 @@ def all_to_all_kernel(x_ptr, out_ptr, buf_ptr, buf_table, sig_ptr, sig_table, er
                 if got != fingerprint:
                     dl.record_error(err_claim, err_record, op_id, rank, s, epoch,
                                     dl.SIZE_MISMATCH)
-                    ok = False
+                ok = ok & (got == fingerprint)
     if ok:
         offs = tl.arange(0, BLOCK_R * BLOCK_C)
         for off in range(pid * BLOCK_R * BLOCK_C, numel, nprog * BLOCK_R * BLOCK_C):
