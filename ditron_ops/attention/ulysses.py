@@ -298,19 +298,19 @@ def kv_for_ranks(x: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
-    """Attention of ``[B, Hq, S, D]`` over ``[B, Hkv, S, D]`` (GQA by repeated KV heads)."""
-    g = q.shape[1] // k.shape[1]
-    if g > 1:
-        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    """``scaled_dot_product_attention`` of ``[B, Hq, S, D]`` over ``[B, Hkv, S, D]`` (GQA)."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def unfused_attention(q, k, v, group: Group, causal: bool, scale: float) -> torch.Tensor:
-    """``all_to_all`` (heads out, sequence in) of q, k, v -> SDPA -> ``all_to_all`` back."""
+def unfused_attention(q, k, v, group: Group, causal: bool, scale: float,
+                      attend=sdpa) -> torch.Tensor:
+    """``all_to_all`` (heads out, sequence in) of q, k, v -> ``attend`` (SDPA) ->
+    ``all_to_all`` back: the composition the fused kernel replaces."""
     w = group.world_size
     heads = [all_to_all(x, 2, 1, group) for x in (q, kv_for_ranks(k, w), kv_for_ranks(v, w))]
     qh, kh, vh = (rearrange(x, "b s h d -> b h s d") for x in heads)
-    o = sdpa(qh, kh, vh, causal, scale)
+    o = attend(qh, kh, vh, causal, scale)
     return all_to_all(rearrange(o, "b h s d -> b s h d").contiguous(), 1, 2, group)
 
 
