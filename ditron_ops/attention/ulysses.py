@@ -177,6 +177,15 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
+def check_int32(op: str, args) -> None:
+    """Every integer kernel argument fits 32 bits: a larger one would make Triton compile a
+    64-bit variant (not warmed up) while peers wait. Raises ``ValueError`` for such sizes."""
+    big = [a for a in args if isinstance(a, int) and not -2**31 <= a < 2**31]
+    if big:
+        raise ValueError(f"ditron.{op}: sizes or buffer offsets reach {max(big)} elements "
+                         "(2^31 or more); split the batch")
+
+
 def _fingerprint(*values) -> int:
     """A nonzero 30-bit summary of what every rank must agree on (a 32-bit kernel argument)."""
     h = 0
@@ -242,6 +251,7 @@ class _UlyssesPlan:
             scale=scale, merge_runs=s_r % cfg.block_n == 0, pack=1,
             fingerprint=_fingerprint(b, s_r, hq, hkv, d, str(q.dtype), causal, scale),
             timeout_us=group.timeout_us(), op_id=op_id("ulysses_attention"), d=d, cfg=cfg)
+        check_int32("ulysses_attention", args)
         self.kernel = BoundKernel(ulysses_attention_kernel, (programs,), args, kwargs,
                                   vary=("q_ptr", "k_ptr", "v_ptr", "out_ptr"), device=q.device)
 

@@ -152,12 +152,16 @@ class _AllToAllPlan:
         half_elems = data.nbytes // 2 // 256 * 256 // elem  # fixed halves of the current buffer
         record, claim = group._error_tensors()
         rows, cols = _INTERPRETER_BLOCKS if x.device.type != "cuda" else _GPU_BLOCKS
+        ints = (group.rank, group.world_size, *_view_args(view), x.numel(), half_elems,
+                _fingerprint(x.shape, x.dtype, (scatter_dim, gather_dim)), group.timeout_us(),
+                op_id("all_to_all"))
+        if max(ints) >= 2**31:  # a 64-bit argument would compile another variant mid-call
+            raise ValueError(f"ditron.all_to_all: {max(ints)} elements (2^31 or more) in one "
+                             "call; exchange it in parts")
         self.kernel = BoundKernel(
             all_to_all_kernel, (programs_per_rank(group),),
             (x, out, data.local.view(x.dtype), data.ptr_table, ws.signal_pad(), ws.signal.ptr_table,
-             claim, record, group.rank, group.world_size, *_view_args(view), x.numel(), half_elems,
-             _fingerprint(x.shape, x.dtype, (scatter_dim, gather_dim)), group.timeout_us(),
-             op_id("all_to_all")),
+             claim, record, *ints),
             dict(BLOCK_R=rows, BLOCK_C=cols, VEC=vec, num_warps=4),
             vary=("x_ptr", "out_ptr"), device=x.device)
 
