@@ -257,3 +257,24 @@ def test_quick_bench_writes_rows(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "ulysses-fp32-cpu-quick.csv")))
     assert [r["case"].split()[0] for r in rows] == ["local", "fused", "fused"]
     assert all(float(r["time_us"]) > 0 and float(r["max_abs_err"]) < 1e-4 for r in rows)
+
+
+def _gloo_checks(group):
+    from ditron_ops.testing.ulysses_checks import check_ulysses
+
+    return check_ulysses(group, torch.float32)
+
+
+def test_torch_backend_over_gloo():
+    """Groups without symmetric memory (torchrun with the torch backend) take the unfused
+    path: all_to_all over torch.distributed, SDPA, all_to_all back."""
+    from ditron_ops.testing import run_gloo
+
+    results = run_gloo(_gloo_checks, 2)
+    assert all(len(r) == 4 for r in results)
+
+
+def test_checks_on_virtual_world():
+    from ditron_ops.testing.ulysses_checks import check_ulysses
+
+    assert all(len(r) == 4 for r in ditron_ops.launch(check_ulysses, 2, args=(torch.float32,)))

@@ -3,7 +3,7 @@
 Reports registers, spills and shared memory per kernel variant, so kernel edits can be checked
 before a GPU session::
 
-    PYTHONPATH=. python tools/sm90_compile.py ulysses
+    PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all]
 
 How: the kernels are imported as compiled-mode ``triton.jit`` functions (``ditron_ops`` imported
 while ``torch.cuda.is_available`` answers True) and ``JITFunction.warmup`` runs against a stand-in driver
@@ -105,7 +105,31 @@ def ulysses() -> list[str]:
     return lines
 
 
+def all_to_all() -> list[str]:
+    import importlib
+
+    import torch
+
+    from ditron_ops.collectives._all_to_all_kernels import all_to_all_kernel
+
+    api = importlib.import_module("ditron_ops.collectives.all_to_all")  # the package exports the fn
+
+    lines = []
+    i64 = torch.zeros(16, dtype=torch.int64)
+    view = api._canonical([8, 4, 64], 2, (0, 2))
+    for dtype in api.DTYPES:
+        for vec in (16 // torch.empty((), dtype=dtype).element_size(), 1):
+            x = torch.zeros(4096, dtype=dtype)
+            k = all_to_all_kernel.warmup(x, x, x, i64, i64, i64, i64, i64, 0, 2,
+                                         *api._view_args(view), 2048, 4096, 1, 1000, 0,
+                                         BLOCK_R=api._GPU_BLOCKS[0], BLOCK_C=api._GPU_BLOCKS[1],
+                                         VEC=vec, num_warps=4, grid=(1,))
+            lines.append(report(f"all_to_all {dtype} VEC={vec}", k))
+            print(lines[-1], flush=True)
+    return lines
+
+
 if __name__ == "__main__":
     _compiled_mode()
-    what = sys.argv[1] if len(sys.argv) > 1 else "ulysses"
-    {"ulysses": ulysses}[what]()
+    for what in sys.argv[1:] or ["ulysses", "all_to_all"]:
+        {"ulysses": ulysses, "all_to_all": all_to_all}[what]()

@@ -58,14 +58,15 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @dl.jit
-def _push_heads(src, sb, ss, sh, dst, batch, seq_r, heads, seq, first, pid, nprog,
+def _push_heads(src, sb, ss, sh, head0, dst, batch, seq_r, heads, seq, first, pid, nprog,
                 D: tl.constexpr, BLOCK_R: tl.constexpr, VEC: tl.constexpr):
-    """Rows ``[b, s, h, :]`` (``h < heads``; ``src`` at the first head) of this rank's shard
-    into ``dst`` laid out ``[B, heads, seq, D]`` at sequence position ``first + s``; ``BLOCK_R``
-    head rows per tile, tiles ``pid, pid + nprog, ...``. Strides are multiples of ``VEC``."""
+    """Rows ``[b, s, head0 + h, :]`` (``h < heads``) of this rank's shard into ``dst`` laid out
+    ``[B, heads, seq, D]`` at sequence position ``first + s``; ``BLOCK_R`` head rows per tile,
+    tiles ``pid, pid + nprog, ...``. Strides are multiples of ``VEC`` (16-byte vectors)."""
     sb = sb // VEC * VEC
     ss = ss // VEC * VEC
     sh = sh // VEC * VEC
+    src += head0 * sh
     n = batch.to(tl.int64) * seq_r * heads
     offs_r = tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, D)
@@ -181,9 +182,15 @@ def ulysses_attention_kernel(
     half = parity * (half_elems // D * D)
     nqb = tl.cdiv(seq_r, BLOCK_M)
     unit = tl.full((), UNIT, tl.int64)
+    # ``x // VEC * VEC``: the host keeps these multiples of 16 bytes; written so, the compiler
+    # knows it and vectorizes the copies
     stride_ob = stride_ob // VEC * VEC
     stride_os = stride_os // VEC * VEC
     stride_oh = stride_oh // VEC * VEC
+    q_off = q_off // VEC * VEC
+    k_off = k_off // VEC * VEC
+    v_off = v_off // VEC * VEC
+    stage_off = stage_off // VEC * VEC
 
     # ---- push this rank's chunk of every destination's heads -----------------------------------
     if pack != 0:
@@ -195,13 +202,12 @@ def ulysses_attention_kernel(
             d = (rank - i + world_size) % world_size
             dst = dl.peer_base(buf_table, d, rank, buf_ptr) + half
             kv0 = d * hkv // world_size
-            _push_heads(q_ptr + d * hq_l * stride_qh, stride_qb, stride_qs, stride_qh,
-                        dst + q_off, batch, seq_r, hq_l, seq, rank * seq_r, pid, nprog, D,
-                        BLOCK_R, VEC)
-            _push_heads(k_ptr + kv0 * stride_kh, stride_kb, stride_ks, stride_kh, dst + k_off,
-                        batch, seq_r, hkv_l, seq, rank * seq_r, pid, nprog, D, BLOCK_R, VEC)
-            _push_heads(v_ptr + kv0 * stride_vh, stride_vb, stride_vs, stride_vh, dst + v_off,
-                        batch, seq_r, hkv_l, seq, rank * seq_r, pid, nprog, D, BLOCK_R, VEC)
+            _push_heads(q_ptr, stride_qb, stride_qs, stride_qh, d * hq_l, dst + q_off, batch,
+                        seq_r, hq_l, seq, rank * seq_r, pid, nprog, D, BLOCK_R, VEC)
+            _push_heads(k_ptr, stride_kb, stride_ks, stride_kh, kv0, dst + k_off, batch, seq_r,
+                        hkv_l, seq, rank * seq_r, pid, nprog, D, BLOCK_R, VEC)
+            _push_heads(v_ptr, stride_vb, stride_vs, stride_vh, kv0, dst + v_off, batch, seq_r,
+                        hkv_l, seq, rank * seq_r, pid, nprog, D, BLOCK_R, VEC)
             peer = dl.remote_ptr(sig_table, d, sig_ptr)
             if pid == 0:
                 tl.store(peer + 4 * world_size + parity * world_size + rank,

@@ -70,6 +70,7 @@ def all_to_all_kernel(x_ptr, out_ptr, buf_ptr, buf_table, sig_ptr, sig_table, er
     unit = tl.full((), UNIT, tl.int64)
     p2 = p2 // VEC * VEC
     half_base = parity * (half_elems // VEC * VEC)
+    numel = numel // VEC * VEC  # a multiple of p2
     rows = p0.to(tl.int64) * lp * p1
     run = lq * p2
     for i in range(world_size):
