@@ -266,6 +266,9 @@ def _child(tmpdir: str) -> dict:
             want = reference.attention(q, k, v, causal=causal)
             res[f"err_causal={causal}"] = (out.float() - want.float()).abs().max().item()
         res["a2a_equal"] = torch.equal(ditron_ops.all_to_all(q, 2, 1, group), q)
+        from ditron_ops.testing.ulysses_checks import check_ulysses
+
+        res["checks"] = check_ulysses(group, torch.bfloat16)  # asserts inside (+ gradients)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             captured = ditron_ops.ulysses_attention(q, k, v, group, causal=True)
@@ -294,7 +297,7 @@ def test_nvshmem_one_pe(tmp_path):
     assert proc.returncode == 0 and lines, proc.stderr[-6000:]
     r = json.loads(lines[-1][len("RESULT "):])
     print("nvshmem ulysses:", r)
-    assert r["backend"] == "nvshmem" and r["a2a_equal"] and r["graph_equal"]
+    assert r["backend"] == "nvshmem" and r["a2a_equal"] and r["graph_equal"] and len(r["checks"]) == 4
     assert r["err_causal=False"] < TOL * 4 and r["err_causal=True"] < TOL * 4
 
 
