@@ -20,6 +20,13 @@ replicates) over the whole sequence ``S = W S_r``. Schedule of one call (program
     rank r   | push q,k,v -> r, r-1, .. | tiles: wait chunk, attend, store/send | wait out, copy |
     rank r+1 |  push ..       | tiles (start when their first chunks landed) ...          | ...
 
+The tail's copy is the only extra pass: peers can store only into symmetric memory (one process
+per GPU), and the returned tensor must outlive the workspace's double buffering; this rank's own
+rows (a 1/W share) skip it, and it copies each peer's part as soon as that peer's tiles landed,
+while this rank's other programs may still compute. Programs push before they compute (by bytes
+and FLOPs the push is 1-2% of the attention at 8k tokens, not yet measured) so peers' tiles
+wait as little as possible.
+
 Keys are visited chunk by chunk in a fixed order (r, r+1, ..., then 0, .., r-1; causal: only
 chunks up to the tile's own, its diagonal blocks masked). When ``S_r`` is a multiple of
 ``BLOCK_N`` the chunks that have already landed are attended as one run (one pipelined loop,
@@ -30,7 +37,9 @@ Co-residency: the grid is persistent (``P <= group.sm_share()``, the rank's shar
 in a virtual world; one program in the interpreter, which runs a grid's programs one after the
 other), so every program of every rank is resident at once and each wait depends only on
 peers' pushes (which never wait) or on their tiles (which wait only for pushes). A program's
-first tile may wait for a chunk that its own grid's programs push: they are resident too.
+first tile may wait for a chunk that its own grid's programs push: they are resident too. In a
+virtual world of W = 8 on 132 SMs the ranks' grids use 128 SMs (one program per SM: 230 KB of
+shared memory and 255 registers a thread at 128x128 tiles, D = 128).
 
 Signals (receiver's pad, never reset; a call adds exactly ``UNIT`` to each word a peer
 signals, so ``flag >= epoch * UNIT`` means that peer's whole call landed)::
