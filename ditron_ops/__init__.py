@@ -16,7 +16,8 @@ from .runtime.nvshmem_backend import finalize_nvshmem, init_nvshmem, nvshmem_ava
 
 __version__ = "0.1.0"
 
-__all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode", "ulysses_attention", "all_gather", "reduce_scatter",
-           "all_reduce", "all_to_all", "launch", "Group", "VirtualGroup",
-           "TorchGroup", "init_nvshmem", "finalize_nvshmem", "nvshmem_available", "current_group", "set_default_group", "split_sizes", "deterministic",
-           "is_deterministic", "DitronError", "DitronTimeoutError", "DitronSizeMismatchError"]
+__all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode", "ulysses_attention", "all_gather",
+           "reduce_scatter", "all_reduce", "all_to_all", "launch", "Group", "VirtualGroup",
+           "TorchGroup", "init_nvshmem", "finalize_nvshmem", "nvshmem_available", "current_group",
+           "set_default_group", "split_sizes", "deterministic", "is_deterministic", "DitronError",
+           "DitronTimeoutError", "DitronSizeMismatchError"]

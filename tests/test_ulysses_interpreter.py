@@ -100,7 +100,7 @@ def _repeat_with_delays(group, runs, seed):
              for x in (q, api.kv_for_ranks(k, w), api.kv_for_ranks(v, w), dout)]
     qh, kh, vh, doh = (x.transpose(1, 2) for x in heads)
     _, dk_part, _ = api.local_attention_backward(qh, kh, vh, doh, True, 64 ** -0.5, True)
-    back = ditron_ops.all_to_all(dk_part.transpose(1, 2).contiguous(), 1, 2, group)  # [1, S_r, W, D]
+    back = ditron_ops.all_to_all(dk_part.transpose(1, 2).contiguous(), 1, 2, group)  # [1,S_r,W,D]
     parts = [back[:, :, [s]] for s in range(w)]
     assert torch.equal(results[0][2], reference.rank_ordered_sum(parts, torch.float32))
     return True
@@ -187,7 +187,8 @@ def _rank1_skips(group):
 
 
 def test_missing_rank_times_out():
-    assert ditron_ops.launch(_rank1_skips, 2, timeout_s=1.0) == [("ulysses_attention", 1), "skipped"]
+    got = ditron_ops.launch(_rank1_skips, 2, timeout_s=1.0)
+    assert got == [("ulysses_attention", 1), "skipped"]
 
 
 def test_opcheck_and_compile():
@@ -199,7 +200,8 @@ def test_opcheck_and_compile():
                               (q, k, v, group.group_name, True, 0.125, True), test_utils=utils)
         torch.library.opcheck(torch.ops.ditron.all_to_all.default, (q, group.group_name, 2, 1),
                               test_utils=utils)
-        step = lambda x: ditron_ops.ulysses_attention(x * 1.0, k, v, group, causal=True)  # noqa: E731
+        def step(x):
+            return ditron_ops.ulysses_attention(x * 1.0, k, v, group, causal=True)
         torch._dynamo.reset()
         return torch.equal(torch.compile(step, fullgraph=True)(q), step(q))
     assert ditron_ops.launch(body, 1) == [True]

@@ -6,9 +6,9 @@ before a GPU session::
     PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all]
 
 How: the kernels are imported as compiled-mode ``triton.jit`` functions (``ditron_ops`` imported
-while ``torch.cuda.is_available`` answers True) and ``JITFunction.warmup`` runs against a stand-in driver
-whose target is ``cuda:90``; warm-up compiles without launching. Arguments are CPU tensors:
-only their dtype and 16-byte alignment reach the compiler.
+while ``torch.cuda.is_available`` answers True) and ``JITFunction.warmup`` runs against a
+stand-in driver whose target is ``cuda:90``; warm-up compiles without launching. Arguments are
+CPU tensors: only their dtype and 16-byte alignment reach the compiler.
 """
 from __future__ import annotations
 

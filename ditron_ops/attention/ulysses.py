@@ -370,8 +370,9 @@ def local_attention_backward(q, k, v, do, causal: bool, scale: float, determinis
     g = q.shape[1] // k.shape[1]
     kx, vx = (k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)) if g > 1 else (k, v)
     if q.is_cuda and not deterministic:
-        out, lse, cq, ck, mq, mk, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
-            q, kx, vx, 0.0, causal, False, scale=scale)
+        flash = torch.ops.aten._scaled_dot_product_flash_attention
+        out, lse, cq, ck, mq, mk, seed, offset, _ = flash(q, kx, vx, 0.0, causal, False,
+                                                          scale=scale)
         dq, dkx, dvx = torch.ops.aten._scaled_dot_product_flash_attention_backward(
             do, q, kx, vx, out, lse, cq, ck, mq, mk, 0.0, causal, seed, offset, scale=scale)
     else:
@@ -398,7 +399,10 @@ def attention_backward(q, k, v, grad_out, group: Group, causal: bool, scale: flo
              for x in (q, kv_for_ranks(k, w), kv_for_ranks(v, w), grad_out)]
     qh, kh, vh, doh = (rearrange(x, "b s h d -> b h s d") for x in heads)
     dqh, dkh, dvh = local_attention_backward(qh, kh, vh, doh, causal, scale, deterministic)
-    back = lambda x: all_to_all(rearrange(x, "b h s d -> b s h d").contiguous(), 1, 2, group)  # noqa: E731
+
+    def back(x):  # [B, H_l, S, D] -> [B, S_r, H, D]
+        return all_to_all(rearrange(x, "b h s d -> b s h d").contiguous(), 1, 2, group)
+
     dq = back(dqh)
     if hkv % w == 0:
         return dq, back(dkh.to(k.dtype)), back(dvh.to(v.dtype))
@@ -434,8 +438,9 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     ``Hq`` a multiple of ``Hkv``) -> ``[B, Hq, S, D]``. ``config`` names one of ``GPU_CONFIGS``
     (default ``GPU_CONFIG``). Not collective; for benchmarks and tests."""
     if q.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
-        raise ValueError(f"ditron.local_attention: q must be [B, Hq, S, D] and k, v [B, Hkv, S, D]; "
-                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError("ditron.local_attention: q must be [B, Hq, S, D] and k, v "
+                         f"[B, Hkv, S, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
     if q.shape[1] % k.shape[1] or q.shape[3] not in HEAD_DIMS:
         raise ValueError("ditron.local_attention: Hq must be a multiple of Hkv and D one of "
                          f"{HEAD_DIMS}")

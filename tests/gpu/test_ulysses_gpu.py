@@ -33,7 +33,8 @@ def _chunk(x, group):
 
 
 def _inputs(group, b, s_r, hq, hkv, d, dtype, seed=0):
-    return tuple(_chunk(x, group) for x in _full(b, s_r * group.world_size, hq, hkv, d, dtype, seed))
+    full = _full(b, s_r * group.world_size, hq, hkv, d, dtype, seed)
+    return tuple(_chunk(x, group) for x in full)
 
 
 def _check(group, b, s_r, hq, hkv, d, dtype, causal):
@@ -194,7 +195,8 @@ def test_opcheck_and_compile():
                               (q, k, v, group.group_name, True, 0.088, False), test_utils=utils)
         torch.library.opcheck(torch.ops.ditron.all_to_all.default, (q, group.group_name, 2, 1),
                               test_utils=utils)
-        step = lambda x: ditron_ops.ulysses_attention(x * 1.0, k, v, group, causal=True)  # noqa: E731
+        def step(x):
+            return ditron_ops.ulysses_attention(x * 1.0, k, v, group, causal=True)
         torch._dynamo.reset()
         return torch.equal(torch.compile(step, fullgraph=True)(q), step(q))
     assert ditron_ops.launch(body, 1) == [True]
@@ -297,7 +299,8 @@ def test_nvshmem_one_pe(tmp_path):
     assert proc.returncode == 0 and lines, proc.stderr[-6000:]
     r = json.loads(lines[-1][len("RESULT "):])
     print("nvshmem ulysses:", r)
-    assert r["backend"] == "nvshmem" and r["a2a_equal"] and r["graph_equal"] and len(r["checks"]) == 4
+    assert r["backend"] == "nvshmem" and r["a2a_equal"] and r["graph_equal"]
+    assert len(r["checks"]) == 4
     assert r["err_causal=False"] < TOL * 4 and r["err_causal=True"] < TOL * 4
 
 
