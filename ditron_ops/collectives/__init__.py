@@ -1,6 +1,8 @@
-"""Standalone collectives as ``torch.ops.ditron.*``: all_gather, reduce_scatter, all_reduce."""
+"""Standalone collectives as ``torch.ops.ditron.*``: all_gather, reduce_scatter, all_reduce,
+all_to_all."""
 from .all_gather import all_gather
 from .all_reduce import all_reduce
+from .all_to_all import all_to_all
 from .reduce_scatter import reduce_scatter
 
-__all__ = ["all_gather", "reduce_scatter", "all_reduce"]
+__all__ = ["all_gather", "reduce_scatter", "all_reduce", "all_to_all"]

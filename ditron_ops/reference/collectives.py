@@ -54,6 +54,19 @@ def all_gather(x: torch.Tensor, group: Group, shard_sizes: Optional[Sequence[int
     return torch.cat(gather_tensors(x, group), dim=0)
 
 
+def all_to_all(x: torch.Tensor, group: Group, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    """Part ``rank`` (along ``scatter_dim``) of every rank's ``x``, concatenated along
+    ``gather_dim`` in rank order (``torch.distributed.all_to_all_single`` on process groups)."""
+    w = group.world_size
+    if getattr(group, "pg", None) is not None:
+        send = torch.stack(x.chunk(w, scatter_dim)).contiguous()  # [W, *part]: part d first
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group.pg)
+        return torch.cat(recv.unbind(0), dim=gather_dim).contiguous()
+    parts = gather_tensors(x, group)
+    return torch.cat([p.chunk(w, scatter_dim)[group.rank] for p in parts], dim=gather_dim).contiguous()
+
+
 def reduce_scatter(x: torch.Tensor, group: Group) -> torch.Tensor:
     """This rank's rows (``split_sizes``) of the rank-ordered fp32 sum of every rank's ``x``."""
     total = rank_ordered_sum(gather_tensors(x, group), x.dtype)

@@ -1,0 +1,55 @@
+"""Checks of ``ulysses_attention`` and ``all_to_all`` on any group (virtual, nvshmem, torch).
+
+Used by the gloo test (torch backend: the unfused path) and the one-PE NVSHMEM test; a
+multi-GPU run can call ``check_ulysses`` from ``torchrun_checks``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import reference
+from ..attention.ulysses import ulysses_attention
+from ..collectives import all_to_all
+from ..runtime.group import Group
+from .checks import make_input
+
+REL_TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
+def check_ulysses(group: Group, dtype: torch.dtype) -> dict[str, float]:
+    """Forward (causal and not; KV split, and replicated where ``W % Hkv == 0`` allows it) and
+    gradients vs the references, all_to_all bitwise. Returns ``{case: max abs error}``; raises
+    AssertionError beyond ``REL_TOL``."""
+    w, gpu = group.world_size, group.device.type == "cuda"
+    s_r, d = (1000, 128) if gpu else (7, 64)
+    errors = {}
+    for hq, hkv in ((4 * w, 2 * w), (2 * w, 1)):
+        full = [make_input((1, s_r * w, h, d), dtype, group.device, seed)
+                for seed, h in ((1, hq), (2, hkv), (3, hkv))]
+        start = group.rank * s_r
+        q, k, v = (x[:, start:start + s_r].contiguous() for x in full)
+        for causal in (False, True):
+            out = ulysses_attention(q, k, v, group, causal=causal)
+            want = reference.attention(*full, causal=causal)[:, start:start + s_r]
+            err = (out.float() - want.float()).abs().max().item()
+            assert err <= REL_TOL[dtype] * max(1.0, want.float().abs().max().item()), \
+                f"rank {group.rank}: ulysses {hq}/{hkv} causal={causal}: error {err}"
+            errors[f"{hq}/{hkv} causal={causal}"] = err
+        # gradients against the full sequence's autograd (fp32 reference)
+        ref = [x.float().requires_grad_() for x in full]
+        dout = make_input((1, s_r * w, hq, d), torch.float32, group.device, 4)
+        (reference.attention(*ref, causal=True) * dout).sum().backward()
+        mine = [x.detach().requires_grad_() for x in (q, k, v)]
+        ulysses_attention(*mine, group, causal=True).backward(
+            dout[:, start:start + s_r].to(dtype))
+        for name, x, r in zip("qkv", mine, ref):
+            want = r.grad[:, start:start + s_r]
+            err = (x.grad.float() - want).abs().max().item()
+            assert err <= 1.5 * REL_TOL[dtype] * max(1.0, want.abs().max().item()), \
+                f"rank {group.rank}: ulysses {hq}/{hkv} d{name}: error {err}"
+    x = make_input((2, s_r, 4 * w, d), dtype, group.device, 10 + group.rank)
+    assert torch.equal(all_to_all(x, 2, 1, group), reference.all_to_all(x, group, 2, 1))
+    if group.device.type == "cuda":
+        torch.cuda.current_stream(group.device).synchronize()
+    group.check()
+    return errors

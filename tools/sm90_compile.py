@@ -1,0 +1,135 @@
+"""Compile ditron kernels for sm_90a on a machine without a GPU (ptxas ships with triton).
+
+Reports registers, spills and shared memory per kernel variant, so kernel edits can be checked
+before a GPU session::
+
+    PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all]
+
+How: the kernels are imported as compiled-mode ``triton.jit`` functions (``ditron_ops`` imported
+while ``torch.cuda.is_available`` answers True) and ``JITFunction.warmup`` runs against a
+stand-in driver whose target is ``cuda:90``; warm-up compiles without launching. Arguments are
+CPU tensors: only their dtype and 16-byte alignment reach the compiler.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+
+def _fake_driver():
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver as active_driver
+
+    class _Driver:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_active_torch_device(self):
+            import torch
+            return torch.device("cpu")
+
+    active_driver.set_active(_Driver())
+
+
+def _compiled_mode():
+    import torch
+
+    available = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True  # ditron_ops picks compiled mode once, at import
+    try:
+        import ditron_ops  # noqa: F401
+    finally:
+        torch.cuda.is_available = available
+    _fake_driver()
+
+
+def report(name, kernel) -> str:
+    """One line: ptxas's resource usage of the kernel's PTX for sm_90a, shared memory."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as fh:
+        fh.write(kernel.asm["ptx"])
+    try:
+        got = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", fh.name, "-o", os.devnull],
+                             capture_output=True, text=True, check=True).stderr
+    finally:
+        os.unlink(fh.name)
+    regs = re.findall(r"Used (\d+) registers", got)
+    spills = re.findall(r"(\d+) bytes spill stores", got)
+    md = kernel.metadata
+    return (f"{name}: regs {regs[-1] if regs else '?'}, spill stores "
+            f"{spills[-1] if spills else '?'} B, shared {md.shared} B, warps {md.num_warps}, "
+            f"stages {md.num_stages}")
+
+
+def ulysses() -> list[str]:
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from ditron_ops.attention import ulysses as api
+    from ditron_ops.attention._ulysses_kernels import ulysses_attention_kernel
+
+    lines = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for d in api.HEAD_DIMS:
+            for name, cfg in api.GPU_CONFIGS.items():
+                buf = torch.zeros(1 << 16, dtype=dtype)
+                rows = buf.numel() // d
+                qd = TensorDescriptor(buf, [rows, d], [d, 1], [cfg.block_m, d])
+                kd = TensorDescriptor(buf, [rows, d], [d, 1], [cfg.block_n, d])
+                x = torch.zeros(64, dtype=dtype)
+                i64 = torch.zeros(16, dtype=torch.int64)
+                args, kwargs = api.kernel_args(x, x, x, qd, kd, buf, i64, x, i64, i64, i64, i64,
+                                               dims=(1, 8, 4, 2, 4, 2, 0, 1), strides=(8,) * 12,
+                                               offsets=(0, 0, 0, 0, 0), causal=1, scale=0.1,
+                                               merge_runs=1, pack=1, fingerprint=1,
+                                               timeout_us=1000, op_id=0, d=d, cfg=cfg,
+                                               push_rows=api.PUSH_ROWS["cuda"])
+                t0 = time.time()
+                k = ulysses_attention_kernel.warmup(*args, grid=(1,), **kwargs)
+                lines.append(report(f"ulysses {dtype} D={d} {name}", k)
+                             + f" ({time.time() - t0:.1f} s)")
+                print(lines[-1], flush=True)
+    return lines
+
+
+def all_to_all() -> list[str]:
+    import importlib
+
+    import torch
+
+    from ditron_ops.collectives._all_to_all_kernels import all_to_all_kernel
+
+    api = importlib.import_module("ditron_ops.collectives.all_to_all")  # the package exports the fn
+
+    lines = []
+    i64 = torch.zeros(16, dtype=torch.int64)
+    view = api._canonical([8, 4, 64], 2, (0, 2))
+    for dtype in api.DTYPES:
+        for vec in (16 // torch.empty((), dtype=dtype).element_size(), 1):
+            x = torch.zeros(4096, dtype=dtype)
+            k = all_to_all_kernel.warmup(x, x, x, i64, i64, i64, i64, i64, 0, 2,
+                                         *api._view_args(view), 2048, 4096, 1, 1000, 0,
+                                         BLOCK_R=api._GPU_BLOCKS[0], BLOCK_C=api._GPU_BLOCKS[1],
+                                         VEC=vec, num_warps=4, grid=(1,))
+            lines.append(report(f"all_to_all {dtype} VEC={vec}", k))
+            print(lines[-1], flush=True)
+    return lines
+
+
+if __name__ == "__main__":
+    _compiled_mode()
+    for what in sys.argv[1:] or ["ulysses", "all_to_all"]:
+        {"ulysses": ulysses, "all_to_all": all_to_all}[what]()
