@@ -194,16 +194,24 @@ def _fingerprint(*values) -> int:
     return h + 1
 
 
-def _agree(group: Group, q, k, causal: bool, scale: float) -> bool:
-    """Host check at plan build: every rank passes the same shapes and flags (True)."""
+def _agree(group: Group, q, k, causal: bool, scale: float) -> None:
+    """Host check, once per shape signature: every rank passes the same shapes and flags. Its
+    memo (``group._agreed``) is keyed by those values alone, which every rank's same call
+    sequence makes the same, so all ranks meet in the check together (a plan key, which holds
+    strides and alignment, could miss on one rank only)."""
     values = (*q.shape[:3], k.shape[2], q.shape[3], str(q.dtype), causal, scale)
+    agreed = group.__dict__.setdefault("_agreed", set())
+    if values in agreed:
+        return
     seen = group.all_gather_object(values)
     if any(x != values for x in seen):
         rows = ", ".join(f"rank {r}: B={x[0]} S_r={x[1]} Hq={x[2]} Hkv={x[3]} D={x[4]}"
                          for r, x in enumerate(seen))
         raise ValueError("ditron.ulysses_attention: every rank must pass the same B, S_r "
                          f"(sequence chunk), heads, head_dim, dtype and flags; got {rows}")
-    return True
+    if len(agreed) >= 512:
+        agreed.clear()
+    agreed.add(values)
 
 
 def _region(elems: int, elem_size: int) -> int:
@@ -221,7 +229,6 @@ class _UlyssesPlan:
         w, rank = group.world_size, group.rank
         b, s_r, hq, d = q.shape
         hkv = k.shape[2]
-        _agree(group, q, k, causal, scale)
         hq_l, hkv_l = hq // w, kv_heads_per_rank(hkv, w)
         cfg = attn_config(q.device)
         seq, elem = s_r * w, q.element_size()
@@ -276,12 +283,12 @@ def _impl(q, k, v, group_name, causal, softmax_scale, deterministic):
     if q.numel() == 0:
         return q.new_empty(q.shape)
     if not group.has_symmetric_memory:
-        key = ("ulysses_attention/agree", causal, softmax_scale, tensor_key(q), tensor_key(k))
-        group.plans.get(key, lambda: _agree(group, q, k, causal, softmax_scale))
+        _agree(group, q, k, causal, softmax_scale)
         return unfused_attention(q, k, v, group, causal, softmax_scale)
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     out = q.new_empty(q.shape)
     group.check()
+    _agree(group, q, k, causal, softmax_scale)
     key = ("ulysses_attention", causal, softmax_scale, tensor_key(q), tensor_key(k),
            tensor_key(v))
     plan = group.plans.get(key, lambda: _UlyssesPlan(group, q, k, v, out, causal, softmax_scale))
