@@ -119,6 +119,23 @@ def _flash_decode_check(group: Group, dtype: torch.dtype) -> tuple:
 
 
 register_check("flash_decode", _flash_decode_check)
+
+
+def _ulysses_check(group: Group, dtype: torch.dtype) -> tuple:
+    from .attention.ulysses import ulysses_attention
+
+    w, gpu = group.world_size, group.device.type == "cuda"
+    s_r, hq, hkv, d = (1024, 8 * w, 2 * w, 128) if gpu else (7, 2 * w, w, 64)
+    full = [make_input((1, s_r * w, h, d), dtype, group.device, seed)
+            for seed, h in ((1, hq), (2, hkv), (3, hkv))]  # the same on every rank
+    start = group.rank * s_r
+    q, k, v = (x[:, start:start + s_r].contiguous() for x in full)
+    run = lambda: ulysses_attention(q, k, v, group, causal=True)  # noqa: E731
+    want = reference.attention(*full, causal=True)[:, start:start + s_r]
+    return run(), want, run, 2e-2 if dtype == torch.bfloat16 else 4e-3
+
+
+register_check("ulysses_attention", _ulysses_check)
 register_check("gemm_rs (determ.)", _gemm_reduce_check("gemm_rs"))
 register_check("gemm_ar one_shot", _gemm_reduce_check("gemm_ar", "one_shot"))
 register_check("gemm_ar two_shot", _gemm_reduce_check("gemm_ar", "two_shot"))

@@ -34,6 +34,7 @@ from ..runtime.torchrun import torchrun_group
 from .ag_gemm_checks import REL_TOL, check_ag_gemm
 from .checks import check_collectives, make_input
 from .gemm_rs_checks import check_gemm_reduce, gemm_rs_inputs, order_exact
+from .ulysses_checks import check_ulysses
 
 TIMEOUT_S = 3.0  # the group's wait bound here: the skipped-call check waits this long
 
@@ -216,6 +217,7 @@ PARTS = {  # name: (check, its CHECK line, needs symmetric memory on a GPU)
     "flash_decode": (_check_flash_decode, "flash_decode", False),
     "gemm_reduce": (_check_gemm_reduce,
                     "gemm_rs / gemm_ar (deterministic bitwise; NCCL baselines)", False),
+    "ulysses": (lambda group, dtype: check_ulysses(group, dtype), "ulysses_attention", False),
     "graphs": (_check_graphs, "CUDA graphs", True),
     "back_to_back": (_check_back_to_back, "300 back-to-back calls", True),
 }

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.gpu
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 LIMIT_S = 240
-CHECKS = ("collectives", "ag_gemm", "gemm_rs / gemm_ar", "flash_decode", "CUDA graphs",
-          "back-to-back", "timeout")
+CHECKS = ("collectives", "ag_gemm", "gemm_rs / gemm_ar", "flash_decode", "ulysses_attention",
+          "CUDA graphs", "back-to-back", "timeout")
 
 
 @pytest.mark.skipif(GPUS < 2, reason="needs at least 2 GPUs (one process per GPU)")
