@@ -6,6 +6,7 @@ from . import reference
 from .gemm.ag_gemm import ag_gemm
 from .gemm.gemm_rs import gemm_ar, gemm_rs
 from .attention.flash_decode import flash_decode
+from . import moe
 from .collectives import all_gather, all_reduce, reduce_scatter
 from .deterministic import deterministic, is_deterministic
 from .errors import DitronError, DitronSizeMismatchError, DitronTimeoutError
@@ -15,6 +16,6 @@ from .runtime.nvshmem_backend import finalize_nvshmem, init_nvshmem, nvshmem_ava
 
 __version__ = "0.1.0"
 
-__all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode", "all_gather", "reduce_scatter", "all_reduce", "launch", "Group", "VirtualGroup",
+__all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode", "all_gather", "reduce_scatter", "all_reduce", "moe", "launch", "Group", "VirtualGroup",
            "TorchGroup", "init_nvshmem", "finalize_nvshmem", "nvshmem_available", "current_group", "set_default_group", "split_sizes", "deterministic",
            "is_deterministic", "DitronError", "DitronTimeoutError", "DitronSizeMismatchError"]
