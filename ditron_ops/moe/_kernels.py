@@ -417,9 +417,9 @@ def dispatch_kernel(
 
     # ---- wait for every rank's staging --------------------------------------------------------
     ok = pid >= 0
-    for s in range(world_size):
-        ok = ok & dl.wait_at_least(sig_ptr + SIG_READY_D + s, epoch * nprog, deadline, err_claim,
-                                   err_record, op_id, rank, s, epoch)
+    for peer in range(world_size):
+        ok = ok & dl.wait_at_least(sig_ptr + SIG_READY_D + peer, epoch * nprog, deadline, err_claim,
+                                   err_record, op_id, rank, peer, epoch)
 
     # ---- layout and receive -------------------------------------------------------------------
     if ok:
@@ -601,9 +601,9 @@ def combine_kernel(y_ptr, w_ptr, dest_ptr, out_ptr, counts_ptr, offsets_ptr, cst
         peer = (rank + i) % world_size
         dl.signal_add(dl.peer_base(table_ptr, peer, rank, sig_ptr) + SIG_READY_D + world_size + rank, 1)
     ok = pid >= 0
-    for s in range(world_size):
-        ok = ok & dl.wait_at_least(sig_ptr + SIG_READY_D + world_size + s, epoch * nprog, deadline,
-                                   err_claim, err_record, op_id, rank, s, epoch)
+    for peer in range(world_size):
+        ok = ok & dl.wait_at_least(sig_ptr + SIG_READY_D + world_size + peer, epoch * nprog, deadline,
+                                   err_claim, err_record, op_id, rank, peer, epoch)
 
     # ---- weighted sum of every token's rows, k order, fp32 -----------------------------------
     if ok:
@@ -631,9 +631,9 @@ def combine_kernel(y_ptr, w_ptr, dest_ptr, out_ptr, counts_ptr, offsets_ptr, cst
     for i in range(world_size):
         peer = (rank + i) % world_size
         dl.signal_add(dl.peer_base(table_ptr, peer, rank, sig_ptr) + SIG_READY_D + 2 * world_size + rank, 1)
-    for s in range(world_size):
-        dl.wait_at_least(sig_ptr + SIG_READY_D + 2 * world_size + s, epoch * nprog, deadline,
-                         err_claim, err_record, op_id, rank, s, epoch)
+    for peer in range(world_size):
+        dl.wait_at_least(sig_ptr + SIG_READY_D + 2 * world_size + peer, epoch * nprog, deadline,
+                         err_claim, err_record, op_id, rank, peer, epoch)
     tl.debug_barrier()
     finished = tl.atomic_add(sig_ptr + SIG_DONE_C, 1, sem="acq_rel", scope="gpu")
     if finished == nprog - 1:
