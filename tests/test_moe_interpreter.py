@@ -125,25 +125,25 @@ def test_cached_handle_and_back_to_back_calls():
     expectation bit for bit, a cached dispatch equals a fresh one."""
     def body(group):
         with _buffer(group, max_tokens=7) as buf:
-            handle = None
+            prev = None  # (handle, x, idx, w, deterministic) of the last fresh dispatch
             for i in range(30):
+                if i % 5 == 4:
+                    handle, x, idx, w, det = prev
+                    d = buf.dispatch(x * 2, handle=handle)
+                    fresh = buf.dispatch(x * 2, idx, layout=handle.layout, expert_alignment=handle.expert_alignment,
+                                         deterministic=det)
+                    used = handle.src_of_row >= 0
+                    assert torch.equal(d.x.reshape(-1, 16)[used], fresh.x.reshape(-1, 16)[used])
+                    assert torch.equal(buf.combine(d.x, handle, w), mc.identity_combine(x * 2, handle.dest, w)), i
+                    continue
                 count = (i * 5 + group.rank) % 8
                 idx, w = mc.routing(group, count, buf.num_experts, 3, "random", 100 + i)
                 x = mc.tokens(group, count, 16, F32, 100 + i)
-                layout = ("expert_padded", "expert_contig")[i % 2]
-                if i % 5 == 4:
-                    d = buf.dispatch(prev_x * 2, handle=handle)
-                    fresh = buf.dispatch(prev_x * 2, prev_idx, layout=handle.layout, expert_alignment=handle.expert_alignment,
-                                         deterministic=prev_det)
-                    assert torch.equal(d.x.reshape(-1, 16)[handle.src_of_row >= 0],
-                                       fresh.x.reshape(-1, 16)[handle.src_of_row >= 0])
-                    out = buf.combine(d.x, handle, prev_w)
-                    assert torch.equal(out, mc.identity_combine(prev_x * 2, handle.dest, prev_w)), i
-                    continue
                 det = i % 3 != 0
-                d = buf.dispatch(x, idx, w, layout=layout, expert_alignment=1 + (i % 3) * (i % 2), deterministic=det)
+                d = buf.dispatch(x, idx, w, layout=("expert_padded", "expert_contig")[i % 2],
+                                 expert_alignment=1 + (i % 3) * (i % 2), deterministic=det)
                 assert torch.equal(buf.combine(d.x, d.handle), mc.identity_combine(x, d.handle.dest, w)), i
-                handle, prev_x, prev_idx, prev_w, prev_det = d.handle, x, idx, w, det
+                prev = (d.handle, x, idx, w, det)
             group.synchronize()
             buf.check()
         return True
