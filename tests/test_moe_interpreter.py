@@ -406,3 +406,30 @@ def test_gpu_kernels_compile_for_sm90():
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "COMPILED" in proc.stdout, proc.stderr[-4000:]
+
+
+def _load_example():
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("moe_ep_layer", os.path.join(root, "examples", "moe_ep_layer.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_ep_layer_trains_like_the_single_process_layer():
+    """examples/moe_ep_layer.py: router -> dispatch -> grouped GEMMs -> combine, 4 SGD steps with
+    autograd on 2 ranks; loss and first-step gradients match the one-process layer (it asserts)."""
+    losses = _load_example().main(["--world-size", "2"])
+    assert len(losses) == 4 and losses[-1] < losses[0]
+
+
+def test_example_check_can_fail(monkeypatch):
+    """The example's comparison catches a wrong combine (weights ignored)."""
+    example = _load_example()
+    real = Buffer.combine
+    monkeypatch.setattr(Buffer, "combine", lambda self, y, handle, topk_weights=None, out=None: real(
+        self, y, handle, torch.ones_like(handle.topk_weights)))
+    with pytest.raises(AssertionError):
+        example.main(["--world-size", "1"])
