@@ -433,3 +433,24 @@ def test_example_check_can_fail(monkeypatch):
         self, y, handle, torch.ones_like(handle.topk_weights)))
     with pytest.raises(AssertionError):
         example.main(["--world-size", "1"])
+
+
+def test_bench_quick_writes_rows(tmp_path):
+    """``python -m ditron_ops.bench moe --quick`` on CPU: every impl row with its bytes, GB/s,
+    copy-bandwidth fraction, programs, the deterministic cost, and exact identity combines."""
+    import csv
+
+    from ditron_ops.bench.__main__ import main
+
+    assert main(["moe", "--quick", "--dtype", "fp32", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "moe-fp32-cpu-quick.csv")))
+    assert [(r["case"], r["impl"]) for r in rows] == [
+        ("T=4 padded fp32", i) for i in ("dispatch det", "dispatch default", "dispatch cached", "combine")] + [
+        ("T=8 contig fp8", i) for i in ("dispatch det", "dispatch default", "dispatch cached", "combine",
+                                        "combine zero-copy")]
+    for r in rows:
+        assert r["world_size"] == "2" and float(r["time_us"]) > 0 and float(r["baseline_us"]) > 0
+        assert int(r["nbytes"]) > 0 and float(r["GB_s"]) >= 0 and float(r["copy_GB_s"]) > 0
+        assert r["programs"] == "1" and r["sms"] == "2"
+        assert float(r["max_err"]) == 0.0 if "fp32" in r["case"] else float(r["max_err"]) < 0.5
+    assert all(float(r["det_cost"]) > 0 for r in rows if r["impl"] == "dispatch default")
