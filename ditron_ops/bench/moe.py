@@ -104,61 +104,64 @@ def _torch_exchange(group, buf: Buffer, d, x, w, y, fp8: bool):
 
 def _case(group, cfg: BenchConfig, copy_gbs: float, tokens: int, hidden: int, topk: int, experts: int,
           layout: str, fp8: bool) -> list[Result]:
-    dtype, dev, world = cfg.dtype, group.device, group.world_size
     cap = 2 * tokens * topk if layout == "expert_contig" else None
+    with Buffer(group, num_experts=experts, max_tokens_per_rank=tokens, hidden=hidden, topk=topk,
+                dtype=cfg.dtype, fp8=fp8, max_recv_tokens=cap) as buf:
+        rows = _measure(group, cfg, buf, copy_gbs, tokens, layout)
+        group.synchronize()
+        group.barrier()
+    if group.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _measure(group, cfg: BenchConfig, buf: Buffer, copy_gbs: float, tokens: int, layout: str) -> list[Result]:
+    dtype, dev, world = cfg.dtype, group.device, group.world_size
+    hidden, topk, experts, fp8 = buf.hidden, buf.topk, buf.num_experts, buf.fp8
     gen = torch.Generator(device="cpu").manual_seed(1000 + group.rank)
     x = torch.randn(tokens, hidden, generator=gen).to(dev, dtype)
     idx = torch.rand(tokens, experts, generator=gen).topk(topk, dim=1).indices.to(dev)
     w = torch.rand(tokens, topk, generator=gen).to(dev)
+    d = buf.dispatch(x, idx, w, layout=layout, deterministic=True)
+    y = d.x if not fp8 else (d.x.reshape(-1, hidden).float() * d.scales.reshape(-1, hidden // 128)
+                              .repeat_interleave(128, 1)).to(dtype).reshape(d.x.shape)
+    out = buf.combine(y, d.handle)
+    err = float((out.float() - identity_combine(x, d.handle.dest, w).float()).abs().max())
+    zero_copy = layout == "expert_contig"
+    stage = buf.combine_input()
+    if zero_copy:
+        stage.copy_(y)
+    ref_dispatch, ref_combine = _torch_exchange(group, buf, d, x, w, y, fp8)
+    fns = {"dispatch det": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=True),
+           "dispatch default": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=False),
+           "dispatch cached": lambda: buf.dispatch(x, None, w, handle=d.handle),
+           "combine": lambda: buf.combine(y, d.handle)}
+    if zero_copy:
+        fns["combine zero-copy"] = lambda: buf.combine(stage, d.handle)
+    fns["torch dispatch"], fns["torch combine"] = ref_dispatch, ref_combine
+    times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
+    received = int(d.counts.sum())
+    slots = int((d.handle.dest >= 0).sum())
+    elem = 1 if fp8 else x.element_size()
+    d_bytes = received * hidden * elem + (received * hidden // 128 * 4 if fp8 else 0)
+    c_bytes = slots * hidden * x.element_size()
+    label = f"T={tokens} {layout.split('_')[1]} {'fp8' if fp8 else cfg.dtype_name}"
     rows = []
-    with Buffer(group, num_experts=experts, max_tokens_per_rank=tokens, hidden=hidden, topk=topk,
-                dtype=dtype, fp8=fp8, max_recv_tokens=cap) as buf:
-        d = buf.dispatch(x, idx, w, layout=layout, deterministic=True)
-        y = d.x if not fp8 else (d.x.reshape(-1, hidden).float() * d.scales.reshape(-1, hidden // 128)
-                                  .repeat_interleave(128, 1)).to(dtype).reshape(d.x.shape)
-        out = buf.combine(y, d.handle)
-        err = (out.float() - identity_combine(x, d.handle.dest, w).float()).abs().max()
-        zero_copy = layout == "expert_contig"
-        stage = buf.combine_input()
-        if zero_copy:
-            stage.copy_(y)
-        ref_dispatch, ref_combine = _torch_exchange(group, buf, d, x, w, y, fp8)
-        fns = {"dispatch det": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=True),
-               "dispatch default": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=False),
-               "dispatch cached": lambda: buf.dispatch(x, None, w, handle=d.handle),
-               "combine": lambda: buf.combine(y, d.handle)}
-        if zero_copy:
-            fns["combine zero-copy"] = lambda: buf.combine(stage, d.handle)
-        fns["torch dispatch"], fns["torch combine"] = ref_dispatch, ref_combine
-        times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
-        group.synchronize()
-        received = int(d.counts.sum())
-        slots = int((d.handle.dest >= 0).sum())
-        elem = 1 if fp8 else x.element_size()
-        d_bytes = received * hidden * elem + (received * hidden // 128 * 4 if fp8 else 0)
-        c_bytes = slots * hidden * x.element_size()
-        sms = buf.programs * world
-        label = f"T={tokens} {layout.split('_')[1]} {'fp8' if fp8 else cfg.dtype_name}"
-        for impl in fns:
-            if impl.startswith("torch"):
-                continue
-            is_dispatch = impl.startswith("dispatch")
-            nbytes = d_bytes if is_dispatch else c_bytes
-            base = times["torch dispatch" if is_dispatch else "torch combine"]
-            gbs = nbytes / times[impl] / 1e3
-            extra = {"GB_s": round(gbs, 1), "copy_GB_s": round(copy_gbs, 1),
-                     "frac_copy": round(gbs / copy_gbs, 3), "torch_GB_s": round(nbytes / base / 1e3, 1),
-                     "programs": buf.programs, "sms": sms, "max_err": float(err)}
-            if impl == "dispatch default":
-                extra["det_cost"] = round(times["dispatch det"] / times[impl], 3)
-            rows.append(Result("moe", label, world, cfg.dtype_name, impl, times[impl], BASELINE, base,
-                               shape=f"{tokens}x{hidden} k{topk} E{experts}", m=tokens, n=hidden, k=topk,
-                               nbytes=nbytes, model="DeepSeek-V3", extra=extra))
-        del fns, ref_dispatch, ref_combine, d, y, out, stage
-        group.synchronize()
-        group.barrier()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    for impl in fns:
+        if impl.startswith("torch"):
+            continue
+        is_dispatch = impl.startswith("dispatch")
+        nbytes = d_bytes if is_dispatch else c_bytes
+        base = times["torch dispatch" if is_dispatch else "torch combine"]
+        gbs = nbytes / times[impl] / 1e3
+        extra = {"GB_s": round(gbs, 1), "copy_GB_s": round(copy_gbs, 1),
+                 "frac_copy": round(gbs / copy_gbs, 3), "torch_GB_s": round(nbytes / base / 1e3, 1),
+                 "programs": buf.programs, "sms": buf.programs * world, "max_err": err}
+        if impl == "dispatch default":
+            extra["det_cost"] = round(times["dispatch det"] / times[impl], 3)
+        rows.append(Result("moe", label, world, cfg.dtype_name, impl, times[impl], BASELINE, base,
+                           shape=f"{tokens}x{hidden} k{topk} E{experts}", m=tokens, n=hidden, k=topk,
+                           nbytes=nbytes, model="DeepSeek-V3", extra=extra))
     return rows
 
 
