@@ -389,7 +389,8 @@ for fp8 in (False, True):
                 offsets_ptr=i32, cstart_ptr=i32, idx32_ptr=i32, pos_ptr=i32, prefix_ptr=i32, count_ptr=i32,
                 bad_ptr=i64, scratch_ptr=i32, sig_ptr=i64, table_ptr=i64, cnt_sym=i32, sorted_sym=i32,
                 wst_sym=f32, xst_sym=st, sst_sym=f32, err_claim=i64, err_record=i64, moe_claim=i64, moe_record=i64)
-    build(K.dispatch_kernel, ptrs, dict(L.GPU_DISPATCH, FP8=fp8, VEC=L.vec(bf16, fp8), CH=L.GPU_CHUNK))
+    k = build(K.dispatch_kernel, ptrs, dict(L.GPU_DISPATCH, FP8=fp8, VEC=L.vec(bf16, fp8), CH=L.GPU_CHUNK))
+    assert "div.full" not in k.asm["ptx"] and "div.approx" not in k.asm["ptx"], "fp8 scales need IEEE divisions"
 ptrs = dict(y_ptr=bf16, w_ptr=f32, dest_ptr=i32, out_ptr=bf16, counts_ptr=i32, offsets_ptr=i32, cstart_ptr=i32,
             sig_ptr=i64, table_ptr=i64, yst_sym=bf16, err_claim=i64, err_record=i64)
 k = build(K.combine_kernel, ptrs, dict(L.GPU_COMBINE, VEC=8), enable_fp_fusion=False)
@@ -400,7 +401,8 @@ print("COMPILED")
 
 def test_gpu_kernels_compile_for_sm90():
     """The GPU code path (hardware fp8 cast, inline-PTX signals, loop-carried types the
-    interpreter does not check) compiles for sm_90 in a fresh process; the combine has no FMA."""
+    interpreter does not check) compiles for sm_90 in a fresh process; the combine has no FMA
+    and the fp8 quantization only IEEE divisions (torch's bits)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     env.pop("TRITON_INTERPRET", None)
@@ -454,3 +456,17 @@ def test_bench_quick_writes_rows(tmp_path):
         assert r["programs"] == "1" and r["sms"] == "2"
         assert float(r["max_err"]) == 0.0 if "fp32" in r["case"] else float(r["max_err"]) < 0.5
     assert all(float(r["det_cost"]) > 0 for r in rows if r["impl"] == "dispatch default")
+
+
+def test_warmup_runs_every_variant_on_one_rank(monkeypatch):
+    """The GPU warm-up (every layout, dispatch and combine variant on a one-rank world, round
+    trip checked) runs through the interpreter (its fp16 / fp32 half: bf16 math is wrong here)."""
+    from ditron_ops.moe import _launch
+
+    monkeypatch.setattr(_launch, "DTYPES", (F16, F32))
+    _launch._warmup(torch.device("cpu"))
+    launched = []
+    real = _launch.CombinePlan.__init__
+    monkeypatch.setattr(_launch.CombinePlan, "__init__", lambda self, *a, **kw: launched.append(kw) or real(self, *a, **kw))
+    _launch._warmup(torch.device("cpu"))
+    assert [(kw["dtype"], kw["hidden"]) for kw in launched] == [(F16, 128), (F32, 8), (F32, 128), (F32, 8)]

@@ -239,9 +239,11 @@ def _stage_tokens(x_ptr, stage_x, stage_s, n_tokens, hidden, round_scale, pid, n
                 col = h0 + groups[None, :, None] * 128 + chan[None, None, :]
                 m = r_ok[:, None, None] & (col < hidden)
                 v = tl.load(x_ptr + base[:, None, None] + col, mask=m, other=0.0).to(tl.float32)
-                scale = tl.maximum(tl.max(tl.abs(v), axis=2), 1e-4) / 448.0
+                # IEEE divisions (``/`` lowers to an approximate one on the GPU): torch's bits
+                scale = tl.div_rn(tl.maximum(tl.max(tl.abs(v), axis=2), 1e-4), 448.0)
                 scale = tl.where(round_scale != 0, _pow2_ceil(scale), scale)
-                tl.store(stage_x + base[:, None, None] + col, _e4m3(v / scale[:, :, None]), mask=m)
+                q = tl.div_rn(v, tl.broadcast_to(scale[:, :, None], v.shape))
+                tl.store(stage_x + base[:, None, None] + col, _e4m3(q), mask=m)
                 g_ok = r_ok[:, None] & (h0 + groups[None, :] * 128 < hidden)
                 tl.store(stage_s + rows.to(tl.int64)[:, None] * (hidden // 128) + h0 // 128 + groups[None, :],
                          scale, mask=g_ok)

@@ -15,6 +15,7 @@ per rank, k = top-k, H = hidden, CAP = receive capacity in rows)::
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 
@@ -279,46 +280,49 @@ class _OneRank:
 
 
 def _warmup(device: torch.device) -> None:
-    """Launch every kernel variant once on a one-rank world and check a round trip."""
+    """Launch every kernel variant once on a one-rank world (layouts: both index dtypes, both
+    modes; dispatch: every dtype with and without fp8, fresh and cached; combine: every dtype)
+    and check the round trip ``combine(dispatch(x)) == x * sum of the kept weights``."""
+    idx_rows = [[0, 1], [1, -1], [0, 0]]
     for dtype in DTYPES:
         for fp8 in (False, True):
             buf = _OneRank(device, dtype, fp8)
-            x = torch.randn(3, 128, device=device).to(dtype)
+            hid = buf.regions.hidden
+            x = torch.randn(3, hid, device=device).to(dtype)
             w = torch.rand(3, 2, device=device)
-            variants = [(idx_dtype, det) for idx_dtype in INDEX_DTYPES for det in (True, False)]
-            for n, (idx_dtype, det) in enumerate(variants):
-                idx = torch.tensor([[0, 1], [1, -1], [0, 0]], dtype=idx_dtype, device=device)
-                plan = DispatchPlan(buf, x_dtype=dtype, idx_dtype=idx_dtype, fp8=fp8,
-                                    round_scale=False, det=det, has_w=True, cached=False,
-                                    padded=n % 2 == 0, alignment=1, rows=8)
-                out_x = torch.zeros(8, 128, dtype=torch.uint8 if fp8 else dtype, device=device)
-                out_s = torch.zeros(8, 1, device=device)
-                out_w = torch.zeros(8, device=device)
-                src = torch.full((8,), -1, dtype=torch.int32, device=device)
-                dest = torch.empty(3, 2, dtype=torch.int32, device=device)
-                counts = torch.empty(2, dtype=torch.int32, device=device)
-                offsets = torch.empty(3, dtype=torch.int32, device=device)
-                cstart = torch.empty(3, dtype=torch.int32, device=device)
+            i32 = dict(dtype=torch.int32, device=device)
+            out_x = torch.zeros(8, hid, dtype=torch.uint8 if fp8 else dtype, device=device)
+            out_s = torch.zeros(8, hid // 128, device=device)
+            out_w = torch.zeros(8, device=device)
+            src, dest = torch.full((8,), -1, **i32), torch.empty(3, 2, **i32)
+            counts, offsets, cstart = torch.empty(2, **i32), torch.empty(3, **i32), torch.empty(3, **i32)
+            for n, (idx_dtype, det) in enumerate(itertools.product(INDEX_DTYPES, (True, False))):
+                idx = torch.tensor(idx_rows, dtype=idx_dtype, device=device)
+                plan = DispatchPlan(buf, x_dtype=dtype, idx_dtype=idx_dtype, fp8=fp8, round_scale=False,
+                                    det=det, has_w=True, cached=False, padded=n % 2 == 1, alignment=1, rows=8)
+                src.fill_(-1)
                 plan.launch_layout(idx, 6)
                 plan.kernel.launch(x, w, src, dest, out_x, out_s, out_w, counts, offsets, cstart, 3, 0, 0)
-            cached = DispatchPlan(buf, x_dtype=dtype, idx_dtype=torch.int32, fp8=fp8,
-                                  round_scale=False, det=True, has_w=True, cached=True,
-                                  padded=False, alignment=1, rows=8)
+            cached = DispatchPlan(buf, x_dtype=dtype, idx_dtype=None, fp8=fp8, round_scale=False, det=False,
+                                  has_w=True, cached=True, padded=False, alignment=1, rows=8)
             cached.kernel.launch(x, w, src, dest, out_x, out_s, out_w, counts, offsets, cstart, 3, 0, 0)
+            outs = []
             if not fp8:
-                for y_dtype in {dtype, torch.float32}:
-                    comb = CombinePlan(buf, dtype=y_dtype, hidden=128 if y_dtype == dtype else 8, has_w=True)
-                    out = torch.empty(3, comb.kernel.args[21], dtype=y_dtype, device=device)
-                    comb.kernel.launch(out_x.to(y_dtype)[:, :comb.kernel.args[21]].contiguous(), w,
-                                       dest, out, counts, offsets, cstart, 3, 1)
+                for y_dtype, width in ((dtype, hid), (torch.float32, 8)):
+                    comb = CombinePlan(buf, dtype=y_dtype, hidden=width, has_w=True)
+                    out = torch.empty(3, width, dtype=y_dtype, device=device)
+                    comb.kernel.launch(out_x.to(y_dtype)[:, :width].contiguous(), w, dest, out, counts,
+                                       offsets, cstart, 3, 1)
+                    outs.append(out)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             if int(buf.record[0]) != 0:
-                raise RuntimeError(f"ditron: moe warm-up recorded a device error for {dtype}, "
-                                   f"fp8={fp8} (kernel bug)")
-            if not fp8:
-                want = (x.float() * w.sum(1, keepdim=True)).to(dtype)
-                if not torch.allclose(out.float(), want.float(), atol=5e-2, rtol=5e-2):
+                raise RuntimeError(f"ditron: moe warm-up recorded a device error for {dtype}, fp8={fp8} "
+                                   "(kernel bug)")
+            if outs:
+                kept = torch.tensor(idx_rows, device=device) >= 0
+                want = (x.float() * (w * kept).sum(1, keepdim=True)).to(dtype)
+                if not torch.allclose(outs[0].float(), want.float(), atol=5e-2, rtol=5e-2):
                     raise RuntimeError(f"ditron: moe warm-up round trip failed for {dtype} (kernel bug)")
 
 

@@ -69,16 +69,23 @@ def row_experts(buf: Buffer, d) -> torch.Tensor:
     return local + rank * el
 
 
+def _settle(group: Group) -> None:
+    """Every rank's kernels done before host reads (a device-to-host copy while a peer's kernel
+    spins can stall a GPU virtual world)."""
+    group.synchronize()
+    group.barrier()
+
+
 def check_dispatch_combine(group: Group, buf: Buffer, x: torch.Tensor, idx: torch.Tensor,
                            weights: Optional[torch.Tensor], layout: str, alignment: int = 1) -> None:
     """One deterministic dispatch + identity combine vs the reference, bitwise (AssertionError)."""
     d = buf.dispatch(x, idx, weights, layout=layout, expert_alignment=alignment, deterministic=True)
+    _settle(group)
+    buf.check()
     want = reference.dispatch_reference(x, idx, weights, group, num_experts=buf.num_experts,
                                         max_tokens=buf.max_tokens, layout=layout,
                                         expert_alignment=alignment, capacity=buf.capacity,
                                         fp8=buf.fp8, round_scale=buf.round_scale)
-    group.synchronize()
-    buf.check()
     rows = want["rows"].to(x.device)
     flat = d.x.reshape(-1, buf.hidden)
     what = f"rank {group.rank}, {layout}, alignment {alignment}"
@@ -94,9 +101,9 @@ def check_dispatch_combine(group: Group, buf: Buffer, x: torch.Tensor, idx: torc
         assert torch.equal(flat[rows], want["x"][rows]), what
         y = flat
     out = buf.combine(y.reshape(d.x.shape), d.handle)
+    _settle(group)
     expect = reference.combine_reference(y, want, weights, group, num_experts=buf.num_experts,
                                          max_tokens=buf.max_tokens, topk=buf.topk)
-    group.synchronize()
     assert torch.equal(out, expect), f"{what}: combine differs by {(out.float() - expect.float()).abs().max()}"
     if not buf.fp8:
         assert torch.equal(out, identity_combine(x, d.handle.dest, weights)), what
