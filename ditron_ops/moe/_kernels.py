@@ -576,7 +576,7 @@ def combine_kernel(y_ptr, w_ptr, dest_ptr, out_ptr, counts_ptr, offsets_ptr, cst
                    rank, world_size, topk, experts_local, capacity, hidden, y_stride, stage_stride,
                    has_w, timeout_us, op_id,
                    VEC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
-                   BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr):
+                   BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, KC: tl.constexpr):
     """One combine of this rank (see the module docstring): ``out[t] = sum_j w[t, j] *
     y_owner[dest[t, j]]`` in fp32, j in order, one rounding (absent weights: 1)."""
     pid = tl.program_id(0)
@@ -616,16 +616,20 @@ def combine_kernel(y_ptr, w_ptr, dest_ptr, out_ptr, counts_ptr, offsets_ptr, cst
                 cols = h0 + tl.arange(0, BLOCK_H)
                 c_ok = cols < hidden
                 acc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)
-                for j in range(topk):
-                    dst = tl.load(dest_ptr + tok * topk + j, mask=t_ok, other=-1)
-                    valid = dst >= 0
-                    safe = tl.maximum(dst, 0)
-                    rows = dl.peer_base(table_ptr, safe // capacity, rank, yst_sym) + \
-                        (safe % capacity).to(tl.int64) * stage_stride
-                    v = tl.load(rows[:, None] + cols[None, :], mask=valid[:, None] & c_ok[None, :],
-                                other=0.0, cache_modifier=".cg").to(tl.float32)
-                    wt = tl.load(w_ptr + tok * topk + j, mask=valid & (has_w != 0), other=1.0)
-                    acc = tl.where(valid[:, None], acc + wt[:, None] * v, acc)
+                for j0 in range(0, topk, KC):
+                    # KC slots unrolled: their row loads are independent and issue together
+                    for jj in tl.static_range(KC):
+                        j = j0 + jj
+                        on = t_ok & (j < topk)
+                        dst = tl.load(dest_ptr + tok * topk + j, mask=on, other=-1)
+                        valid = dst >= 0
+                        safe = tl.maximum(dst, 0)
+                        rows = dl.peer_base(table_ptr, safe // capacity, rank, yst_sym) + \
+                            (safe % capacity).to(tl.int64) * stage_stride
+                        v = tl.load(rows[:, None] + cols[None, :], mask=valid[:, None] & c_ok[None, :],
+                                    other=0.0, cache_modifier=".cg").to(tl.float32)
+                        wt = tl.load(w_ptr + tok * topk + j, mask=valid & (has_w != 0), other=1.0)
+                        acc = tl.where(valid[:, None], acc + wt[:, None] * v, acc)
                 tl.store(out_ptr + tok.to(tl.int64)[:, None] * hidden + cols[None, :],
                          acc.to(out_ptr.dtype.element_ty), mask=t_ok[:, None] & c_ok[None, :])
 

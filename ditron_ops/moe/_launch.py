@@ -35,10 +35,14 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 # launch configurations (interpreter: small tiles, one program per rank)
-GPU_DISPATCH = dict(BLOCK_R=8, BLOCK_H=1024, BLOCK_I=512, BLOCK_W=8, BLOCK_E=256, num_warps=8)
+GPU_DISPATCH = dict(BLOCK_R=16, BLOCK_H=1024, BLOCK_I=512, BLOCK_W=8, BLOCK_E=256, num_warps=8)
 CPU_DISPATCH = dict(BLOCK_R=16, BLOCK_H=128, BLOCK_I=64, BLOCK_W=8, BLOCK_E=16, num_warps=4)
-GPU_COMBINE = dict(BLOCK_R=8, BLOCK_T=8, BLOCK_H=1024, BLOCK_E=256, num_warps=8)
-CPU_COMBINE = dict(BLOCK_R=16, BLOCK_T=16, BLOCK_H=128, BLOCK_E=16, num_warps=4)
+GPU_COMBINE = dict(BLOCK_R=16, BLOCK_T=8, BLOCK_H=512, BLOCK_E=256, KC=8, num_warps=8)
+CPU_COMBINE = dict(BLOCK_R=16, BLOCK_T=16, BLOCK_H=128, BLOCK_E=16, KC=4, num_warps=4)
+"""Tiles: a copy moves BLOCK_R rows x BLOCK_H elements per step (16 bf16 rows x 1024 = 32 KB in
+flight per program, one program per SM); the combine reads KC slots of BLOCK_T tokens x BLOCK_H
+at once (8 x 8 x 512 bf16 = 64 KB). Not tuned on hardware yet: ``python -m ditron_ops.bench moe``
+reports GB/s against the copy bandwidth."""
 GPU_CHUNK, CPU_CHUNK = 128, 32
 """Entries per program of the layout kernels (the deterministic pass compares every pair of a
 chunk: CH^2 work per chunk)."""
