@@ -342,7 +342,7 @@ class Buffer:
         topk_weights : torch.Tensor, optional
             ``fp32 [T, k]``; default: the dispatch's weights, else 1 (a plain sum).
         out : torch.Tensor, optional
-            ``[T, H]`` written in place (not differentiable).
+            ``[T, H]``, written by the kernel (a copy of the result when autograd records).
 
         Returns
         -------
@@ -371,6 +371,8 @@ class Buffer:
             if tuple(out.shape) != (t, self.hidden) or not out.is_contiguous():
                 raise ValueError(f"ditron.moe.combine: out must be contiguous {(t, self.hidden)}, "
                                  f"got {tuple(out.shape)}")
+            if torch.is_grad_enabled() and (y.requires_grad or (weights is not None and weights.requires_grad)):
+                return out.copy_(torch.ops.ditron.moe_combine(rows, weights, *handle.tensors(), self.name))
             torch.ops.ditron.moe_combine_out(rows, weights, *handle.tensors(), self.name, out)
             return out
         return torch.ops.ditron.moe_combine(rows, weights, *handle.tensors(), self.name)
