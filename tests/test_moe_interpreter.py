@@ -73,7 +73,8 @@ def test_edge_routing_zero_tokens_no_experts_one_expert():
 
 def test_default_mode_same_layout_sizes_same_combine():
     """Default (atomic) placement: counts, offsets and the set of rows per expert equal the
-    deterministic dispatch's; the combine is bitwise the same."""
+    deterministic dispatch's; the combine is bitwise the same; ``ditron_ops.deterministic()``
+    selects the deterministic placement."""
     def body(group):
         with _buffer(group) as buf:
             idx, w = mc.routing(group, 6, buf.num_experts, 3, "skewed", 11)
@@ -88,6 +89,13 @@ def test_default_mode_same_layout_sizes_same_combine():
                 a = det.handle.src_of_row[lo:hi].sort().values
                 assert torch.equal(a, fast.handle.src_of_row[lo:hi].sort().values)
             assert torch.equal(buf.combine(det.x * 3, det.handle), buf.combine(fast.x * 3, fast.handle))
+        with _buffer(group) as buf:
+            modes = lambda: sorted({key[5] for key in buf.plans._plans})  # noqa: E731  (key[5]: det)
+            buf.dispatch(x, idx, w)
+            assert modes() == [False]
+            with ditron_ops.deterministic():
+                ctx = buf.dispatch(x, idx, w, layout="expert_contig")
+            assert modes() == [False, True] and torch.equal(ctx.handle.src_of_row, det.handle.src_of_row)
         return True
     assert ditron_ops.launch(body, 3) == [True] * 3
 

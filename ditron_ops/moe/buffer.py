@@ -304,7 +304,8 @@ class Buffer:
 
         Constraints
         -----------
-        Collective (all ranks, same order, same layout, alignment and mode). Ids outside
+        Collective: all ranks call it in the same order with the same layout, alignment and
+        mode, and pass ``topk_weights`` all or none (peers read them). Ids outside
         ``[-1, E)`` are treated as -1 and reported on every rank (``MoEInputError``) at the
         next check; receive overflow (``max_recv_tokens``, or a token naming an expert twice
         with ``expert_padded``) drops the extra rows and raises ``MoEOverflowError`` on the
