@@ -62,7 +62,9 @@ def train(group, args) -> list[float]:
     dtype = torch.bfloat16 if gpu else torch.float32
     t, h, f, e, k = (256, 1024, 512, 16, 4) if gpu else (6, 32, 16, 2 * w, 2)
     align = 16 if gpu else 8  # grouped GEMMs want each expert's rows a multiple of 16 on the GPU
-    x_all, router0, w1_all, w2_all, target_all = full_layer(0, w, t, h, f, e)
+    # the reference starts from the same (dtype-rounded) values, so both route every token alike
+    x_all, router0, w1_all, w2_all, target_all = (v.to(dtype).float() if i in (0, 2, 3) else v for i, v in
+                                                   enumerate(full_layer(0, w, t, h, f, e)))
     el, mine = e // w, slice(r * t, (r + 1) * t)
     x, target = x_all[mine].to(dev, dtype), target_all[mine].to(dev)
     router = router0.clone().to(dev).requires_grad_()

@@ -228,7 +228,8 @@ def _nvshmem_child(tmpdir: str) -> dict:
                     mc.check_dispatch_combine(group, buf, x, idx, w, layout)
                 d = buf.dispatch(x, idx, w, layout="expert_contig")
                 graph = torch.cuda.CUDAGraph()
-                buf.combine(d.x if not fp8 else d.x.to(BF16), d.handle)
+                warm = buf.dispatch(x, None, w, handle=d.handle)  # plans are built before capture
+                buf.combine(warm.x if not fp8 else warm.x.to(BF16), d.handle)
                 torch.cuda.synchronize()
                 with torch.cuda.graph(graph):
                     d2 = buf.dispatch(x, None, w, handle=d.handle)
