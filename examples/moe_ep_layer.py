@@ -71,7 +71,7 @@ def train(group, args) -> list[float]:
     w1 = w1_all[r * el:(r + 1) * el].to(dev, dtype).requires_grad_()
     w2 = w2_all[r * el:(r + 1) * el].to(dev, dtype).requires_grad_()
     ref = [p.clone().requires_grad_() for p in (router0, w1_all, w2_all)]
-    tol = 3e-2 if gpu else 1e-4
+    tol, grad_tol = (3e-2, 5e-2) if gpu else (1e-5, 1e-4)  # bf16 GEMMs on the GPU
     losses = []
     with ditron_ops.moe.Buffer(group, num_experts=e, max_tokens_per_rank=t, hidden=h, topk=k, dtype=dtype) as buf:
         for step in range(4):
@@ -94,7 +94,7 @@ def train(group, args) -> list[float]:
                                         ("w1", w1.grad, ref[1].grad[r * el:(r + 1) * el]),
                                         ("w2", w2.grad, ref[2].grad[r * el:(r + 1) * el])):
                     err = (got.float().cpu() - want).abs().max().item()
-                    assert err <= tol * max(1.0, want.abs().max().item()), (name, err)
+                    assert err <= grad_tol * want.abs().max().item(), (name, err, want.abs().max().item())
             with torch.no_grad():
                 for p, q in zip((router, w1, w2), ref):
                     p -= args.lr * p.grad
