@@ -86,8 +86,9 @@ def test_run_to_run_and_batch_invariance():
 
 
 def _graph(group, layout):
-    """Capture dispatch + experts + combine once; replay 1000 times: every replay's output
-    equals the eager one (epochs and staging parity advance on the device)."""
+    """Capture dispatch + experts + combine once, after a per-rank device delay; replay 1000
+    times: every replay's output equals the eager one (epochs and staging parity advance on the
+    device; ranks arrive at different times)."""
     with Buffer(group, num_experts=8 * group.world_size, max_tokens_per_rank=128, hidden=1024, topk=8,
                 dtype=BF16) as buf:
         idx, w = mc.routing(group, 128, buf.num_experts, 8, "random", 9)
@@ -103,6 +104,7 @@ def _graph(group, layout):
         graph = torch.cuda.CUDAGraph()
         with _CAPTURE_LOCK:
             with torch.cuda.graph(graph, stream=torch.cuda.current_stream(), capture_error_mode="thread_local"):
+                torch.cuda._sleep(20000 * group.rank)  # per-rank device delay before every replay's exchange
                 out = step()
         group.barrier()
         wrong = torch.zeros((), dtype=torch.int64, device=group.device)
