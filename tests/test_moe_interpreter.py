@@ -1,7 +1,10 @@
 """MoE dispatch / combine on the CPU virtual world (Triton interpreter) vs the all-to-all reference."""
+import contextlib
+import inspect
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -478,3 +481,75 @@ def test_warmup_runs_every_variant_on_one_rank(monkeypatch):
     monkeypatch.setattr(_launch.CombinePlan, "__init__", lambda self, *a, **kw: launched.append(kw) or real(self, *a, **kw))
     _launch._warmup(torch.device("cpu"))
     assert [(kw["dtype"], kw["hidden"]) for kw in launched] == [(F16, 128), (F32, 8), (F32, 128), (F32, 8)]
+
+
+@contextlib.contextmanager
+def _programs_as_threads():
+    """The interpreter runs a grid's programs one after another; here each runs in its own
+    thread, like co-resident programs on a GPU (so waiting kernels may have several per rank)."""
+    from triton.runtime import interpreter as interp
+
+    original = interp.GridExecutor.__call__
+
+    def threaded(self, *args_dev, **kwargs):
+        names = inspect.getfullargspec(self.fn).args
+        kwargs = {k: v for k, v in kwargs.items() if k in names}
+        args_hst, kwargs_hst = self._init_args_hst(args_dev, kwargs)
+        scope = interp._patch_lang(self.fn)
+        try:
+            args = inspect.getcallargs(self.fn, *args_hst, **kwargs_hst)
+            args = {n: a if n in self.constexprs else interp._implicit_cvt(a) for n, a in args.items()}
+            grid = self.grid(args) if callable(self.grid) else self.grid
+            grid = tuple(grid) + (1,) * (3 - len(grid))
+            errors = []
+
+            def program(x, y, z):
+                try:
+                    interp.interpreter_builder.set_grid_dim(*grid)
+                    interp.interpreter_builder.set_grid_idx(x, y, z)
+                    self.fn(**args)
+                except BaseException as exc:  # noqa: BLE001 - re-raised below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=program, args=(x, y, z)) for x in range(grid[0])
+                       for y in range(grid[1]) for z in range(grid[2])]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                raise errors[0]
+        finally:
+            scope.restore()
+        self._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)
+
+    interp.GridExecutor.__call__ = threaded
+    try:
+        yield
+    finally:
+        interp.GridExecutor.__call__ = original
+
+
+def test_several_programs_per_rank(monkeypatch):
+    """Three concurrent programs per rank (the GPU's persistent grids): the work split, each
+    program's table scratch, the done counters and the epoch publication give the reference's
+    bits for both layouts, the default mode and a cached-handle dispatch."""
+    from ditron_ops.moe import buffer
+
+    monkeypatch.setattr(buffer, "programs_per_rank", lambda group: 3)
+
+    def body(group):
+        with _buffer(group, max_tokens=40) as buf:
+            assert buf.programs == 3
+            for seed, (kind, layout, align) in enumerate([("random", "expert_padded", 1), ("skewed", "expert_contig", 4)]):
+                count = 40 - 9 * group.rank
+                idx, w = mc.routing(group, count, buf.num_experts, 3, kind, seed)
+                x = mc.tokens(group, count, 16, F32, seed)
+                mc.check_dispatch_combine(group, buf, x, idx, w, layout, align)
+                d = buf.dispatch(x, idx, w, layout=layout, expert_alignment=align, deterministic=False)
+                assert torch.equal(buf.combine(d.x, d.handle), mc.identity_combine(x, d.handle.dest, w))
+                c = buf.dispatch(x * 2, None, w, handle=d.handle)
+                assert torch.equal(buf.combine(c.x, d.handle), mc.identity_combine(x * 2, d.handle.dest, w))
+        return True
+    with _programs_as_threads():
+        assert ditron_ops.launch(body, 2) == [True, True]
