@@ -8,6 +8,7 @@ from .gemm.gemm_rs import gemm_ar, gemm_rs
 from .attention.flash_decode import flash_decode
 from .attention.ulysses import ulysses_attention
 from .collectives import all_gather, all_reduce, all_to_all, reduce_scatter
+from . import moe
 from .deterministic import deterministic, is_deterministic
 from .errors import DitronError, DitronSizeMismatchError, DitronTimeoutError
 from .runtime import (Group, TorchGroup, VirtualGroup, current_group, launch, set_default_group,
@@ -17,7 +18,7 @@ from .runtime.nvshmem_backend import finalize_nvshmem, init_nvshmem, nvshmem_ava
 __version__ = "0.1.0"
 
 __all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode", "ulysses_attention", "all_gather",
-           "reduce_scatter", "all_reduce", "all_to_all", "launch", "Group", "VirtualGroup",
+           "reduce_scatter", "all_reduce", "all_to_all", "moe", "launch", "Group", "VirtualGroup",
            "TorchGroup", "init_nvshmem", "finalize_nvshmem", "nvshmem_available", "current_group",
            "set_default_group", "split_sizes", "deterministic", "is_deterministic", "DitronError",
            "DitronTimeoutError", "DitronSizeMismatchError"]

@@ -1,0 +1,647 @@
+"""Kernels of the MoE token exchange: routing layout, dispatch and combine.
+
+Terms (per rank r of W; E experts, EL = E / W of them on each rank, expert e on rank e // EL;
+k routing slots per token; an *entry* is one slot ``i = t * k + j`` of token t)::
+
+    count_s[e]   entries of rank s routed to expert e
+    compact row  the position of an entry in its expert owner's receive order:
+                 experts in order, then source ranks, then entries of a source in (t, j) order
+                 compact(e, s, pos) = sum_{e' < e on the owner} N[e'] + sum_{s' < s} count_s'[e] + pos
+    pos          rank of the entry among its source's entries of the same expert, (t, j) order
+                 (deterministic: counted; default: an integer atomic's arrival order)
+
+Layouts map a compact row to an output row: ``expert_contig`` adds each earlier expert's
+alignment padding, ``expert_padded`` puts expert e's w-th row at ``e * W * T_max + w``.
+
+One dispatch (rank r)::
+
+    layout kernels (no wait)         dispatch kernel, P programs per rank (waits)
+    ------------------------------   --------------------------------------------------------------
+    chunk: idx -> idx32, rank of     send: sorted[start_r[e] + pos] = i (my entries, expert-major);
+      each entry in its 128-entry      x rows -> my staging (fp8: quantized), weights -> staging;
+      chunk, chunk histograms          program 0 pushes count_r[0..E) + meta to every rank;
+    scan: histograms -> prefixes,      every program: ready_d[r] += 1 on every rank (release)
+      count_r                        wait: ready_d[s] >= epoch * P for every s (acquire)
+    (default mode: one kernel,       tables from every rank's counts: N, prefix sums, segments
+      pos = atomic_add(count[e]))    dest[i] = owner * CAP + compact row (my entries), or -1
+                                     receive: every compact row f < min(N_r, CAP) of my experts:
+                                       (expert, source s, q) by search, entry = s.sorted[..+q],
+                                       out[row(f)] = s.x_staging[entry // k] (remote loads)
+
+Staging is double buffered by the dispatch epoch's parity: rank r rewrites half ``e % 2`` at
+epoch ``e + 2`` only after it waited, at ``e + 1``, for every peer's ready signal, which a peer
+sends after its epoch-``e`` reads (stream order). A dispatch with a cached handle skips the
+layout: it stages, signals, waits, and gathers the rows its handle lists (``src_of_row``).
+
+One combine (rank r)::
+
+    stage y's kept rows in compact order into my y staging (skipped when y is the staging itself)
+    ready_c[r] += 1 on every rank; wait ready_c[s] >= epoch * P
+    out[t] = ((0 + w_t0 * y[dest_t0]) + w_t1 * y[dest_t1]) + ...   fp32, k order, one rounding
+    finish_c[r] += 1 on every rank; wait finish_c[s] >= epoch * P   (peers are done reading my
+    staging, so my caller may write it again: zero-copy combine inputs)
+
+Counts, offsets and every size are read and computed on the device; nothing here depends on a
+host value that changes per call except the token count. The combine's products are not fused
+into FMAs (``enable_fp_fusion=False``), so a torch reference of the same operations is bitwise
+equal.
+"""
+from __future__ import annotations
+
+import triton.language as tl
+
+from .. import _env
+from .. import language as dl
+
+# signal pad words (int64): epochs and done counters, then W arrival counters per purpose
+SIG_EPOCH_D = tl.constexpr(0)
+SIG_DONE_D = tl.constexpr(1)
+SIG_EPOCH_C = tl.constexpr(2)
+SIG_DONE_C = tl.constexpr(3)
+SIG_HEAD = 8
+SIG_READY_D = tl.constexpr(SIG_HEAD)  # + W: ready_c, + 2W: finish_c
+
+META = 4
+"""Words after each source's E counts: tokens, bad-input kind, two values."""
+_META = tl.constexpr(META)
+
+BAD_IDS, BAD_TOKENS, OVERFLOW = 1, 2, 3
+"""Kinds of the MoE error record (and of the bad-input meta word)."""
+_BAD_IDS, _BAD_TOKENS, _OVERFLOW = tl.constexpr(BAD_IDS), tl.constexpr(BAD_TOKENS), tl.constexpr(OVERFLOW)
+_NO_BAD = tl.constexpr(2**63 - 1)
+_BIG = tl.constexpr(2**30)
+
+if _env.use_interpreter():
+
+    @dl.jit
+    def _e4m3(v):
+        """fp32 -> e4m3fn bits, round to nearest even, saturating (the interpreter's own fp8
+        cast does not carry a rounding into the exponent, so it is done on the bits here)."""
+        bits = v.to(tl.int32, bitcast=True)
+        sign = (bits >> 24) & 0x80
+        u = bits & 0x7FFFFFFF
+        a = u.to(tl.float32, bitcast=True)
+        normal = tl.minimum(((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - 960, 126)
+        tiny = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # multiples of 2^-9, ties to even
+        return (sign | tl.where(a < 0.015625, tiny, normal)).to(tl.uint8)
+
+else:
+
+    @dl.jit
+    def _e4m3(v):
+        """fp32 -> e4m3fn bits (hardware cast: round to nearest even, saturating)."""
+        return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+
+@dl.jit
+def _pow2_ceil(x):
+    """Smallest power of two >= x (x positive, normal), exact on the bits."""
+    bits = x.to(tl.int32, bitcast=True)
+    up = ((bits >> 23) + ((bits & 0x7FFFFF) != 0).to(tl.int32)) << 23
+    return up.to(tl.float32, bitcast=True)
+
+
+@dl.jit
+def _record(claim_ptr, record_ptr, kind, src, a, b, c, epoch):
+    """First MoE error of this rank into the host-readable record: status, kind, source rank,
+    three values, epoch (status written last)."""
+    zero = tl.zeros((), tl.int64)
+    if tl.atomic_cas(claim_ptr, zero, zero + 1, sem="relaxed", scope="gpu") == 0:
+        tl.store(record_ptr + 1, tl.cast(kind, tl.int64))
+        tl.store(record_ptr + 2, tl.cast(src, tl.int64))
+        tl.store(record_ptr + 3, tl.cast(a, tl.int64))
+        tl.store(record_ptr + 4, tl.cast(b, tl.int64))
+        tl.store(record_ptr + 5, tl.cast(c, tl.int64))
+        tl.store(record_ptr + 6, tl.cast(epoch, tl.int64))
+        dl.fence_sys()
+        tl.store(record_ptr, 1)
+
+
+# ---- layout (no waits) -------------------------------------------------------------------------
+
+@dl.jit
+def _normalize(idx_ptr, idx32_ptr, bad_ptr, offs, live, num_experts):
+    """Routing ids of entries ``offs`` as int32 (-1: none). Ids outside [-1, E) count as -1 and
+    the smallest such entry (index << 32 | low 32 bits of its id) goes to ``bad_ptr``."""
+    raw = tl.load(idx_ptr + offs, mask=live, other=-1)
+    bad = live & ((raw < -1) | (raw >= num_experts))
+    e = tl.where(live & ~bad, raw, -1).to(tl.int32)
+    tl.store(idx32_ptr + offs, e, mask=live)
+    key = tl.where(bad, (offs.to(tl.int64) << 32) | (raw.to(tl.int64) & 0xFFFFFFFF), _NO_BAD)
+    first = tl.min(key, axis=0)
+    if first != _NO_BAD:
+        tl.atomic_min(bad_ptr, first, sem="relaxed", scope="gpu")
+    return e
+
+
+@dl.jit(do_not_specialize=("n_entries", "num_experts"))
+def layout_chunk_kernel(idx_ptr, idx32_ptr, pos_ptr, hist_ptr, bad_ptr, n_entries, num_experts,
+                        CH: tl.constexpr, EB: tl.constexpr):
+    """Deterministic layout, pass 1 (one program per chunk of CH entries): each entry's rank
+    among the chunk's earlier entries of its expert, and the chunk's histogram over experts."""
+    c = tl.program_id(0)
+    if c * CH < n_entries:
+        lane = tl.arange(0, CH)
+        offs = c * CH + lane
+        live = offs < n_entries
+        e = _normalize(idx_ptr, idx32_ptr, bad_ptr, offs, live, num_experts)
+        same = (e[None, :] == e[:, None]) & (lane[None, :] < lane[:, None])
+        tl.store(pos_ptr + offs, tl.sum(same.to(tl.int32), axis=1), mask=live)
+        for e0 in range(0, num_experts, EB):
+            ex = e0 + tl.arange(0, EB)
+            hist = tl.sum((e[:, None] == ex[None, :]).to(tl.int32), axis=0)
+            tl.store(hist_ptr + c * num_experts + ex, hist, mask=ex < num_experts)
+
+
+@dl.jit(do_not_specialize=("n_entries", "num_experts"))
+def layout_scan_kernel(hist_ptr, count_ptr, n_entries, num_experts, CH: tl.constexpr,
+                       CB: tl.constexpr, EB: tl.constexpr):
+    """Deterministic layout, pass 2 (one program per EB experts): chunk histograms -> exclusive
+    prefixes over chunks (in place), and this rank's count per expert."""
+    ex = tl.program_id(0) * EB + tl.arange(0, EB)
+    e_ok = ex < num_experts
+    chunks = tl.cdiv(n_entries, CH)
+    carry = tl.zeros((EB,), tl.int32)
+    for c0 in range(0, chunks, CB):
+        cs = c0 + tl.arange(0, CB)
+        m = (cs < chunks)[:, None] & e_ok[None, :]
+        ptrs = hist_ptr + cs[:, None] * num_experts + ex[None, :]
+        h = tl.load(ptrs, mask=m, other=0)
+        tl.store(ptrs, tl.cumsum(h, axis=0) - h + carry[None, :], mask=m)
+        carry += tl.sum(h, axis=0)
+    tl.store(count_ptr + ex, carry, mask=e_ok)
+
+
+@dl.jit(do_not_specialize=("n_entries", "num_experts"))
+def layout_atomic_kernel(idx_ptr, idx32_ptr, pos_ptr, count_ptr, bad_ptr, n_entries, num_experts,
+                         CH: tl.constexpr):
+    """Default layout (one pass): each entry's position is an atomic increment of its expert's
+    count (``count`` is zero on entry: the dispatch kernel's last program resets it)."""
+    c = tl.program_id(0)
+    if c * CH < n_entries:
+        offs = c * CH + tl.arange(0, CH)
+        live = offs < n_entries
+        e = _normalize(idx_ptr, idx32_ptr, bad_ptr, offs, live, num_experts)
+        valid = e >= 0
+        pos = tl.atomic_add(count_ptr + tl.maximum(e, 0), 1, mask=valid, sem="relaxed", scope="gpu")
+        tl.store(pos_ptr + offs, pos, mask=valid)
+
+
+# ---- shared pieces of the exchange kernels ----------------------------------------------------
+
+@dl.jit
+def _position(pos_ptr, prefix_ptr, ii, e, valid, num_experts, det, CH: tl.constexpr):
+    """Final position of entries ``ii`` among this rank's entries of their expert."""
+    pos = tl.load(pos_ptr + ii, mask=valid, other=0)
+    chunk_prefix = tl.load(prefix_ptr + (ii // CH) * num_experts + e, mask=valid & (det != 0), other=0)
+    return pos + chunk_prefix
+
+
+@dl.jit
+def _exclusive_scan(src, dst, n, BLOCK: tl.constexpr):
+    """``dst[i] = src[0] + ... + src[i-1]`` for i < n; returns the total."""
+    run = tl.zeros((), tl.int32)
+    for i0 in range(0, n, BLOCK):
+        offs = i0 + tl.arange(0, BLOCK)
+        ok = offs < n
+        v = tl.load(src + offs, mask=ok, other=0)
+        tl.store(dst + offs, tl.cumsum(v, axis=0) - v + run, mask=ok)
+        run += tl.sum(v, axis=0)
+    return run
+
+
+@dl.jit
+def _copy_rows(dst_ptr, dst_rows, dst_stride, src_rows, keep, ncols, BLOCK_H: tl.constexpr):
+    """``dst[dst_rows[i], :ncols] = *src_rows[i]`` for rows with ``keep`` (src bypasses L1: a
+    peer may have written it)."""
+    dst_base = dst_ptr + dst_rows.to(tl.int64) * dst_stride
+    for h0 in range(0, ncols, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        m = keep[:, None] & (cols < ncols)[None, :]
+        v = tl.load(src_rows[:, None] + cols[None, :], mask=m, cache_modifier=".cg")
+        tl.store(dst_base[:, None] + cols[None, :], v, mask=m)
+
+
+@dl.jit
+def _stage_tokens(x_ptr, stage_x, stage_s, n_tokens, hidden, round_scale, pid, nprog,
+                  FP8: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    """This rank's token rows into its staging half; fp8: e4m3 per token and 128 channels with
+    fp32 scales ``max(amax, 1e-4) / 448`` (optionally rounded up to a power of two)."""
+    for t0 in range(pid * BLOCK_R, n_tokens, nprog * BLOCK_R):
+        rows = t0 + tl.arange(0, BLOCK_R)
+        r_ok = rows < n_tokens
+        base = rows.to(tl.int64) * hidden
+        if FP8:
+            NG: tl.constexpr = BLOCK_H // 128
+            groups = tl.arange(0, NG)
+            chan = tl.arange(0, 128)
+            for h0 in range(0, hidden, BLOCK_H):
+                col = h0 + groups[None, :, None] * 128 + chan[None, None, :]
+                m = r_ok[:, None, None] & (col < hidden)
+                v = tl.load(x_ptr + base[:, None, None] + col, mask=m, other=0.0).to(tl.float32)
+                # IEEE divisions (``/`` lowers to an approximate one on the GPU): torch's bits
+                scale = tl.div_rn(tl.maximum(tl.max(tl.abs(v), axis=2), 1e-4), 448.0)
+                scale = tl.where(round_scale != 0, _pow2_ceil(scale), scale)
+                q = tl.div_rn(v, tl.broadcast_to(scale[:, :, None], v.shape))
+                tl.store(stage_x + base[:, None, None] + col, _e4m3(q), mask=m)
+                g_ok = r_ok[:, None] & (h0 + groups[None, :] * 128 < hidden)
+                tl.store(stage_s + rows.to(tl.int64)[:, None] * (hidden // 128) + h0 // 128 + groups[None, :],
+                         scale, mask=g_ok)
+        else:
+            for h0 in range(0, hidden, BLOCK_H):
+                cols = h0 + tl.arange(0, BLOCK_H)
+                m = r_ok[:, None] & (cols < hidden)[None, :]
+                v = tl.load(x_ptr + base[:, None] + cols[None, :], mask=m)
+                tl.store(stage_x + base[:, None] + cols[None, :], v, mask=m)
+
+
+@dl.jit
+def _count_tables(cnt, scr, rank, world_size, num_experts, experts_local, alignment,
+                  BLOCK_W: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Tables of this call's counts (``cnt``: every source's row of E counts), in this
+    program's scratch ``scr`` (int32)::
+
+        N[e]      entries of all ranks for expert e          at E
+        CS[e]     compact start of expert e on its owner      at 2E
+        EXS[s,e]  count_0[e] + ... + count_{s-1}[e]          at 4E
+        INC[s,e]  EXS[s,e] + count_s[e]                      at 4E + WE
+        SRC[s,e]  count_s[0] + ... + count_s[e-1]            at 4E + 2WE
+        AL[el]    contiguous-layout start of my expert el     at 4E + 3WE   (EL + 1 words)
+        total     entries for my experts                      at 4E + 3WE + EL + 1
+
+    Returns the total entries routed to this rank's experts.
+    """
+    E = num_experts
+    t_n = scr + E
+    t_cs = scr + 2 * E
+    t_g = scr + 3 * E
+    t_exs = scr + 4 * E
+    t_inc = t_exs + world_size * E
+    t_src = t_inc + world_size * E
+    t_al = t_src + world_size * E
+    row = E + _META
+    for e0 in range(0, E, BLOCK_E):
+        ex = e0 + tl.arange(0, BLOCK_E)
+        e_ok = ex < E
+        carry = tl.zeros((BLOCK_E,), tl.int32)
+        for s0 in range(0, world_size, BLOCK_W):
+            ss = s0 + tl.arange(0, BLOCK_W)
+            m = (ss < world_size)[:, None] & e_ok[None, :]
+            c = tl.load(cnt + ss[:, None] * row + ex[None, :], mask=m, other=0, cache_modifier=".cg")
+            inc = tl.cumsum(c, axis=0) + carry[None, :]
+            at = ss[:, None] * E + ex[None, :]
+            tl.store(t_exs + at, inc - c, mask=m)
+            tl.store(t_inc + at, inc, mask=m)
+            carry += tl.sum(c, axis=0)
+        tl.store(t_n + ex, carry, mask=e_ok)
+    for s0 in range(0, world_size, BLOCK_W):
+        ss = s0 + tl.arange(0, BLOCK_W)
+        s_ok = ss < world_size
+        carry = tl.zeros((BLOCK_W,), tl.int32)
+        for e0 in range(0, E, BLOCK_E):
+            ex = e0 + tl.arange(0, BLOCK_E)
+            m = s_ok[:, None] & (ex < E)[None, :]
+            c = tl.load(cnt + ss[:, None] * row + ex[None, :], mask=m, other=0, cache_modifier=".cg")
+            tl.store(t_src + ss[:, None] * E + ex[None, :], tl.cumsum(c, axis=1) - c + carry[:, None], mask=m)
+            carry += tl.sum(c, axis=1)
+    tl.debug_barrier()
+    _exclusive_scan(t_n, t_g, E, BLOCK_E)
+    tl.debug_barrier()
+    for e0 in range(0, E, BLOCK_E):
+        ex = e0 + tl.arange(0, BLOCK_E)
+        e_ok = ex < E
+        g = tl.load(t_g + ex, mask=e_ok, other=0)
+        g0 = tl.load(t_g + (ex // experts_local) * experts_local, mask=e_ok, other=0)
+        tl.store(t_cs + ex, g - g0, mask=e_ok)
+    run = tl.zeros((), tl.int32)
+    total = tl.zeros((), tl.int32)
+    for l0 in range(0, experts_local, BLOCK_E):
+        el = l0 + tl.arange(0, BLOCK_E)
+        l_ok = el < experts_local
+        n = tl.load(t_n + rank * experts_local + el, mask=l_ok, other=0)
+        padded = (n + alignment - 1) // alignment * alignment
+        tl.store(t_al + el, tl.cumsum(padded, axis=0) - padded + run, mask=l_ok)
+        run += tl.sum(padded, axis=0)
+        total += tl.sum(n, axis=0)
+    tl.store(t_al + experts_local, run)
+    tl.debug_barrier()
+    return total
+
+
+@dl.jit
+def _search(ends_ptr, stride, values, count, mask, BLOCK: tl.constexpr):
+    """Per value: how many of the ``count`` nondecreasing ``ends_ptr[i * stride]`` are <= it."""
+    found = tl.zeros(values.shape, tl.int32)
+    for i0 in range(0, count, BLOCK):
+        ii = i0 + tl.arange(0, BLOCK)
+        ok = ii < count
+        ends = tl.load(ends_ptr + ii * stride, mask=ok, other=_BIG)
+        found += tl.sum(((ends[None, :] <= values[:, None]) & mask[:, None]).to(tl.int32), axis=1)
+    return found
+
+
+# ---- dispatch ----------------------------------------------------------------------------------
+
+@dl.jit(do_not_specialize=(
+    "n_tokens", "bad_kind", "bad_value", "rank", "world_size", "topk", "num_experts",
+    "experts_local", "max_tokens", "capacity", "hidden", "rows_out", "cnt_half", "idx_half",
+    "x_half", "s_half", "scratch_words", "cached", "padded", "alignment", "has_w", "det",
+    "round_scale", "timeout_us", "op_id"))
+def dispatch_kernel(
+        x_ptr, w_ptr, src_ptr, dest_ptr, out_x, out_s, out_w, counts_ptr, offsets_ptr, cstart_ptr,
+        n_tokens, bad_kind, bad_value,
+        idx32_ptr, pos_ptr, prefix_ptr, count_ptr, bad_ptr, scratch_ptr,
+        sig_ptr, table_ptr, cnt_sym, sorted_sym, wst_sym, xst_sym, sst_sym,
+        err_claim, err_record, moe_claim, moe_record,
+        rank, world_size, topk, num_experts, experts_local, max_tokens, capacity, hidden, rows_out,
+        cnt_half, idx_half, x_half, s_half, scratch_words,
+        cached, padded, alignment, has_w, det, round_scale, timeout_us, op_id,
+        FP8: tl.constexpr, VEC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+        BLOCK_I: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_E: tl.constexpr, CH: tl.constexpr):
+    """One dispatch of this rank (see the module docstring). ``cached``: the layout comes from
+    a handle (``src_ptr`` = its ``src_of_row``, ``counts/offsets/cstart`` its tensors, read);
+    else it is computed (those tensors and ``dest_ptr`` are written)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = tl.load(sig_ptr + SIG_EPOCH_D, volatile=True).to(tl.int64) + 1
+    parity = epoch % 2
+    deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
+    hidden = hidden // VEC * VEC  # a multiple of VEC (host-checked): 16-byte row accesses
+    x_half = x_half // VEC * VEC
+    E = num_experts
+    EL = experts_local
+    n_entries = n_tokens * topk
+    span = max_tokens * topk  # entries per source in src_of_row's packing
+    per_expert = world_size * max_tokens
+    scr = scratch_ptr + pid * scratch_words
+    my_x = xst_sym + parity * x_half
+    my_s = sst_sym + parity * s_half
+    my_sorted = sorted_sym + parity * idx_half
+    my_w = wst_sym + parity * idx_half
+    my_cnt = cnt_sym + parity * cnt_half
+
+    # ---- send -------------------------------------------------------------------------------
+    if cached == 0:
+        _exclusive_scan(count_ptr, scr, E, BLOCK_E)  # my experts' starts in my sorted list
+        tl.debug_barrier()
+        for i0 in range(pid * BLOCK_I, n_entries, nprog * BLOCK_I):
+            ii = i0 + tl.arange(0, BLOCK_I)
+            e = tl.load(idx32_ptr + ii, mask=ii < n_entries, other=-1)
+            valid = e >= 0
+            es = tl.maximum(e, 0)
+            pos = _position(pos_ptr, prefix_ptr, ii, es, valid, E, det, CH)
+            tl.store(my_sorted + tl.load(scr + es, mask=valid, other=0) + pos, ii, mask=valid)
+    _stage_tokens(x_ptr, my_x, my_s, n_tokens, hidden, round_scale, pid, nprog, FP8, BLOCK_R, BLOCK_H)
+    if has_w != 0:
+        for i0 in range(pid * BLOCK_I, n_entries, nprog * BLOCK_I):
+            ii = i0 + tl.arange(0, BLOCK_I)
+            ok = ii < n_entries
+            tl.store(my_w + ii, tl.load(w_ptr + ii, mask=ok), mask=ok)
+    if cached == 0:
+        if pid == 0:  # my counts and meta into row ``rank`` of every rank's count table
+            bad = tl.load(bad_ptr)
+            kind = tl.where(bad != _NO_BAD, _BAD_IDS, bad_kind)
+            val_a = tl.where(bad != _NO_BAD, (bad >> 32).to(tl.int32), bad_value)
+            val_b = tl.where(bad != _NO_BAD, (bad & 0xFFFFFFFF).to(tl.int32), max_tokens)
+            for i in range(world_size):
+                peer = (rank + i) % world_size
+                dst = dl.peer_base(table_ptr, peer, rank, cnt_sym) + parity * cnt_half + rank * (E + _META)
+                for e0 in range(0, E, BLOCK_E):
+                    ex = e0 + tl.arange(0, BLOCK_E)
+                    tl.store(dst + ex, tl.load(count_ptr + ex, mask=ex < E), mask=ex < E)
+                tl.store(dst + E, n_tokens)
+                tl.store(dst + E + 1, kind)
+                tl.store(dst + E + 2, val_a)
+                tl.store(dst + E + 3, val_b)
+    for i in range(world_size):
+        peer = (rank + i) % world_size
+        dl.signal_add(dl.peer_base(table_ptr, peer, rank, sig_ptr) + SIG_READY_D + rank, 1)
+
+    # ---- wait for every rank's staging --------------------------------------------------------
+    ok = pid >= 0
+    for peer in range(world_size):
+        ok = ok & dl.wait_at_least(sig_ptr + SIG_READY_D + peer, epoch * nprog, deadline, err_claim,
+                                   err_record, op_id, rank, peer, epoch)
+
+    # ---- layout and receive -------------------------------------------------------------------
+    if ok:
+        if cached == 0:
+            mine = _count_tables(my_cnt, scr, rank, world_size, E, EL, alignment, BLOCK_W, BLOCK_E)
+            t_n = scr + E
+            t_cs = scr + 2 * E
+            t_exs = scr + 4 * E
+            t_inc = t_exs + world_size * E
+            t_src = t_inc + world_size * E
+            t_al = t_src + world_size * E
+            if pid == 0:
+                _layout_outputs(counts_ptr, offsets_ptr, cstart_ptr, my_cnt, t_n, t_cs, t_al, mine,
+                                moe_claim, moe_record, rank, world_size, E, EL, capacity, per_expert,
+                                rows_out, padded, epoch, BLOCK_E)
+            # where my entries land: owner * CAP + compact row, -1 when dropped (overflow)
+            for i0 in range(pid * BLOCK_I, n_entries, nprog * BLOCK_I):
+                ii = i0 + tl.arange(0, BLOCK_I)
+                i_ok = ii < n_entries
+                e = tl.load(idx32_ptr + ii, mask=i_ok, other=-1)
+                valid = e >= 0
+                es = tl.maximum(e, 0)
+                w = tl.load(t_exs + rank * E + es, mask=valid, other=0) + _position(
+                    pos_ptr, prefix_ptr, ii, es, valid, E, det, CH)
+                compact = tl.load(t_cs + es, mask=valid, other=0) + w
+                keep = valid & (compact < capacity) & ((padded == 0) | (w < per_expert))
+                tl.store(dest_ptr + ii, tl.where(keep, (es // EL) * capacity + compact, -1), mask=i_ok)
+            total = tl.minimum(mine, capacity)
+            for f0 in range(pid * BLOCK_R, total, nprog * BLOCK_R):
+                f = f0 + tl.arange(0, BLOCK_R)
+                f_ok = f < total
+                el = tl.minimum(_search(t_cs + rank * EL + 1, 1, f, EL - 1, f_ok, BLOCK_E), EL - 1)
+                e = rank * EL + el
+                w = f - tl.load(t_cs + e, mask=f_ok, other=0)
+                s = tl.minimum(_search_sources(t_inc, e, w, f_ok, world_size, E, BLOCK_W), world_size - 1)
+                q = w - tl.load(t_exs + s * E + e, mask=f_ok, other=0)
+                keep = f_ok & ((padded == 0) | (w < per_expert))
+                row = tl.where(padded != 0, el * per_expert + w, tl.load(t_al + el, mask=f_ok, other=0) + w)
+                at = tl.load(t_src + s * E + e, mask=keep, other=0) + q
+                entry = tl.load(dl.peer_base(table_ptr, s, rank, sorted_sym) + parity * idx_half + at,
+                                mask=keep, other=0, cache_modifier=".cg")
+                _receive_rows(out_x, out_s, out_w, src_ptr, row, keep, s, entry, table_ptr, rank,
+                              xst_sym, sst_sym, wst_sym, parity, x_half, s_half, idx_half, hidden,
+                              topk, span, has_w, 1, FP8, BLOCK_H)
+        else:
+            total = tl.minimum(tl.load(cstart_ptr + EL), capacity)
+            for f0 in range(pid * BLOCK_R, total, nprog * BLOCK_R):
+                f = f0 + tl.arange(0, BLOCK_R)
+                f_ok = f < total
+                el = tl.minimum(_search(cstart_ptr + 1, 1, f, EL - 1, f_ok, BLOCK_E), EL - 1)
+                w = f - tl.load(cstart_ptr + el, mask=f_ok, other=0)
+                keep = f_ok & (w < tl.load(counts_ptr + el, mask=f_ok, other=0))
+                row = tl.load(offsets_ptr + el, mask=f_ok, other=0) + w
+                src = tl.load(src_ptr + row, mask=keep, other=-1)
+                keep = keep & (src >= 0)
+                src = tl.maximum(src, 0)
+                _receive_rows(out_x, out_s, out_w, src_ptr, row, keep, src // span, src % span,
+                              table_ptr, rank, xst_sym, sst_sym, wst_sym, parity, x_half, s_half,
+                              idx_half, hidden, topk, span, has_w, 0, FP8, BLOCK_H)
+
+    # ---- the last program to finish publishes the epoch and clears the layout scratch -----------
+    tl.debug_barrier()
+    finished = tl.atomic_add(sig_ptr + SIG_DONE_D, 1, sem="acq_rel", scope="gpu")
+    if finished == nprog - 1:
+        if cached == 0:
+            for e0 in range(0, E, BLOCK_E):
+                ex = e0 + tl.arange(0, BLOCK_E)
+                tl.store(count_ptr + ex, tl.zeros((BLOCK_E,), tl.int32), mask=ex < E)
+            tl.store(bad_ptr, _NO_BAD)
+        tl.store(sig_ptr + SIG_EPOCH_D, epoch)
+        tl.store(sig_ptr + SIG_DONE_D, 0)
+
+
+@dl.jit
+def _search_sources(t_inc, e, w, mask, world_size, num_experts, BLOCK_W: tl.constexpr):
+    """Per row: the source rank whose segment of expert ``e`` holds within-expert row ``w``."""
+    found = tl.zeros(w.shape, tl.int32)
+    for s0 in range(0, world_size, BLOCK_W):
+        ss = s0 + tl.arange(0, BLOCK_W)
+        m = mask[:, None] & (ss < world_size)[None, :]
+        inc = tl.load(t_inc + ss[None, :] * num_experts + e[:, None], mask=m, other=_BIG)
+        found += tl.sum(((inc <= w[:, None]) & m).to(tl.int32), axis=1)
+    return found
+
+
+@dl.jit
+def _receive_rows(out_x, out_s, out_w, src_ptr, row, keep, s, entry, table_ptr, rank,
+                  xst_sym, sst_sym, wst_sym, parity, x_half, s_half, idx_half, hidden, topk, span,
+                  has_w, store_src, FP8: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Rows ``row`` of the outputs from entries ``entry`` of source ranks ``s`` (their staging
+    of this epoch's parity): the token row (and fp8 scales), the weight, and (``store_src``) the
+    source as ``s * span + entry``."""
+    t = (entry // topk).to(tl.int64)
+    x_rows = dl.peer_base(table_ptr, s, rank, xst_sym) + parity * x_half + t * hidden
+    _copy_rows(out_x, row, hidden, x_rows, keep, hidden, BLOCK_H)
+    if FP8:
+        groups = hidden // 128
+        s_rows = dl.peer_base(table_ptr, s, rank, sst_sym) + parity * s_half + t * groups
+        _copy_rows(out_s, row, groups, s_rows, keep, groups, BLOCK_H // 128)
+    if has_w != 0:
+        w = tl.load(dl.peer_base(table_ptr, s, rank, wst_sym) + parity * idx_half + entry, mask=keep,
+                    other=0.0, cache_modifier=".cg")
+        tl.store(out_w + row, w, mask=keep)
+    tl.store(src_ptr + row, s * span + entry, mask=keep & (store_src != 0))
+
+
+@dl.jit
+def _layout_outputs(counts_ptr, offsets_ptr, cstart_ptr, my_cnt, t_n, t_cs, t_al, mine,
+                    moe_claim, moe_record, rank, world_size, E, EL, capacity, per_expert, rows_out,
+                    padded, epoch, BLOCK_E: tl.constexpr):
+    """Program 0 after the count exchange: this rank's kept counts, layout offsets and compact
+    starts; the first bad input of any source, else the first overflowing expert, into the
+    MoE error record."""
+    first = tl.full((), _BIG, tl.int32)
+    for l0 in range(0, EL, BLOCK_E):
+        el = l0 + tl.arange(0, BLOCK_E)
+        ok = el < EL
+        n = tl.load(t_n + rank * EL + el, mask=ok, other=0)
+        cs = tl.load(t_cs + rank * EL + el, mask=ok, other=0)
+        kept = tl.minimum(n, tl.maximum(capacity - cs, 0))
+        kept = tl.where(padded != 0, tl.minimum(kept, per_expert), kept)
+        off = tl.where(padded != 0, el * per_expert, tl.minimum(tl.load(t_al + el, mask=ok, other=0), rows_out))
+        tl.store(counts_ptr + el, kept, mask=ok)
+        tl.store(offsets_ptr + el, off, mask=ok)
+        tl.store(cstart_ptr + el, cs, mask=ok)
+        first = tl.minimum(first, tl.min(tl.where(ok & (kept < n), el, _BIG), axis=0))
+    tl.store(offsets_ptr + EL, tl.where(padded != 0, EL * per_expert, tl.minimum(tl.load(t_al + EL), rows_out)))
+    tl.store(cstart_ptr + EL, mine)
+    bad_src = tl.full((), _BIG, tl.int32)
+    for s in range(world_size):
+        kind = tl.load(my_cnt + s * (E + _META) + E + 1, cache_modifier=".cg")
+        bad_src = tl.where((bad_src == _BIG) & (kind != 0), s, bad_src)
+    if bad_src != _BIG:
+        meta = my_cnt + bad_src * (E + _META) + E
+        _record(moe_claim, moe_record, tl.load(meta + 1, cache_modifier=".cg"), bad_src,
+                tl.load(meta + 2, cache_modifier=".cg"), tl.load(meta + 3, cache_modifier=".cg"), 0, epoch)
+    elif first != _BIG:
+        n = tl.load(t_n + rank * EL + first)
+        cs = tl.load(t_cs + rank * EL + first)
+        room = tl.maximum(tl.minimum(capacity - cs, tl.where(padded != 0, per_expert, capacity)), 0)
+        _record(moe_claim, moe_record, _OVERFLOW, rank, rank * EL + first, n, room, epoch)
+
+
+# ---- combine -----------------------------------------------------------------------------------
+
+@dl.jit(do_not_specialize=(
+    "n_tokens", "copy_y", "rank", "world_size", "topk", "experts_local", "capacity", "hidden",
+    "y_stride", "stage_stride", "has_w", "timeout_us", "op_id"))
+def combine_kernel(y_ptr, w_ptr, dest_ptr, out_ptr, counts_ptr, offsets_ptr, cstart_ptr,
+                   n_tokens, copy_y,
+                   sig_ptr, table_ptr, yst_sym, err_claim, err_record,
+                   rank, world_size, topk, experts_local, capacity, hidden, y_stride, stage_stride,
+                   has_w, timeout_us, op_id,
+                   VEC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, KC: tl.constexpr):
+    """One combine of this rank (see the module docstring): ``out[t] = sum_j w[t, j] *
+    y_owner[dest[t, j]]`` in fp32, j in order, one rounding (absent weights: 1)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = tl.load(sig_ptr + SIG_EPOCH_C, volatile=True).to(tl.int64) + 1
+    deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
+    hidden = hidden // VEC * VEC
+    y_stride = y_stride // VEC * VEC
+    stage_stride = stage_stride // VEC * VEC
+    EL = experts_local
+
+    # ---- my expert outputs into my staging, compact order (unless y is the staging) -----------
+    if copy_y != 0:
+        total = tl.minimum(tl.load(cstart_ptr + EL), capacity)
+        for f0 in range(pid * BLOCK_R, total, nprog * BLOCK_R):
+            f = f0 + tl.arange(0, BLOCK_R)
+            f_ok = f < total
+            el = tl.minimum(_search(cstart_ptr + 1, 1, f, EL - 1, f_ok, BLOCK_E), EL - 1)
+            w = f - tl.load(cstart_ptr + el, mask=f_ok, other=0)
+            keep = f_ok & (w < tl.load(counts_ptr + el, mask=f_ok, other=0))
+            row = tl.load(offsets_ptr + el, mask=f_ok, other=0) + w
+            _copy_rows(yst_sym, f, stage_stride, y_ptr + row.to(tl.int64) * y_stride, keep, hidden, BLOCK_H)
+    for i in range(world_size):
+        peer = (rank + i) % world_size
+        dl.signal_add(dl.peer_base(table_ptr, peer, rank, sig_ptr) + SIG_READY_D + world_size + rank, 1)
+    ok = pid >= 0
+    for peer in range(world_size):
+        ok = ok & dl.wait_at_least(sig_ptr + SIG_READY_D + world_size + peer, epoch * nprog, deadline,
+                                   err_claim, err_record, op_id, rank, peer, epoch)
+
+    # ---- weighted sum of every token's rows, k order, fp32 -----------------------------------
+    if ok:
+        for t0 in range(pid * BLOCK_T, n_tokens, nprog * BLOCK_T):
+            tok = t0 + tl.arange(0, BLOCK_T)
+            t_ok = tok < n_tokens
+            for h0 in range(0, hidden, BLOCK_H):
+                cols = h0 + tl.arange(0, BLOCK_H)
+                c_ok = cols < hidden
+                acc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)
+                for j0 in range(0, topk, KC):
+                    # KC slots unrolled: their row loads are independent and issue together
+                    for jj in tl.static_range(KC):
+                        j = j0 + jj
+                        on = t_ok & (j < topk)
+                        dst = tl.load(dest_ptr + tok * topk + j, mask=on, other=-1)
+                        valid = dst >= 0
+                        safe = tl.maximum(dst, 0)
+                        rows = dl.peer_base(table_ptr, safe // capacity, rank, yst_sym) + \
+                            (safe % capacity).to(tl.int64) * stage_stride
+                        v = tl.load(rows[:, None] + cols[None, :], mask=valid[:, None] & c_ok[None, :],
+                                    other=0.0, cache_modifier=".cg").to(tl.float32)
+                        wt = tl.load(w_ptr + tok * topk + j, mask=valid & (has_w != 0), other=1.0)
+                        acc = tl.where(valid[:, None], acc + wt[:, None] * v, acc)
+                tl.store(out_ptr + tok.to(tl.int64)[:, None] * hidden + cols[None, :],
+                         acc.to(out_ptr.dtype.element_ty), mask=t_ok[:, None] & c_ok[None, :])
+
+    # ---- every rank has read my staging: my caller may overwrite it --------------------------
+    for i in range(world_size):
+        peer = (rank + i) % world_size
+        dl.signal_add(dl.peer_base(table_ptr, peer, rank, sig_ptr) + SIG_READY_D + 2 * world_size + rank, 1)
+    for peer in range(world_size):
+        dl.wait_at_least(sig_ptr + SIG_READY_D + 2 * world_size + peer, epoch * nprog, deadline,
+                         err_claim, err_record, op_id, rank, peer, epoch)
+    tl.debug_barrier()
+    finished = tl.atomic_add(sig_ptr + SIG_DONE_C, 1, sem="acq_rel", scope="gpu")
+    if finished == nprog - 1:
+        tl.store(sig_ptr + SIG_EPOCH_C, epoch)
+        tl.store(sig_ptr + SIG_DONE_C, 0)

@@ -1,0 +1,109 @@
+"""Checks of ``ditron_ops.moe`` shared by the CPU (interpreter) and GPU tests.
+
+``check_dispatch_combine`` runs one deterministic dispatch and an identity-expert combine and
+compares them with ``moe.reference`` (the all-to-all oracle) bit for bit; ``identity_combine``
+is the expected combine of identity experts computed on this rank alone (the same fp32
+operations in the same order), for cheap checks of long call sequences.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..moe import Buffer, reference
+from ..runtime.group import Group
+
+
+def routing(group: Group, tokens: int, num_experts: int, topk: int, kind: str, seed: int,
+            dtype: torch.dtype = torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(topk_idx [T, k], topk_weights fp32 [T, k])`` of this rank, on the group's device.
+
+    ``kind``: ``"random"`` (distinct experts per token, about one slot in 7 set to -1),
+    ``"skewed"`` (every token's experts among the first ``k + 2``: the first ranks get all),
+    ``"one_expert"`` (every token to expert ``E - 1`` only), ``"none"`` (all -1).
+    """
+    gen = torch.Generator().manual_seed(seed * 1000 + group.rank)
+    idx = torch.stack([torch.randperm(num_experts, generator=gen)[:topk] for _ in range(tokens)]) \
+        if tokens else torch.empty(0, topk, dtype=torch.int64)
+    if kind == "random":
+        idx = torch.where(torch.rand(idx.shape, generator=gen) < 0.15, -1, idx)
+    elif kind == "skewed":
+        idx = torch.stack([torch.randperm(min(num_experts, topk + 2), generator=gen)[:topk]
+                           for _ in range(tokens)]) if tokens else idx
+    elif kind == "one_expert":
+        idx = torch.full_like(idx, -1)
+        idx[:, 0] = num_experts - 1
+    elif kind == "none":
+        idx = torch.full_like(idx, -1)
+    else:
+        raise ValueError(kind)
+    weights = torch.rand(tokens, topk, generator=gen)
+    return idx.to(dtype).to(group.device), weights.to(group.device)
+
+
+def tokens(group: Group, count: int, hidden: int, dtype: torch.dtype, seed: int,
+           rank: Optional[int] = None) -> torch.Tensor:
+    """Rank ``rank``'s (default: this rank's) random ``[count, hidden]`` tokens of ``seed``."""
+    gen = torch.Generator().manual_seed(seed * 1000 + 500 + (group.rank if rank is None else rank))
+    return torch.randn(count, hidden, generator=gen).to(dtype).to(group.device)
+
+
+def identity_combine(x: torch.Tensor, dest: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
+    """The combine of identity experts: ``sum_j w[t, j] * x[t]`` over kept slots, fp32, j in
+    order, one rounding (bitwise what the kernel computes when every expert returns its input)."""
+    t, k = dest.shape
+    acc = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
+    for j in range(k):
+        w = weights[:, j:j + 1] if weights is not None else torch.ones(t, 1, device=x.device)
+        acc = torch.where(dest[:, j:j + 1] >= 0, acc + w * x.float(), acc)
+    return acc.to(x.dtype)
+
+
+def row_experts(buf: Buffer, d) -> torch.Tensor:
+    """Global expert of every received row (``int64 [R]``; rows past the last expert: its id)."""
+    el, rank = buf.experts_local, buf.group.rank
+    rows = d.handle.src_of_row.shape[0]
+    at = torch.arange(rows, device=d.offsets.device)
+    local = torch.bucketize(at, d.offsets[1:].long(), right=True).clamp(max=el - 1)
+    return local + rank * el
+
+
+def _settle(group: Group) -> None:
+    """Every rank's kernels done before host reads (a device-to-host copy while a peer's kernel
+    spins can stall a GPU virtual world)."""
+    group.synchronize()
+    group.barrier()
+
+
+def check_dispatch_combine(group: Group, buf: Buffer, x: torch.Tensor, idx: torch.Tensor,
+                           weights: Optional[torch.Tensor], layout: str, alignment: int = 1) -> None:
+    """One deterministic dispatch + identity combine vs the reference, bitwise (AssertionError)."""
+    d = buf.dispatch(x, idx, weights, layout=layout, expert_alignment=alignment, deterministic=True)
+    _settle(group)
+    buf.check()
+    want = reference.dispatch_reference(x, idx, weights, group, num_experts=buf.num_experts,
+                                        max_tokens=buf.max_tokens, layout=layout,
+                                        expert_alignment=alignment, capacity=buf.capacity,
+                                        fp8=buf.fp8, round_scale=buf.round_scale)
+    rows = want["rows"].to(x.device)
+    flat = d.x.reshape(-1, buf.hidden)
+    what = f"rank {group.rank}, {layout}, alignment {alignment}"
+    for name, got in (("counts", d.counts), ("offsets", d.offsets), ("cstart", d.handle.cstart),
+                      ("dest", d.handle.dest), ("src_of_row", d.handle.src_of_row),
+                      ("weights", d.weights.reshape(-1))):
+        assert torch.equal(got, want[name]), f"{what}: {name} {got.tolist()} != {want[name].tolist()}"
+    if buf.fp8:
+        assert torch.equal(flat[rows].view(torch.uint8), want["x"][rows].view(torch.uint8)), what
+        assert torch.equal(d.scales.reshape(-1, buf.hidden // 128)[rows], want["scales"][rows]), what
+        y = (flat.float() * d.scales.reshape(-1, buf.hidden // 128).repeat_interleave(128, 1)).to(buf.dtype)
+    else:
+        assert torch.equal(flat[rows], want["x"][rows]), what
+        y = flat
+    out = buf.combine(y.reshape(d.x.shape), d.handle)
+    _settle(group)
+    expect = reference.combine_reference(y, want, weights, group, num_experts=buf.num_experts,
+                                         max_tokens=buf.max_tokens, topk=buf.topk)
+    assert torch.equal(out, expect), f"{what}: combine differs by {(out.float() - expect.float()).abs().max()}"
+    if not buf.fp8:
+        assert torch.equal(out, identity_combine(x, d.handle.dest, weights)), what
