@@ -4,6 +4,10 @@
 #   bash tools/h200_session.sh tests      # tests/gpu, one pytest run per file (about 7 minutes)
 #   bash tools/h200_session.sh benches    # ag_gemm, gemm_rs, flash_decode benches (about 3-4)
 #   bash tools/h200_session.sh main       # python -m ditron_ops (main.log)
+#   bash tools/h200_session.sh overhead   # host cost per eager call: the bench and pytest-benchmark
+#   TESTS="moe ulysses" bash tools/h200_session.sh tests     # only tests/gpu/test_{moe,ulysses}_gpu.py
+#   bash tools/h200_session.sh bench:moe  # one bench (bench.log), CSV under $OUT/bench
+#   bash tools/h200_session.sh cache      # the Triton cache back as $OUT/tcache.tgz.NN (15 MB parts)
 #
 # nvshmem4py is installed from .whl when the call carries it (../shared/tools/gpu-wheels.sh
 # downloads it), so the one-PE NVSHMEM smoke test runs instead of skipping.
@@ -21,7 +25,9 @@ cd "$(dirname "$0")/.."
 for part in "$@"; do
   case "$part" in
     tests)
-      for f in tests/gpu/test_*.py; do
+      files=tests/gpu/test_*.py
+      [ -n "${TESTS:-}" ] && files=$(for t in $TESTS; do echo tests/gpu/test_${t}_gpu.py; done)
+      for f in $files; do
         echo "=== $f" >> "$OUT/tests.log"
         timeout 240 python -m pytest -q "$f" >> "$OUT/tests.log" 2>&1
         echo "$(basename "$f" .py): $(grep -E "passed|failed|error|skipped" "$OUT/tests.log" | tail -1)"
@@ -43,6 +49,23 @@ for part in "$@"; do
       timeout 240 python -m ditron_ops > "$OUT/main.log" 2>&1
       echo "python -m ditron_ops: rc=$?"; tail -16 "$OUT/main.log"
       ;;
-    *) echo "unknown part: $part (tests, benches, main)"; exit 2 ;;
+    overhead)
+      timeout 300 python -m ditron_ops.bench overhead --out "$OUT/bench" ${COMMIT:+--commit "$COMMIT"} \
+        > "$OUT/overhead.log" 2>&1; echo "bench overhead: rc=$?"; tail -24 "$OUT/overhead.log"
+      timeout 200 python -m pytest benchmarks/ --benchmark-only -q \
+        --benchmark-columns=median,min,max,rounds > "$OUT/pytest_benchmark.log" 2>&1
+      echo "pytest-benchmark: rc=$?"; grep -E "test_eager_call|passed|failed" "$OUT/pytest_benchmark.log" | cut -c1-120
+      rm -f "$OUT"/bench/*.png
+      ;;
+    bench:*)
+      b=${part#bench:}
+      timeout 400 python -m ditron_ops.bench "$b" --out "$OUT/bench" ${COMMIT:+--commit "$COMMIT"} \
+        > "$OUT/bench_$b.log" 2>&1; echo "bench $b: rc=$?"; tail -40 "$OUT/bench_$b.log" | cut -c1-160
+      rm -f "$OUT"/bench/*.png
+      ;;
+    cache)
+      tar czf - -C /tmp tcache | split -b 15m -d - "$OUT/tcache.tgz."; ls -la "$OUT"/tcache.tgz.*
+      ;;
+    *) echo "unknown part: $part (tests, benches, main, overhead, bench:NAME, cache)"; exit 2 ;;
   esac
 done
