@@ -187,3 +187,36 @@ def test_cache_is_bounded_and_dropped_with_the_group():
 
     groups = ditron_ops.launch(body, 2)
     assert all(len(g.plans) == 0 for g in groups), "plans outlived their world"
+
+
+def test_stale_plan_rebuild_allocates_nothing_and_may_run_during_capture(monkeypatch):
+    """gemm_rs, then gemm_ar one-shot (whose slots grow the shared workspace: gemm_rs's plan
+    goes stale), then gemm_rs inside a (simulated) CUDA-graph capture: the stale plan is rebuilt
+    over the new buffer with its own padded copies, no new plan is refused, results are right.
+    (Measured on the H200 before the fix: the gemm_rs graph test failed at W=2 and 4.)"""
+    k = K - 3  # unaligned rows: the plans own padded copies of a and b
+    from ditron_ops.runtime import workspace
+
+    monkeypatch.setattr(workspace, "_MIN_DATA_BYTES", 256)  # workspaces sized to the calls
+
+    def body(group):
+        a = torch.randn(8 * group.world_size, k)
+        w = torch.randn(N, k)
+        want = [ditron_ops.gemm_rs(a, w.t(), group, impl="fused", deterministic=True)]
+        ditron_ops.gemm_ar(a, w.t(), group, impl="fused", algorithm="one_shot", deterministic=True)
+        stale = [p for p in group.plans._plans.values() if p.stale()]
+        assert stale, "the one-shot call should have grown the workspace"
+        pads = [(p.a_pad, p.b_pad) for p in stale]
+
+        def capturing(what):
+            raise AssertionError(f"refused during capture: {what}")
+
+        monkeypatch.setattr(group, "refuse_during_capture", capturing)
+        got = ditron_ops.gemm_rs(a, w.t(), group, impl="fused", deterministic=True)
+        fresh = [p for p in group.plans._plans.values() if hasattr(p, "a_pad") and not p.stale()]
+        assert any(p.a_pad is pa and p.b_pad is pb for p in fresh for pa, pb in pads), \
+            "the rebuilt plan should own the stale one's padded copies"
+        assert torch.equal(got, want[0])
+        return True
+
+    assert ditron_ops.launch(body, 2) == [True, True]

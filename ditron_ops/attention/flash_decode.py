@@ -227,8 +227,8 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
                                           d).to(q.dtype)
     key = ("flash_decode", deterministic, softmax_scale, tensor_key(q), tensor_key(k_cache),
            tensor_key(v_cache), tensor_key(kv_lens))  # out: made here, contiguous and aligned
-    plan = group.plans.get(key, lambda: _DecodePlan(group, q, k_cache, v_cache, kv_lens, out,
-                                                    softmax_scale, deterministic))
+    plan = group.plans.get(key, lambda previous=None: _DecodePlan(
+        group, q, k_cache, v_cache, kv_lens, out, softmax_scale, deterministic, previous))
     return plan.run(q, k_cache, v_cache, kv_lens, out)
 
 
@@ -239,7 +239,7 @@ class _DecodePlan:
     bit); one rank: split-KV + the final combine; more: + start barrier, pushing combine, merge."""
 
     def __init__(self, group: Group, q, k_cache, v_cache, kv_lens, out, scale: float,
-                 deterministic: bool):
+                 deterministic: bool, previous: "_DecodePlan | None" = None):
         self.group = group
         b, hq, d = q.shape
         hkv, s_max = k_cache.shape[2], k_cache.shape[1]
@@ -256,8 +256,11 @@ class _DecodePlan:
                                                             "o_part", "lse_part"))
             return
         pairs = b * hq
-        self.o_part = torch.empty(pairs * part[2] * d, dtype=torch.float32, device=device)
-        self.lse_part = torch.empty(pairs * part[2], dtype=torch.float32, device=device)
+        if previous is not None:  # a stale plan of this key: its scratch, no allocation
+            self.o_part, self.lse_part = previous.o_part, previous.lse_part
+        else:
+            self.o_part = torch.empty(pairs * part[2] * d, dtype=torch.float32, device=device)
+            self.lse_part = torch.empty(pairs * part[2], dtype=torch.float32, device=device)
         self.split = _bound_split_kv(q, k_cache, v_cache, kv_lens, self.o_part, self.lse_part,
                                      scale, part, cfg, vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr"))
         if w == 1:  # nothing to exchange: the combine writes the output

@@ -291,7 +291,8 @@ def _impl(q, k, v, group_name, causal, softmax_scale, deterministic):
     _agree(group, q, k, causal, softmax_scale)
     key = ("ulysses_attention", causal, softmax_scale, tensor_key(q), tensor_key(k),
            tensor_key(v))
-    plan = group.plans.get(key, lambda: _UlyssesPlan(group, q, k, v, out, causal, softmax_scale))
+    plan = group.plans.get(key, lambda previous=None: _UlyssesPlan(  # (allocates nothing)
+        group, q, k, v, out, causal, softmax_scale))
     return plan.run(q, k, v, out)
 
 

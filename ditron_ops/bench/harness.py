@@ -43,7 +43,8 @@ __all__ = ["Bench", "BenchConfig", "Result", "BENCHES", "register", "discover", 
            "host_time_spmd", "paired_graph_times", "rows_over_worlds", "machine_info", "write_csv",
            "read_csv", "plot_title", "plot_ratios", "format_table", "finish", "DTYPES"]
 
-_CAPTURE_LOCK = threading.Lock()
+CAPTURE_LOCK = threading.Lock()
+"""Virtual ranks capture CUDA graphs one at a time (concurrent captures crashed)."""
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
                                   "fp32": torch.float32}
 
@@ -263,7 +264,7 @@ def _capture(group, fn: Callable[[], Any], target_ms: float, max_iters: int):
     estimate = _timed_rounds(group, fn, 3, 1, device_clock=True)  # max over ranks: same on all
     iters = int(min(max_iters, max(1, target_ms * 1e3 / max(estimate, 1e-3))))
     graph = torch.cuda.CUDAGraph()
-    with _CAPTURE_LOCK:  # virtual ranks capture one at a time (concurrent captures crashed)
+    with CAPTURE_LOCK:  # virtual ranks capture one at a time (concurrent captures crashed)
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             for _ in range(iters):
                 fn()

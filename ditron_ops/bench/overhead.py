@@ -30,6 +30,7 @@ from ..attention.flash_decode import flash_decode
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..gemm.ag_gemm import ag_gemm
 from ..gemm.gemm_rs import gemm_ar, gemm_rs
+from . import harness
 from .harness import BenchConfig, Result, host_time_spmd, register, rows_over_worlds
 
 BASELINE = "torch.matmul [8W, 64] @ [64, 64]"
@@ -71,9 +72,11 @@ def _graph_time(group, op: Callable[[], object], iters: int, rounds: int) -> Opt
         return None
     op()  # plans and workspaces built outside the capture
     group.synchronize()
+    group.barrier()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=group.stream, capture_error_mode="thread_local"):
-        op()
+    with harness.CAPTURE_LOCK:  # one rank at a time (a capture starts with a device sync)
+        with torch.cuda.graph(graph, stream=group.stream, capture_error_mode="thread_local"):
+            op()
     group.barrier()
     return host_time_spmd(group, graph.replay, iters=iters, rounds=rounds)
 

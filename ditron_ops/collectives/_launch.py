@@ -45,8 +45,8 @@ def push_combine(group: Group, src: torch.Tensor, out: torch.Tensor, *, op: str,
         raise ValueError(f"ditron.{op}: the output must be 16-byte aligned")
     key = ("push_combine", op, split_src, reduce, src.dtype, src_rows, row_elems, out.numel(),
            slot_elems)
-    plan = group.plans.get(key, lambda: _PushCombinePlan(group, src, out, op, split_src, reduce,
-                                                         src_rows, row_elems, slot_elems))
+    plan = group.plans.get(key, lambda previous=None: _PushCombinePlan(  # (allocates nothing)
+        group, src, out, op, split_src, reduce, src_rows, row_elems, slot_elems))
     ws = plan.ws
     ws.calls += 1
     with group.waiting_launch(op, ws.calls):

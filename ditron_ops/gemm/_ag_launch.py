@@ -65,7 +65,8 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
     group.check()
     key = ("ag_gemm", producer, tensor_key(a), tensor_key(b), tensor_key(bias), tensor_key(out),
            tuple(shard_sizes))
-    plan = group.plans.get(key, lambda: AgGemmPlan(group, a, b, bias, out, shard_sizes, producer))
+    plan = group.plans.get(key, lambda previous=None: AgGemmPlan(group, a, b, bias, out,
+                                                                 shard_sizes, producer, previous))
     plan.run(a, b, bias, out, gathered)
 
 
@@ -76,7 +77,7 @@ class AgGemmPlan:
 
     def __init__(self, group: Group, a: torch.Tensor, b: torch.Tensor,
                  bias: Optional[torch.Tensor], out: torch.Tensor, shard_sizes: list[int],
-                 producer: str):
+                 producer: str, previous: "AgGemmPlan | None" = None):
         if producer not in PRODUCERS:
             raise ValueError(f"ditron.ag_gemm: producer must be one of {PRODUCERS}, got {producer!r}")
         self.group, self.producer = group, producer
@@ -101,7 +102,10 @@ class AgGemmPlan:
         # one contiguous [rows, pitch] region per chunk; for the pull kernel also 16-byte aligned
         # (its only specialisation: an unaligned view would compile another variant mid-call)
         aligned = a.is_contiguous() and pitch == k and (producer == "copy" or a.data_ptr() % 16 == 0)
-        self.src_pad = None if aligned else a.new_empty((rows, pitch))
+        if previous is not None:  # a stale plan of this key: its padded buffers, no allocation
+            self.src_pad = previous.src_pad
+        else:
+            self.src_pad = None if aligned else a.new_empty((rows, pitch))
         record, claim = group._error_tensors()
         sig, timeout = ws.signal_pad(), group.timeout_us()
         self.start = BoundKernel(start_barrier_kernel, (1,),
@@ -142,7 +146,7 @@ class AgGemmPlan:
                                       group.sm_share() - pull_programs(group)))
         self.core = CoreGemm(a_desc, b, out, bias, group=group, wait=True, sig=sig,
                              offsets=offsets, claim=claim, record=record, m=m, programs=programs,
-                             push=push)
+                             push=push, b_pad=previous.core._b_pad if previous else None)
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the views are of a freed buffer."""

@@ -197,6 +197,8 @@ class CoreGemm:
         ``ag_gemm_push_kernel``), ``sig_table``, ``src`` (an example of the per-call source
         rows, or the plan's padded copy of them with ``src_varies=False``), ``buf`` and
         ``buf_table`` (the gathered buffer), ``pitch``, ``copy_block`` and ``src_varies``.
+    b_pad : torch.Tensor, optional
+        The padded copy of ``b`` to reuse (a rebuilt plan's; else made here when needed).
     """
 
     def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
@@ -204,13 +206,13 @@ class CoreGemm:
                  sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
                  record: torch.Tensor, m: int, programs: Optional[int] = None,
                  cfg: Optional[TileConfig] = None, a_varies: bool = False,
-                 push: Optional[dict] = None):
+                 push: Optional[dict] = None, b_pad: Optional[torch.Tensor] = None):
         cfg = fit_stages(cfg or tile_config(out.device), out.device, b.element_size(),
                          out.element_size())
         self.cfg = cfg
         self._b_pad = None
         if not _tma_ok(b) and not _tma_ok(b.t()):
-            self._b_pad = _padded_copy(b)
+            self._b_pad = b_pad if b_pad is not None else _padded_copy(b)
             b = self._b_pad
         b_desc, b_kn = b_descriptor(b, cfg)
         c_desc = _c_descriptor(out, cfg) if out.is_cuda else None

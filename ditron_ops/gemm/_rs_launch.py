@@ -48,7 +48,8 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     group.check()
     key = (op, broadcast, partials, tensor_key(a), tensor_key(b),
            None if broadcast else tuple(rows))  # out: made by the op, contiguous and aligned
-    plan = group.plans.get(key, lambda: RsPlan(group, a, b, out, rows, broadcast, op, partials))
+    plan = group.plans.get(key, lambda previous=None: RsPlan(group, a, b, out, rows, broadcast, op,
+                                                             partials, previous))
     return plan.run(a, b, out)
 
 
@@ -57,7 +58,8 @@ class RsPlan:
     and the bound launches."""
 
     def __init__(self, group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
-                 rows: list[int], broadcast: bool, op: str, partials: torch.dtype):
+                 rows: list[int], broadcast: bool, op: str, partials: torch.dtype,
+                 previous: "RsPlan | None" = None):
         self.group, self.op, self.broadcast = group, op, broadcast
         self.ws = ws = group.workspace(PURPOSE)
         cfg = tile_config(a.device)
@@ -67,8 +69,11 @@ class RsPlan:
         self.data = data = ws.ensure_data(max(1, w * slot_rows * n * partials.itemsize))
         buf = data.local.view(partials)
         offsets = None if broadcast else ws.row_offsets(rows, op)  # (uploads before any wait)
-        self.a_pad = None if _tma_ok(a) else _padded_copy(a)
-        self.b_pad = None if (_tma_ok(b) or _tma_ok(b.t())) else _padded_copy(b)
+        if previous is not None:  # a stale plan of this key: its padded buffers, no allocation
+            self.a_pad, self.b_pad = previous.a_pad, previous.b_pad
+        else:
+            self.a_pad = None if _tma_ok(a) else _padded_copy(a)
+            self.b_pad = None if (_tma_ok(b) or _tma_ok(b.t())) else _padded_copy(b)
         a_ex = a if self.a_pad is None else self.a_pad
         a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
                                   [cfg.block_m, cfg.block_k])

@@ -9,7 +9,10 @@ addresses: descriptors over changing tensors are converted per address inside th
 
 Each group owns one ``PlanCache`` (bounded LRU), dropped with the group; a miss during CUDA-graph
 capture raises, as a new workspace does (build before capturing). A plan that views a workspace
-records the buffer it viewed and is rebuilt when the workspace grew (``Plan.stale``).
+records the buffer it viewed and is rebuilt when the workspace grew (``Plan.stale``): its builder
+then gets the stale plan as ``previous`` and takes over its own buffers (padded copies, scratch),
+so the rebuild allocates nothing and may run during capture (another op's warm-up can grow a
+shared workspace after this op's plan was built).
 """
 from __future__ import annotations
 
@@ -40,11 +43,15 @@ class PlanCache:
         self._plans: OrderedDict = OrderedDict()
         self.builds = 0
 
-    def get(self, key: Hashable, build: Callable[[], P]) -> P:
-        """The plan of ``key``, built with ``build()`` on a miss (or when the cached one is
-        stale). Raises ``DitronError`` for a build during CUDA-graph capture."""
+    def get(self, key: Hashable, build: Callable[..., P]) -> P:
+        """The plan of ``key``: built with ``build()`` on a miss (a miss during CUDA-graph
+        capture raises ``DitronError``), rebuilt with ``build(previous=stale_plan)`` when the
+        cached one is stale."""
         plan = self._plans.get(key)
-        if plan is not None and not getattr(plan, "stale", _fresh)():
+        if plan is not None:
+            if getattr(plan, "stale", _fresh)():
+                plan = self._plans[key] = build(previous=plan)
+                self.builds += 1
             self._plans.move_to_end(key)
             return plan
         what = f"builds a plan for {key[0]} with new shapes"
