@@ -338,18 +338,7 @@ def test_receive_overflow_reports_expert_and_counts():
 def test_missing_rank_times_out():
     """A rank that skips a combine: its peer raises DitronTimeoutError naming the op and peer."""
     def body(group):
-        buf = _buffer(group)  # not closed: the skipping rank must not wait in a collective free
-        idx, w = mc.routing(group, 3, buf.num_experts, 3, "random", 6)
-        d = buf.dispatch(mc.tokens(group, 3, 16, F32, 6), idx, w)
-        group.synchronize()
-        if group.rank == 1:
-            return "skipped"
-        try:
-            buf.combine(d.x, d.handle)
-            group.synchronize()
-        except ditron_ops.DitronTimeoutError as exc:
-            return (exc.op, exc.rank, exc.peer)
-        return "no error"
+        return mc.combine_with_rank_1_missing(group, _buffer(group), 3, F32, 6)
     assert ditron_ops.launch(body, 2, timeout_s=1.0) == [("moe_combine", 0, 1), "skipped"]
 
 

@@ -193,17 +193,10 @@ def test_missing_rank_times_out():
 
 def test_opcheck_and_compile():
     def body(group):
+        from ditron_ops.testing.ulysses_checks import check_op_integration
+
         q, k, v = _full_inputs(1, 8, 2, 1, 64, torch.float32)
-        utils = ("test_schema", "test_autograd_registration", "test_faketensor",
-                 "test_aot_dispatch_dynamic")
-        torch.library.opcheck(torch.ops.ditron.ulysses_attention.default,
-                              (q, k, v, group.group_name, True, 0.125, True), test_utils=utils)
-        torch.library.opcheck(torch.ops.ditron.all_to_all.default, (q, group.group_name, 2, 1),
-                              test_utils=utils)
-        def step(x):
-            return ditron_ops.ulysses_attention(x * 1.0, k, v, group, causal=True)
-        torch._dynamo.reset()
-        return torch.equal(torch.compile(step, fullgraph=True)(q), step(q))
+        return check_op_integration(group, q, k, v, 0.125, True)
     assert ditron_ops.launch(body, 1) == [True]
 
 

@@ -83,7 +83,8 @@ class AgGemmPlan:
         self.group, self.producer = group, producer
         self.gpu = a.is_cuda
         self.device_index = a.device.index if a.device.index is not None else 0
-        self.side = group.side_stream() if self.gpu else None  # raw handles, the group's
+        # the side stream's raw handles (the group's): copy and pull producers only
+        self.side = group.side_stream() if self.gpu and producer != "push" else None
         self.ws = ws = group.workspace(PURPOSE)
         cfg = tile_config(a.device)
         m, k = sum(shard_sizes), a.shape[1]
@@ -108,9 +109,9 @@ class AgGemmPlan:
             self.src_pad = None if aligned else a.new_empty((rows, pitch))
         record, claim = group._error_tensors()
         sig, timeout = ws.signal_pad(), group.timeout_us()
-        self.start = BoundKernel(start_barrier_kernel, (1,),
-                                 (sig, ws.signal.ptr_table, claim, record, rank, w, rows, timeout,
-                                  op_id("ag_gemm")), {}, device=a.device)
+        self.start = None if producer == "push" else BoundKernel(  # (push: its own start)
+            start_barrier_kernel, (1,), (sig, ws.signal.ptr_table, claim, record, rank, w, rows,
+                                         timeout, op_id("ag_gemm")), {}, device=a.device)
         programs = None  # the core's default grid
         push = None
         if producer == "push":  # one launch: the core kernel's programs push the rows first

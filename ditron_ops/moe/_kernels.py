@@ -340,6 +340,17 @@ def _search(ends_ptr, stride, values, count, mask, BLOCK: tl.constexpr):
     return found
 
 
+@dl.jit
+def _compact_row(f, f_ok, cstart_ptr, counts_ptr, offsets_ptr, EL,
+                 BLOCK_E: tl.constexpr):
+    """Compact received row ``f`` (rows of the local experts back to back, expert ``e``'s from
+    ``cstart[e]``): ``(row in the layout, kept)``, kept when within its expert's count."""
+    el = tl.minimum(_search(cstart_ptr + 1, 1, f, EL - 1, f_ok, BLOCK_E), EL - 1)
+    w = f - tl.load(cstart_ptr + el, mask=f_ok, other=0)
+    keep = f_ok & (w < tl.load(counts_ptr + el, mask=f_ok, other=0))
+    return tl.load(offsets_ptr + el, mask=f_ok, other=0) + w, keep
+
+
 # ---- dispatch ----------------------------------------------------------------------------------
 
 @dl.jit(do_not_specialize=(
@@ -471,10 +482,7 @@ def dispatch_kernel(
             for f0 in range(pid * BLOCK_R, total, nprog * BLOCK_R):
                 f = f0 + tl.arange(0, BLOCK_R)
                 f_ok = f < total
-                el = tl.minimum(_search(cstart_ptr + 1, 1, f, EL - 1, f_ok, BLOCK_E), EL - 1)
-                w = f - tl.load(cstart_ptr + el, mask=f_ok, other=0)
-                keep = f_ok & (w < tl.load(counts_ptr + el, mask=f_ok, other=0))
-                row = tl.load(offsets_ptr + el, mask=f_ok, other=0) + w
+                row, keep = _compact_row(f, f_ok, cstart_ptr, counts_ptr, offsets_ptr, EL, BLOCK_E)
                 src = tl.load(src_ptr + row, mask=keep, other=-1)
                 keep = keep & (src >= 0)
                 src = tl.maximum(src, 0)
@@ -594,10 +602,7 @@ def combine_kernel(y_ptr, w_ptr, dest_ptr, out_ptr, counts_ptr, offsets_ptr, cst
         for f0 in range(pid * BLOCK_R, total, nprog * BLOCK_R):
             f = f0 + tl.arange(0, BLOCK_R)
             f_ok = f < total
-            el = tl.minimum(_search(cstart_ptr + 1, 1, f, EL - 1, f_ok, BLOCK_E), EL - 1)
-            w = f - tl.load(cstart_ptr + el, mask=f_ok, other=0)
-            keep = f_ok & (w < tl.load(counts_ptr + el, mask=f_ok, other=0))
-            row = tl.load(offsets_ptr + el, mask=f_ok, other=0) + w
+            row, keep = _compact_row(f, f_ok, cstart_ptr, counts_ptr, offsets_ptr, EL, BLOCK_E)
             _copy_rows(yst_sym, f, stage_stride, y_ptr + row.to(tl.int64) * y_stride, keep, hidden, BLOCK_H)
     for i in range(world_size):
         peer = (rank + i) % world_size

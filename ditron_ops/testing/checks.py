@@ -99,3 +99,22 @@ def run_gloo(fn: Callable[..., Any], world_size: int, args: tuple = (),
     if failures:
         raise RuntimeError("; ".join(failures))
     return results
+
+
+def run_child(script: str, *args: str, timeout_s: float = 600) -> dict:
+    """Tests: run ``python script *args`` in a fresh process (the package's root on its path, no
+    ``TRITON_INTERPRET``) and return the JSON object of its last ``RESULT {...}`` line; raise
+    AssertionError with the end of its stderr when it fails or prints none. One-PE NVSHMEM
+    checks run this way: NVSHMEM is initialised once per process."""
+    import json
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, os.path.abspath(script), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-6000:]
+    return json.loads(lines[-1][len("RESULT "):])

@@ -107,3 +107,24 @@ def check_dispatch_combine(group: Group, buf: Buffer, x: torch.Tensor, idx: torc
     assert torch.equal(out, expect), f"{what}: combine differs by {(out.float() - expect.float()).abs().max()}"
     if not buf.fp8:
         assert torch.equal(out, identity_combine(x, d.handle.dest, weights)), what
+
+
+def combine_with_rank_1_missing(group: Group, buf: Buffer, count: int, dtype: torch.dtype,
+                                seed: int):
+    """Tests: every rank dispatches, then rank 1 skips the combine. Rank 1 returns
+    ``"skipped"``; a peer returns its ``DitronTimeoutError``'s ``(op, rank, peer)``, or
+    ``"no error"``. (The buffer is not closed: the skipping rank must not wait in a collective
+    free.)"""
+    from ..errors import DitronTimeoutError
+
+    idx, w = routing(group, count, buf.num_experts, buf.topk, "random", seed)
+    d = buf.dispatch(tokens(group, count, buf.hidden, dtype, seed), idx, w)
+    _settle(group)
+    if group.rank == 1:
+        return "skipped"
+    try:
+        buf.combine(d.x, d.handle)
+        group.synchronize()
+    except DitronTimeoutError as exc:
+        return (exc.op, exc.rank, exc.peer)
+    return "no error"

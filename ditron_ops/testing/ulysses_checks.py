@@ -53,3 +53,20 @@ def check_ulysses(group: Group, dtype: torch.dtype) -> dict[str, float]:
         torch.cuda.current_stream(group.device).synchronize()
     group.check()
     return errors
+
+
+def check_op_integration(group: Group, q, k, v, scale: float, deterministic: bool) -> bool:
+    """opcheck of ``ulysses_attention`` and ``all_to_all`` (schema, autograd registration,
+    fake, AOT dispatch), and ``torch.compile(fullgraph=True)`` equal to eager (True)."""
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor",
+             "test_aot_dispatch_dynamic")
+    torch.library.opcheck(torch.ops.ditron.ulysses_attention.default,
+                          (q, k, v, group.group_name, True, scale, deterministic), test_utils=utils)
+    torch.library.opcheck(torch.ops.ditron.all_to_all.default, (q, group.group_name, 2, 1),
+                          test_utils=utils)
+
+    def step(x):
+        return ulysses_attention(x * 1.0, k, v, group, causal=True)
+
+    torch._dynamo.reset()
+    return torch.equal(torch.compile(step, fullgraph=True)(q), step(q))

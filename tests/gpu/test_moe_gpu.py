@@ -4,7 +4,6 @@ run-to-run and batch invariance, CUDA graphs replayed 1000x, 10^4 back-to-back c
 the example layer, and the one-PE nvshmem backend."""
 import json
 import os
-import subprocess
 import sys
 import threading
 
@@ -185,17 +184,7 @@ def test_default_mode_and_overflow():
 def test_missing_rank_times_out():
     def body(group):
         buf = Buffer(group, num_experts=8, max_tokens_per_rank=16, hidden=256, topk=2, dtype=BF16)
-        idx, w = mc.routing(group, 16, 8, 2, "random", 1)
-        d = buf.dispatch(mc.tokens(group, 16, 256, BF16, 1), idx, w)
-        _settle(group)
-        if group.rank == 1:
-            return "skipped"
-        try:
-            buf.combine(d.x, d.handle)
-            group.synchronize()
-        except ditron_ops.DitronTimeoutError as exc:
-            return (exc.op, exc.rank, exc.peer)
-        return "no error"
+        return mc.combine_with_rank_1_missing(group, buf, 16, BF16, 1)
     assert ditron_ops.launch(body, 2, timeout_s=2.0) == [("moe_combine", 0, 1), "skipped"]
 
 
@@ -259,14 +248,10 @@ def test_nvshmem_one_pe():
         pytest.skip("needs nvshmem4py (pip install 'ditron_ops[cu13]')")
     import tempfile
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    from ditron_ops.testing.checks import run_child
+
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), tmp], env=env, capture_output=True,
-                              text=True, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-6000:]
-    res = json.loads(lines[-1][len("RESULT "):])
+        res = run_child(__file__, tmp)
     assert res == {"graph_fp8=False": True, "checked_fp8=False": True, "graph_fp8=True": True,
                    "checked_fp8=True": True}, res
 

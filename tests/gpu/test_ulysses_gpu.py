@@ -5,7 +5,6 @@ import importlib.util
 import json
 import os
 import random
-import subprocess
 import sys
 import threading
 import time
@@ -188,17 +187,10 @@ def test_back_to_back_changing_shapes():
 
 def test_opcheck_and_compile():
     def body(group):
+        from ditron_ops.testing.ulysses_checks import check_op_integration
+
         q, k, v = _inputs(group, 1, 256, 8, 2, 128, torch.bfloat16)
-        utils = ("test_schema", "test_autograd_registration", "test_faketensor",
-                 "test_aot_dispatch_dynamic")
-        torch.library.opcheck(torch.ops.ditron.ulysses_attention.default,
-                              (q, k, v, group.group_name, True, 0.088, False), test_utils=utils)
-        torch.library.opcheck(torch.ops.ditron.all_to_all.default, (q, group.group_name, 2, 1),
-                              test_utils=utils)
-        def step(x):
-            return ditron_ops.ulysses_attention(x * 1.0, k, v, group, causal=True)
-        torch._dynamo.reset()
-        return torch.equal(torch.compile(step, fullgraph=True)(q), step(q))
+        return check_op_integration(group, q, k, v, 0.088, False)
     assert ditron_ops.launch(body, 1) == [True]
 
 
@@ -290,14 +282,9 @@ def _child(tmpdir: str) -> dict:
 @pytest.mark.skipif(importlib.util.find_spec("nvshmem") is None,
                     reason="needs nvshmem4py (pip install 'ditron_ops[cu13]')")
 def test_nvshmem_one_pe(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-6000:]
-    r = json.loads(lines[-1][len("RESULT "):])
+    from ditron_ops.testing.checks import run_child
+
+    r = run_child(__file__, str(tmp_path), timeout_s=CHILD_TIMEOUT_S)
     print("nvshmem ulysses:", r)
     assert r["backend"] == "nvshmem" and r["a2a_equal"] and r["graph_equal"]
     assert len(r["checks"]) == 4
