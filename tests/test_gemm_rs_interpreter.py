@@ -8,7 +8,7 @@ import torch
 import ditron_ops
 from ditron_ops import reference
 from ditron_ops.testing.ag_gemm_checks import interpreter_split_tail
-from ditron_ops.testing.gemm_rs_checks import check_gemm_reduce, gemm_rs_inputs, spy_own_tail
+from ditron_ops.testing.gemm_rs_checks import check_gemm_reduce, check_tp_mlp_autograd, gemm_rs_inputs, spy_own_tail
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
 
@@ -132,30 +132,7 @@ def test_compile_fullgraph():
 
 def test_autograd_tensor_parallel_mlp():
     """y = gemm_rs(ag_gemm(x, w1), w2): gradients vs the single-process reference."""
-    def body(group):
-        w, r = group.world_size, group.rank
-        sizes = [3, 5, 4][:w]
-        gen = torch.Generator().manual_seed(7)
-        x_full = torch.randn(sum(sizes), 6, generator=gen)
-        w1_full = torch.randn(6, 4 * w, generator=gen)   # column shards
-        w2_full = torch.randn(4 * w, 6, generator=gen)   # row shards
-        g_full = torch.randn(sum(sizes), 6, generator=gen)
-        start = sum(sizes[:r])
-        x = x_full[start:start + sizes[r]].clone().requires_grad_()
-        w1 = w1_full[:, 4 * r:4 * r + 4].clone().requires_grad_()
-        w2 = w2_full[4 * r:4 * r + 4].clone().requires_grad_()
-        h = ditron_ops.ag_gemm(x, w1, group, impl="fused", shard_sizes=sizes)
-        y = ditron_ops.gemm_rs(h, w2, group, impl="fused", shard_sizes=sizes)
-        (y * g_full[start:start + sizes[r]]).sum().backward()
-        xr = x_full.clone().requires_grad_()
-        w1r, w2r = w1_full.clone().requires_grad_(), w2_full.clone().requires_grad_()
-        ((xr @ w1r @ w2r) * g_full).sum().backward()
-        close = lambda p, q: torch.allclose(p, q, rtol=1e-4, atol=1e-4)  # noqa: E731
-        return (close(y, (x_full @ w1_full @ w2_full)[start:start + sizes[r]]),
-                close(x.grad, xr.grad[start:start + sizes[r]]),
-                close(w1.grad, w1r.grad[:, 4 * r:4 * r + 4]),
-                close(w2.grad, w2r.grad[4 * r:4 * r + 4]))
-    assert ditron_ops.launch(body, 3) == [(True, True, True, True)] * 3
+    assert ditron_ops.launch(check_tp_mlp_autograd, 3, args=([3, 5, 4], 6, 4)) == [True] * 3
 
 
 def test_auto_rule_of_the_reductions():

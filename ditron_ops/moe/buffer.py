@@ -433,8 +433,14 @@ class Buffer:
     def __enter__(self) -> "Buffer":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # a failed call: free what can be freed, but never mask the error that ended the block
+            self.close()
+        except DitronError:
+            pass
 
     def __repr__(self) -> str:
         return (f"Buffer({self.name}, E={self.num_experts}, T_max={self.max_tokens}, H={self.hidden}, "

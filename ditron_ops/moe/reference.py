@@ -35,7 +35,10 @@ def quantize_fp8(x: torch.Tensor, round_scale: bool = False) -> tuple[torch.Tens
     """``(q e4m3 [T, H], scales fp32 [T, H / 128])`` of ``x [T, H]``."""
     t, h = x.shape
     xf = x.float().reshape(t, h // 128, 128)
-    scale = xf.abs().amax(dim=2).clamp(min=1e-4) / 448.0
+    amax = xf.abs().amax(dim=2).clamp(min=1e-4)
+    # a tensor divisor: CUDA torch turns division by a Python scalar into a multiplication by its
+    # reciprocal, one rounding off the formula's (and the kernel's) IEEE division
+    scale = amax / torch.full_like(amax, 448.0)
     if round_scale:
         bits = scale.view(torch.int32)
         scale = (((bits >> 23) + ((bits & 0x7FFFFF) != 0).int()) << 23).view(torch.float32)

@@ -252,7 +252,10 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
                           else contextlib.nullcontext())
             if world.device.type == "cuda":
                 torch.cuda.set_device(world.device)
-            with stream_ctx, using_group(group):
+            # Backward runs on this rank's thread: autograd's one CUDA worker thread would run
+            # every rank's backward nodes in turn, and a node that meets its peers (the launch
+            # gate, a plan's allocation) would wait for ranks queued behind it.
+            with stream_ctx, using_group(group), torch.autograd.set_multithreading_enabled(False):
                 results[rank] = fn(group, *args)
                 if group._failure is None:  # an error fn already saw is not raised twice
                     group.synchronize()

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import reference
+from ..gemm.ag_gemm import ag_gemm
 from ..gemm.gemm_rs import gemm_ar, gemm_rs
 from ..gemm._core import matmul
 from ..runtime.group import Group
@@ -71,3 +72,29 @@ def spy_own_tail(monkeypatch) -> list:
     seen, own_tail = [], _launch.own_tail
     monkeypatch.setattr(_launch, "own_tail", lambda *a: seen.append(own_tail(*a)) or seen[-1])
     return seen
+
+
+def check_tp_mlp_autograd(group: Group, sizes: Sequence[int], hidden: int, ffn_per_rank: int,
+                          dtype: torch.dtype = torch.float32, tol: float = 1e-4) -> bool:
+    """``y = gemm_rs(ag_gemm(x, w1), w2)`` (fused, uneven shards ``sizes``): output and the
+    gradients of x, w1, w2 against the single-process fp32 reference (AssertionError)."""
+    w, r, f = group.world_size, group.rank, ffn_per_rank
+    gen = torch.Generator().manual_seed(7)
+    x_full = torch.randn(sum(sizes), hidden, generator=gen).to(dtype).float()
+    w1_full = (torch.randn(hidden, f * w, generator=gen) * hidden ** -0.5).to(dtype).float()  # column shards
+    w2_full = (torch.randn(f * w, hidden, generator=gen) * (f * w) ** -0.5).to(dtype).float()  # row shards
+    g_full = torch.randn(sum(sizes), hidden, generator=gen).to(dtype).float()
+    rows, cols = slice(sum(sizes[:r]), sum(sizes[:r + 1])), slice(f * r, f * (r + 1))
+    x = x_full[rows].to(group.device, dtype).requires_grad_()
+    w1 = w1_full[:, cols].to(group.device, dtype).requires_grad_()
+    w2 = w2_full[cols].to(group.device, dtype).requires_grad_()
+    h = ag_gemm(x, w1, group, impl="fused", shard_sizes=list(sizes))
+    y = gemm_rs(h, w2, group, impl="fused", shard_sizes=list(sizes))
+    (y.float() * g_full[rows].to(group.device)).sum().backward()
+    xr, w1r, w2r = (t.clone().requires_grad_() for t in (x_full, w1_full, w2_full))
+    ((xr @ w1r @ w2r) * g_full).sum().backward()
+    for name, got, want in (("y", y.detach(), (x_full @ w1_full @ w2_full)[rows]), ("x", x.grad, xr.grad[rows]),
+                            ("w1", w1.grad, w1r.grad[:, cols]), ("w2", w2.grad, w2r.grad[cols])):
+        err = (got.float().cpu() - want).abs().max().item()
+        assert err <= tol * max(1.0, want.abs().max().item()), (f"rank {r}", name, err)
+    return True

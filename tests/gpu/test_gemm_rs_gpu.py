@@ -6,7 +6,7 @@ import torch
 
 import ditron_ops
 from ditron_ops.bench.shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, get_model
-from ditron_ops.testing.gemm_rs_checks import check_gemm_reduce, gemm_rs_inputs, spy_own_tail
+from ditron_ops.testing.gemm_rs_checks import check_gemm_reduce, check_tp_mlp_autograd, gemm_rs_inputs, spy_own_tail
 
 pytestmark = pytest.mark.gpu
 _CAPTURE_LOCK = threading.Lock()
@@ -85,3 +85,12 @@ def test_split_tail_forced(world_size, monkeypatch):
     monkeypatch.setattr(_launch, "tail_tiles", lambda tiles, programs, cfg: min(tiles, 5))
     ditron_ops.launch(lambda g: check_gemm_reduce(g, 4000, 1000, 520, torch.bfloat16), world_size)
     assert seen and all(t == 5 for t in seen), seen
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_autograd_tensor_parallel_mlp(world_size):
+    """ag_gemm -> gemm_rs forward and backward on the rank threads (autograd's CUDA worker thread
+    would run every rank's backward in turn), bf16, uneven shards."""
+    sizes = [256 + 64 * r for r in range(world_size)]
+    assert ditron_ops.launch(check_tp_mlp_autograd, world_size,
+                             args=(sizes, 512, 256, torch.bfloat16, 2e-2)) == [True] * world_size
