@@ -47,7 +47,8 @@ signals, so ``flag >= epoch * UNIT`` means that peer's whole call landed)::
     [0, W)          in[s]     q/k/v chunk of rank s
     [W, 2W)         out[s]    output tiles from rank s (1 per tile + a complement from program 0)
     3W, 3W + 1      epoch, programs finished (reset by the last)
-    [4W, 6W)        meta[e % 2][s]  rank s's shape fingerprint (checked: DitronSizeMismatchError)
+    [3W+2, 5W+2)    meta[e % 2][s]  rank s's shape fingerprint (checked: DitronSizeMismatchError;
+                    after the counters, so W = 1 does not alias them)
 
 Buffers are double buffered by epoch parity (two fixed halves of the workspace): rank s writes
 half ``e % 2`` of rank d again at call ``e + 2``, after it waited for d's output tiles of call
@@ -112,7 +113,7 @@ def _chunk_landed(seen, ok, s, blocking, sig_ptr, epoch, parity, fingerprint, wo
         else:
             landed = tl.atomic_add(sig_ptr + s, 0, sem="acquire", scope="sys") >= target
         if landed:
-            got = tl.load(sig_ptr + 4 * world_size + parity * world_size + s, volatile=True)
+            got = tl.load(sig_ptr + 3 * world_size + 2 + parity * world_size + s, volatile=True)
             if got != fingerprint:
                 dl.record_error(err_claim, err_record, op_id, rank, s, epoch, dl.SIZE_MISMATCH)
             ok = ok & (got == fingerprint)
@@ -219,7 +220,7 @@ def ulysses_attention_kernel(
                         hkv_l, seq, rank * seq_r, pid, nprog, D, BLOCK_R, VEC)
             peer = dl.remote_ptr(sig_table, d, sig_ptr)
             if pid == 0:
-                tl.store(peer + 4 * world_size + parity * world_size + rank,
+                tl.store(peer + 3 * world_size + 2 + parity * world_size + rank,
                          fingerprint.to(tl.int64))
             dl.signal_add(peer + rank, tl.where(pid == 0, unit - nprog + 1, 1))
 
