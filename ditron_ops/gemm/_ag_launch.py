@@ -53,18 +53,20 @@ def pull_programs(group: Group) -> int:
 
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
           out: torch.Tensor, shard_sizes: list[int], gathered: Optional[torch.Tensor],
-          producer: Optional[str] = None) -> None:
+          producer: Optional[str] = None, plan_key=None) -> None:
     """One fused call (schedule in ``_ag_kernels``): start barrier, all-gather on a side stream
     with a flag per chunk, persistent GEMM over the gathered rows as chunks land; or, pushed,
     all of it in one kernel (``producer``, default ``PRODUCER``). Everything but the launches
-    comes from the call's plan."""
+    comes from the call's plan. ``plan_key``: a key that determines the plan's tensors (an
+    eager call's validation key), instead of one built here."""
+    group.check()
     producer = producer or PRODUCER
     if producer == "auto":
         producer = "push" if sum(shard_sizes) * a.shape[1] * a.element_size() <= PUSH_MAX_BYTES \
             else "copy"
-    group.check()
-    key = ("ag_gemm", producer, tensor_key(a), tensor_key(b), tensor_key(bias), tensor_key(out),
-           tuple(shard_sizes))
+    key = ("ag_gemm", producer, plan_key) if plan_key is not None else (
+        "ag_gemm", producer, tensor_key(a), tensor_key(b), tensor_key(bias), tensor_key(out),
+        tuple(shard_sizes))
     plan = group.plans.get(key, lambda previous=None: AgGemmPlan(group, a, b, bias, out,
                                                                  shard_sizes, producer, previous))
     plan.run(a, b, bias, out, gathered)
