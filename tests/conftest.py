@@ -1,10 +1,6 @@
 import pytest
 import torch
 
-from ditron_ops import _env
-
-_env.prepare_cuda_for_virtual_ranks()  # before any CUDA call (see its docstring)
-
 HAS_CUDA = torch.cuda.is_available()
 
 

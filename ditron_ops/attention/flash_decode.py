@@ -64,6 +64,18 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     Collective: every rank calls it in the same order with the same ``B``, ``Hq``, ``Hkv``,
     ``D``, dtype and mode (``S_max`` and ``kv_lens`` may differ). Runs on the current stream,
     does not synchronize, and is CUDA-graph capturable after one eager call with the same shapes.
+
+    Examples
+    --------
+    >>> import torch, ditron_ops
+    >>> def body(group):  # q and keys zero: uniform weights, the mean of every rank's values
+    ...     q = torch.zeros(1, 2, 64, dtype=torch.float16, device=group.device)        # [B, Hq, D]
+    ...     k = torch.zeros(1, 4, 1, 64, dtype=torch.float16, device=group.device)     # [B, S_max, Hkv, D]
+    ...     v = torch.full((1, 4, 1, 64), group.rank + 1.0, dtype=torch.float16, device=group.device)
+    ...     lens = torch.tensor([2], dtype=torch.int32, device=group.device)          # 2 of 4 slots hold keys
+    ...     return ditron_ops.flash_decode(q, k, v, lens, group)[0, :, 0].tolist()
+    >>> ditron_ops.launch(body, 2)[0]
+    [1.5, 1.5]
     """
     group = current_group(group)
     key = call_key("flash_decode", q, k_cache, v_cache, kv_lens)

@@ -119,6 +119,17 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     one between later calls ``DitronSizeMismatchError``. Runs on the current stream, does not
     synchronize, and is CUDA-graph capturable after one eager call with the same shapes.
     Results differ across world sizes (keys are visited in a rank-dependent order).
+
+    Examples
+    --------
+    >>> import torch, ditron_ops
+    >>> def body(group):  # q, k zero: uniform weights over the whole sequence (2 ranks x 3 rows)
+    ...     q = torch.zeros(1, 3, 2, 64, dtype=torch.float16, device=group.device)    # [B, S_r, Hq, D]
+    ...     k = torch.zeros(1, 3, 1, 64, dtype=torch.float16, device=group.device)    # one KV head: replicated
+    ...     v = torch.full((1, 3, 1, 64), group.rank + 1.0, dtype=torch.float16, device=group.device)
+    ...     return ditron_ops.ulysses_attention(q, k, v, group)[0, :, 0, 0].tolist()
+    >>> ditron_ops.launch(body, 2)[1]
+    [1.5, 1.5, 1.5]
     """
     group = current_group(group)
     dtypes = GPU_DTYPES if group.device.type == "cuda" else CPU_DTYPES

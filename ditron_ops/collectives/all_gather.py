@@ -46,6 +46,17 @@ def all_gather(x: torch.Tensor, group: Optional[Group] = None, *,
     ops, with the same ``shard_sizes`` and ``rest``. Runs on the current stream; calls on one group
     must be stream-ordered. Returns without synchronizing; a peer that never arrives makes the
     next op on the group (or ``group.synchronize()``) raise ``DitronTimeoutError``.
+
+    Examples
+    --------
+    Two virtual ranks (threads; on the GPU, or on the CPU in the Triton interpreter):
+
+    >>> import torch, ditron_ops
+    >>> def body(group):
+    ...     x = torch.full((2, 3), float(group.rank), device=group.device)
+    ...     return ditron_ops.all_gather(x, group)[:, 0].tolist()
+    >>> ditron_ops.launch(body, 2)
+    [[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]]
     """
     group = current_group(group)
 

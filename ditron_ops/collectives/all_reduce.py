@@ -62,6 +62,15 @@ def all_reduce(x: torch.Tensor, group: Optional[Group] = None, *, algorithm: str
     -----------
     Collective: every rank calls it in the same order with the same shape, dtype and algorithm.
     Runs on the current stream; calls on one group must be stream-ordered.
+
+    Examples
+    --------
+    >>> import torch, ditron_ops
+    >>> def body(group):
+    ...     x = torch.full((5,), group.rank + 1.0, device=group.device)
+    ...     return ditron_ops.all_reduce(x, group, deterministic=True).tolist()
+    >>> ditron_ops.launch(body, 2)[0]
+    [3.0, 3.0, 3.0, 3.0, 3.0]
     """
     group = current_group(group)
     flag = resolve_deterministic(deterministic)

@@ -63,6 +63,15 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int,
     (checked in the kernel: a disagreement raises ``DitronSizeMismatchError``). Runs on the
     current stream; does not synchronize. Differentiable: the gradient is the all-to-all with
     the dims swapped. Exact (a copy): bitwise identical run to run.
+
+    Examples
+    --------
+    >>> import torch, ditron_ops
+    >>> def body(group):  # [S_r = 1, H = 2]: heads scattered, the sequence gathered
+    ...     x = torch.tensor([[10.0 * group.rank, 10.0 * group.rank + 1]], device=group.device)
+    ...     return ditron_ops.all_to_all(x, 1, 0, group).tolist()
+    >>> ditron_ops.launch(body, 2)
+    [[[0.0], [10.0]], [[1.0], [11.0]]]
     """
     group = current_group(group)
     check_tensor("all_to_all", "x", x, group, DTYPES, min_dim=1)

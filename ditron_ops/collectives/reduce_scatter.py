@@ -49,6 +49,15 @@ def reduce_scatter(x: torch.Tensor, group: Optional[Group] = None, *,
     -----------
     Collective: every rank calls it in the same order with the same shape and dtype. Runs on the
     current stream; calls on one group must be stream-ordered.
+
+    Examples
+    --------
+    >>> import torch, ditron_ops
+    >>> def body(group):  # [W * 2, 3] of rank + 1 on every rank: 2 rows of the sum each
+    ...     x = torch.full((4, 3), group.rank + 1.0, device=group.device)
+    ...     return ditron_ops.reduce_scatter(x, group).tolist()
+    >>> ditron_ops.launch(body, 2)[1]
+    [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]
     """
     group = current_group(group)
     flag = resolve_deterministic(deterministic)

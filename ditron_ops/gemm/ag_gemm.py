@@ -75,6 +75,16 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     Collective: every rank calls it in the same order relative to the group's other ops, with
     the same ``shard_sizes``, ``K``, ``N``, dtype and ``impl``. Runs on the current stream (the
     fused path forks a side stream and joins it before returning); does not synchronize.
+
+    Examples
+    --------
+    >>> import torch, ditron_ops
+    >>> def body(group):  # rank r holds r + 1 rows of value r + 1
+    ...     a = torch.full((group.rank + 1, 4), group.rank + 1.0, dtype=torch.float16, device=group.device)
+    ...     b = torch.ones(4, 2, dtype=torch.float16, device=group.device)
+    ...     return ditron_ops.ag_gemm(a, b, group, shard_sizes=[1, 2]).tolist()
+    >>> ditron_ops.launch(body, 2)[0]
+    [[4.0, 4.0], [8.0, 8.0], [8.0, 8.0]]
     """
     group = current_group(group)
     key = call_key("ag_gemm", a, b, bias, out, impl, shard_sizes)

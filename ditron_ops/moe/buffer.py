@@ -203,6 +203,24 @@ class Buffer:
     collectives (every rank calls ``dispatch`` / ``combine`` in the same order) and never
     synchronize. ``combine`` returns only after every rank read this rank's staging, so a caller
     may write the next expert outputs into ``combine_input()`` right after.
+
+    Examples
+    --------
+    Four experts, two per rank; the third token of each rank picks one expert (-1: none):
+
+    >>> import torch, ditron_ops
+    >>> def body(group):
+    ...     x = torch.arange(8.0, device=group.device).repeat(3, 1) + group.rank   # [T = 3, H = 8]
+    ...     idx = torch.tensor([[0, 3], [1, 2], [2, -1]], device=group.device)
+    ...     w = torch.tensor([[0.5, 0.5], [0.25, 0.75], [1.0, 0.0]], device=group.device)
+    ...     with ditron_ops.moe.Buffer(group, num_experts=4, max_tokens_per_rank=3, hidden=8,
+    ...                                topk=2, dtype=torch.float32) as buf:
+    ...         d = buf.dispatch(x, idx, w, layout="expert_contig")
+    ...         counts = d.counts.tolist()            # tokens received per local expert
+    ...         out = buf.combine(d.x, d.handle)      # identity experts: sum_j w_j x = x
+    ...     return counts, torch.equal(out, x)
+    >>> ditron_ops.launch(body, 2)
+    [([2, 2], True), ([4, 2], True)]
     """
 
     def __init__(self, group: Optional[Group] = None, *, num_experts: int, max_tokens_per_rank: int,

@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 import torch
 
 from .. import _env
-from .group import Group
+from .group import Group, using_group
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1",
                 "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -75,7 +75,8 @@ def torchrun_group(backend: Optional[str] = None) -> Iterator[Group]:
         dist.init_process_group("nccl" if gpu else "gloo")
     group = init_nvshmem() if backend == "nvshmem" else TorchGroup()
     try:
-        yield group
+        with using_group(group):  # ops called with group=None in the block resolve to it
+            yield group
     finally:
         if backend == "nvshmem":
             finalize_nvshmem(group)

@@ -1,0 +1,49 @@
+"""The README's Python blocks, run as written (CPU tier: ``tests/test_readme.py``; GPU tier:
+``tests/gpu/test_readme_gpu.py``).
+
+The blocks run in order in one fresh process, as a reader runs them top to bottom (a block may
+use names an earlier one defined). A block whose first line is ``# needs: torchrun`` runs alone
+under ``torchrun`` (one process per GPU on a GPU machine, gloo processes on a CPU).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+TORCHRUN = "# needs: torchrun"
+
+
+def readme_blocks(readme: Path) -> tuple[list[str], list[str]]:
+    """``(plain, torchrun)``: the README's ```python blocks, split by their first line."""
+    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
+    return ([b for b in blocks if not b.startswith(TORCHRUN)],
+            [b for b in blocks if b.startswith(TORCHRUN)])
+
+
+def _run(cmd: list[str], root: Path, timeout: float) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)}:\n{(proc.stdout + proc.stderr)[-4000:]}"
+    return proc.stdout
+
+
+def run_plain_blocks(readme: Path, workdir: Path, timeout: float = 600) -> str:
+    """Run the plain blocks in one process (AssertionError with the output on failure); stdout."""
+    plain, _ = readme_blocks(readme)
+    script = workdir / "readme_blocks.py"
+    script.write_text("\n\n".join(plain))
+    return _run([sys.executable, str(script)], readme.parent, timeout)
+
+
+def run_torchrun_blocks(readme: Path, workdir: Path, procs: int, timeout: float = 600) -> list[str]:
+    """Run each ``# needs: torchrun`` block under ``torchrun --nproc-per-node procs``; stdouts."""
+    outs = []
+    for i, block in enumerate(readme_blocks(readme)[1]):
+        script = workdir / f"readme_torchrun_{i}.py"
+        script.write_text(block)
+        outs.append(_run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", str(procs), str(script)], readme.parent, timeout))
+    return outs
