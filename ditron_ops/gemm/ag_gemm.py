@@ -79,12 +79,12 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     Examples
     --------
     >>> import torch, ditron_ops
-    >>> def body(group):  # rank r holds r + 1 rows of value r + 1
-    ...     a = torch.full((group.rank + 1, 4), group.rank + 1.0, dtype=torch.float16, device=group.device)
-    ...     b = torch.ones(4, 2, dtype=torch.float16, device=group.device)
-    ...     return ditron_ops.ag_gemm(a, b, group, shard_sizes=[1, 2]).tolist()
+    >>> def body(group):  # rank r holds r + 1 rows of value r + 1; K = N = 8
+    ...     a = torch.full((group.rank + 1, 8), group.rank + 1.0, dtype=torch.float16, device=group.device)
+    ...     b = torch.ones(8, 8, dtype=torch.float16, device=group.device)
+    ...     return ditron_ops.ag_gemm(a, b, group, shard_sizes=[1, 2])[:, 0].tolist()
     >>> ditron_ops.launch(body, 2)[0]
-    [[4.0, 4.0], [8.0, 8.0], [8.0, 8.0]]
+    [8.0, 16.0, 16.0]
     """
     group = current_group(group)
     key = call_key("ag_gemm", a, b, bias, out, impl, shard_sizes)

@@ -95,12 +95,12 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     Examples
     --------
     >>> import torch, ditron_ops
-    >>> def body(group):  # a [4, K_r = 2] of ones, b [2, 3] of rank + 1: the sum is 2 * 1 + 2 * 2
-    ...     a = torch.ones(4, 2, dtype=torch.float16, device=group.device)
-    ...     b = torch.full((2, 3), group.rank + 1.0, dtype=torch.float16, device=group.device)
-    ...     return ditron_ops.gemm_rs(a, b, group).tolist()  # this rank's 2 rows of the sum
+    >>> def body(group):  # a [4, K_r = 8] of ones, b [8, 8] of rank + 1: the sum is 8 * 1 + 8 * 2
+    ...     a = torch.ones(4, 8, dtype=torch.float16, device=group.device)
+    ...     b = torch.full((8, 8), group.rank + 1.0, dtype=torch.float16, device=group.device)
+    ...     return ditron_ops.gemm_rs(a, b, group)[:, 0].tolist()  # this rank's 2 rows of the sum
     >>> ditron_ops.launch(body, 2)[1]
-    [[6.0, 6.0, 6.0], [6.0, 6.0, 6.0]]
+    [24.0, 24.0]
     """
     group = current_group(group)
     flag = resolve_deterministic(deterministic)
@@ -144,12 +144,12 @@ def gemm_ar(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     --------
     >>> import torch, ditron_ops
     >>> def body(group):
-    ...     a = torch.ones(4, 2, dtype=torch.float16, device=group.device)
-    ...     b = torch.full((2, 3), group.rank + 1.0, dtype=torch.float16, device=group.device)
+    ...     a = torch.ones(4, 8, dtype=torch.float16, device=group.device)
+    ...     b = torch.full((8, 8), group.rank + 1.0, dtype=torch.float16, device=group.device)
     ...     out = ditron_ops.gemm_ar(a, b, group, deterministic=True)  # every row of the sum
     ...     return tuple(out.shape), out.unique().tolist()
     >>> ditron_ops.launch(body, 2)
-    [((4, 3), [6.0]), ((4, 3), [6.0])]
+    [((4, 8), [24.0]), ((4, 8), [24.0])]
     """
     group = current_group(group)
     flag = resolve_deterministic(deterministic)
