@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 import ditron_ops.language.nvshmem as nvs
-from ditron_ops.runtime import nvshmem_backend
+from ditron_ops.runtime import nvshmem_backend, nvshmem_modules
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvshmem]
 
@@ -87,7 +87,7 @@ def _child(tmpdir: str) -> dict:
         res["local_addr"] = buf.local.data_ptr()
         res["data_set_ok"] = torch.equal(buf.local[DATA_OFFSET:DATA_OFFSET + NBYTES], src)
         res["signal_set"] = int(buf.local[:8].view(torch.int64).item())
-        res["module_inited"] = int(kernel.module) in nvs._initialized
+        res["module_inited"] = int(kernel.module) in nvshmem_modules._initialized
 
         src2 = torch.randint(0, 256, (NBYTES,), dtype=torch.uint8, device=group.device)
         _launch(buf, src2, out, 5, int(nvs.SIGNAL_ADD), 47)
