@@ -6,7 +6,8 @@ import torch
 
 from ditron_ops.bench import LAYER_CONFIGS, local_gemm_shape
 from ditron_ops.bench.__main__ import main
-from ditron_ops.bench.harness import Result, _plot_series, read_csv
+from ditron_ops.bench.harness import Result, read_csv
+from ditron_ops.bench.plots import draw, footer, plan_panels
 
 
 def test_list_names_the_registered_benches(capsys):
@@ -22,24 +23,81 @@ def test_local_gemm_shape():
         local_gemm_shape("nope")
 
 
-def test_plot_series_per_case_or_per_model():
-    """A panel whose cases have a row per model shape plots a line per case over the models
-    (geo-mean last); otherwise a line per world size over the cases."""
-    def row(case, w, model, shape, ratio):
-        return Result("b", case, w, "bf16", "ours", 1.0, "base", ratio, shape=shape, model=model)
+def _row(case, w, ratio, model="", shape="", impl="ours", baseline="base"):
+    return Result("b", case, w, "bf16", impl, 1.0, baseline, ratio, shape=shape, model=model)
 
-    per_model = [row(c, 1, m, s, r) for c, m, s, r in [
+
+def test_plan_bars_per_model_or_per_case():
+    """Cases with a row per model shape: a bar group per model (geo-mean last) and a bar per case;
+    otherwise a group per case and a bar per world size; shared label words go to the note."""
+    per_model = [_row(c, 1, r, m, s) for c, m, s, r in [
         ("P1 a", "M1", "8x8x8", 0.9), ("P1 a", "M2", "8x16x8", 1.1), ("P1 a", "", "geo-mean", 1.0),
         ("P1 b", "M1", "8x8x8", 0.8), ("P1 b", "M2", "8x16x8", 0.7), ("P1 b", "", "geo-mean", 0.75)]]
-    xs, series = _plot_series(per_model)
-    assert xs == ["M1", "M2", "geo-mean"]
-    assert series == {"P1 a": [(0, 0.9), (1, 1.1), (2, 1.0)], "P1 b": [(0, 0.8), (1, 0.7), (2, 0.75)]}
+    [pan] = plan_panels(per_model)
+    assert pan.kind == "bars" and pan.xs == ["M1", "M2", "geo-mean"]
+    assert pan.series == {"a": [(0, 0.9), (1, 1.1), (2, 1.0)], "b": [(0, 0.8), (1, 0.7), (2, 0.75)]}
+    assert pan.note == "P1 W=1"
 
-    per_case = [row(c, w, "", "", r) for c, w, r in [("M=128", 2, 0.5), ("M=512", 2, 0.9),
-                                                      ("M=128", 4, 0.6)]]
-    xs, series = _plot_series(per_case)
-    assert xs == ["M=128", "M=512"]
-    assert series == {"W=2": [(0, 0.5), (1, 0.9)], "W=4": [(0, 0.6)]}
+    two_sizes = [_row(c, w, r) for c, w, r in [("local S=8192", 2, 0.5), ("local S=32768", 2, 0.9),
+                                               ("local S=8192", 4, 0.6)]]
+    [pan] = plan_panels(two_sizes)  # two values are a comparison, not a sweep
+    assert pan.kind == "bars" and pan.xs == ["S=8192", "S=32768"]
+    assert pan.series == {"W=2": [(0, 0.5), (1, 0.9)], "W=4": [(0, 0.6)]}
+
+
+def test_plan_sweep_and_model_layers_split():
+    """An M sweep (>= 3 values on one line) is a lines panel; the model layers beside it are a
+    bars panel that also holds the sweep's row at their common M; byte sizes sweep too."""
+    rows = [_row(f"op {m} M=8192", 2, r, m) for m, r in [("A", 1.2), ("B", 1.0), ("C", 1.1)]]
+    rows += [_row(f"op C M={n}", 2, r, "C") for n, r in [(128, 0.4), (512, 0.9)]]
+    bars, lines = plan_panels(rows)
+    assert bars.kind == "bars" and bars.xs == ["A", "B", "C"] and bars.note == "op M=8192 W=2"
+    assert lines.kind == "lines" and lines.xlabel == "M (rows)" and lines.xs == [128, 512, 8192]
+    assert lines.series == {"": [(128, 0.4), (512, 0.9), (8192, 1.1)]}
+
+    sizes = [_row(c, w, 1.0 + w / 10) for w in (1, 8) for c in ("4KiB", "16KiB", "1MiB")]
+    [pan] = plan_panels(sizes)
+    assert pan.kind == "lines" and pan.xs == [4096, 16384, 1 << 20] and list(pan.series) == ["W=1", "W=8"]
+
+    kv = [_row(f"B={b} KV={k}", 1, 1.0) for b in (1, 8, 64) for k in (4096, 32768, 131072)]
+    [pan] = plan_panels(kv)  # as many B as KV values: the label's last (the inner loop) is x
+    assert pan.xlabel == "KV length" and list(pan.series) == ["B=1", "B=8", "B=64"]
+
+
+def test_plan_merges_single_bars():
+    """One bar per impl where each impl has a single case (overhead); one op's single-series
+    variants share a panel (moe dispatch det/default)."""
+    one_each = [_row("W=1", 1, r, impl=i) for i, r in [("ag_gemm", 0.5), ("all_gather", 0.7)]]
+    [pan] = plan_panels(one_each)
+    assert pan.xs == ["ag_gemm", "all_gather"] and pan.series == {"": [(0, 0.5), (1, 0.7)]}
+    variants = [_row(c, 8, 2.0, impl=i) for i in ("dispatch det", "dispatch default")
+                for c in ("T=128 bf16", "T=4096 bf16")]
+    [pan] = plan_panels(variants)
+    assert pan.impl == "dispatch" and list(pan.series) == ["det", "default"]
+
+
+def test_figure_sweep_log2_lines_categorical_bars_linear_ratio():
+    """The drawn figure: a sweep panel has a log2 x axis with plain ticks and no bars, a
+    categorical panel bars; both ratio axes are linear with plain tick labels; footer present."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.container import BarContainer
+
+    rows = [_row(f"op {m} M=8192", 2, r, m) for m, r in [("A", 1.2), ("B", 1.0), ("C", 1.1)]]
+    rows += [_row(f"op C M={n}", 2, r, "C") for n, r in [(128, 0.4), (1024, 0.9)]]
+    machine = {"device_name": "GPU X", "torch": "2.0", "triton": "3.0", "git_commit": "abc1234"}
+    fig = draw(plan_panels(rows), "title", footer(machine))
+    bars_ax, lines_ax = fig.axes[:2]
+    fig.canvas.draw()
+    assert any(isinstance(c, BarContainer) for c in bars_ax.containers)
+    assert lines_ax.get_xscale() == "log" and lines_ax.xaxis.get_transform().base == 2
+    assert not lines_ax.containers and lines_ax.get_lines()
+    assert [t.get_text() for t in lines_ax.get_xticklabels()] == ["128", "1k", "8k"]
+    for ax in (bars_ax, lines_ax):
+        assert ax.get_yscale() == "linear"
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert labels and not any("$" in t or "e" in t for t in labels), labels
+        assert any(line.get_ydata()[0] == 1.0 for line in ax.get_lines())  # the 1.0 line
+    assert "abc1234" in fig.get_supxlabel() and "GPU X" in fig.get_supxlabel()
 
 
 def test_quick_collectives_writes_csv_and_png(tmp_path, capsys):

@@ -18,7 +18,7 @@
 # comes from COMMIT (set it in the call: COMMIT=$(git rev-parse --short HEAD) here, pasted into
 # the command; the benches get it as --commit). Only about 8 files come back from $OUT per call: logs go
 # to tests.log and benches.log, and PNGs are dropped (rebuild them from the CSVs with
-# ditron_ops.bench.harness.plot_ratios).
+# python -m ditron_ops.bench plot benchmarks/results/*.csv, i.e. ditron_ops.bench.plots).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . tools/device_setup.sh  # $OUT, nvshmem4py from .whl, PYTHONPATH

@@ -122,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 return 1
             first = results[0]
             title = plot_title(first.bench, first.dtype, machine.get("device_name", "?"), results)
-            print(plot_ratios(results, path.with_suffix(".png"), title) or "matplotlib missing")
+            print(plot_ratios(results, path.with_suffix(".png"), title, machine) or "matplotlib missing")
         return 0
     cfg = _config(args)
     if args.commit:

@@ -1,4 +1,4 @@
-"""Benchmark harness: bench registry, SPMD timing, result rows, CSV / PNG / table output.
+"""Benchmark harness: bench registry, SPMD timing, result rows, CSV / table output (PNG: ``plots``).
 
 Timing inside a virtual world (every rank runs the same code)::
 
@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..runtime.torchrun import started_by_torchrun
+from .plots import plot_ratios, plot_title  # noqa: F401 - re-exported
 
 __all__ = ["Bench", "BenchConfig", "Result", "BENCHES", "register", "discover", "time_spmd", "warm_gpu",
            "host_time_spmd", "paired_graph_times", "rows_over_worlds", "machine_info", "write_csv",
@@ -161,7 +162,7 @@ class Bench:
 
 BENCHES: dict[str, Bench] = {}
 IMPORT_ERRORS: dict[str, str] = {}
-_NOT_BENCHES = {"harness", "shapes"}
+_NOT_BENCHES = {"harness", "plots", "shapes"}
 
 
 def register(name: str, *, help: str, world_sizes: Sequence[int] = (1, 2, 4, 8),
@@ -453,68 +454,6 @@ def read_csv(path: Path) -> tuple[list[Result], dict[str, str]]:
     return results, machine
 
 
-def plot_title(bench: str, dtype_name: str, device_name: str, results: Sequence[Result]) -> str:
-    """The PNG title: what the ratio means and every baseline."""
-    baselines = ", ".join(dict.fromkeys(r.baseline for r in results))
-    return (f"{bench} ({dtype_name}, {device_name}): ratio = baseline / ours (>1: ours faster)\n"
-            f"baseline: {baselines}")
-
-
-def _plot_series(mine: Sequence[Result]) -> tuple[list[str], dict[str, list[tuple[int, float]]]]:
-    """X labels and ``{series label: [(x index, ratio)]}`` of one panel: a line per world size
-    over the cases, or, where a case has a row per model shape (P1 cores, gemm_rs ``present``),
-    a line per case and world size over the models (geo-mean rows last, as in the CSV)."""
-    per_shape = len({(r.case, r.world_size) for r in mine}) < len(mine)
-    one_world = len({r.world_size for r in mine}) == 1
-
-    def label(r: Result) -> str:
-        return (r.model or r.shape) if per_shape else r.case
-
-    def key(r: Result) -> str:
-        world = "" if per_shape and one_world else f"W={r.world_size}"
-        return f"{r.case} {world}".rstrip() if per_shape else world
-
-    xs = list(dict.fromkeys(label(r) for r in mine))
-    series: dict[str, list[tuple[int, float]]] = {}
-    for r in sorted(mine, key=lambda r: r.world_size):
-        series.setdefault(key(r), []).append((xs.index(label(r)), r.ratio))
-    return xs, series
-
-
-def plot_ratios(results: Sequence[Result], path: Path, title: str) -> Optional[Path]:
-    """PNG of ``ratio``, a panel per impl (``_plot_series``: a line per world size over the
-    cases, or per case over the model shapes) (None: no matplotlib)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    impls = list(dict.fromkeys(r.impl for r in results))
-    cols = min(len(impls), 2) or 1
-    rows = math.ceil(len(impls) / cols) or 1
-    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.6 * rows), squeeze=False)
-    for ax, impl in zip(axes.flat, impls):
-        xs, series = _plot_series([r for r in results if r.impl == impl])
-        for name, pts in series.items():
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        ax.set_xticks(range(len(xs)))
-        ax.set_xticklabels(xs, rotation=30, ha="right", fontsize=7)
-        ax.set_yscale("log")
-        ax.set_title(impl, fontsize=9)
-        ax.set_ylabel("baseline / ours", fontsize=8)
-        ax.legend(fontsize=6, framealpha=0.6)
-    for ax in list(axes.flat)[len(impls):]:
-        ax.set_visible(False)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 def _short(value: Any) -> str:
     """Compact number for the printed table (the CSV keeps 6 significant digits)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -553,7 +492,7 @@ def finish(bench: str, results: Sequence[Result], cfg: BenchConfig,
     csv_path = write_csv(results, cfg.out_dir / f"{stem}.csv", machine)
     baselines = ", ".join(dict.fromkeys(r.baseline for r in results))
     title = plot_title(bench, cfg.dtype_name, machine["device_name"], results)
-    png_path = plot_ratios(results, cfg.out_dir / f"{stem}.png", title) if results else None
+    png_path = plot_ratios(results, cfg.out_dir / f"{stem}.png", title, machine) if results else None
     print(f"\n== {bench}: {len(results)} rows, {machine['device_name']} ({machine['device_detail']}), "
           f"torch {machine['torch']}, triton {machine['triton']}, commit {machine['git_commit']}",
           file=stream)
