@@ -148,3 +148,28 @@ def test_tp_bench_under_torchrun_gloo(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "tp-w2-fp32-cpu-quick.csv")))
     assert [r["case"].split()[0] for r in rows] == ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode"]
     assert all(r["world_size"] == "2" and float(r["time_us"]) > 0 for r in rows)
+
+
+def test_gemm_sweep_shapes_follow_the_rule():
+    """Issue 20's sweep: at least 40 distinct seeded shapes in the ranges, each at least 8 GFLOP,
+    with N off the multiples of 128 and K off the multiples of 64 among them, rows of 16 bytes."""
+    from ditron_ops.bench.gemm_sweep import MIN_GFLOP, RANGES, sweep_shapes
+
+    shapes = sweep_shapes()
+    assert len(set(shapes)) == len(shapes) >= 40 and shapes == sweep_shapes()  # seeded
+    for dim, (lo, hi) in zip("mnk", RANGES.values()):
+        values = [s["mnk".index(dim)] for s in shapes]
+        assert lo <= min(values) and max(values) <= hi, dim
+    assert all(2 * m * n * k >= MIN_GFLOP * 1e9 and n % 8 == 0 and k % 8 == 0 for m, n, k in shapes)
+    assert sum(n % 128 != 0 for _, n, _ in shapes) >= 8 and sum(k % 64 != 0 for *_, k in shapes) >= 8
+
+
+def test_gemm_sweep_quick_writes_rows(tmp_path):
+    import csv
+
+    from ditron_ops.bench.__main__ import main
+
+    assert main(["gemm_sweep", "--quick", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(next(tmp_path.glob("gemm_sweep-*.csv")))))
+    sweep = [r for r in rows if r["shape"] != "geo-mean"]
+    assert len(sweep) == 3 and all(r["case"] == "sweep fp16" and float(r["rel_err"]) < 1e-2 for r in sweep)
