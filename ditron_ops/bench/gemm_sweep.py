@@ -11,6 +11,9 @@ geo-mean row per dtype, and the registered model shapes at M = 8192 (``case = "m
 <dtype>"``), which must stay at their tuned speed.
 
 Targets (issue 20): geo-mean >= 0.97x, no shape below 0.85x, model shapes >= 0.98x.
+``--only configs``: instead, bf16 only, every tile configuration of ``CANDIDATES`` on every
+sweep shape (``case = "configs bf16"``, ``impl`` = the configuration): the data a shape-aware
+rule is fitted to and checked against.
 ``--quick`` (CPU, the interpreter): three tiny fp16 shapes, to test the plumbing.
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ import random
 
 import torch
 
-from ..gemm._core import matmul
+from ..gemm._core import GPU_CONFIGS, TileConfig, matmul
 from ..runtime.virtual import launch
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
@@ -32,6 +35,16 @@ SEED, COUNT = 20, 48
 RANGES = {"m": (128, 16384), "n": (256, 16384), "k": (512, 16384)}
 OFF_GRID = {"n": 128, "k": 64}
 """Dimensions drawn off these multiples a third of the time (tiles that do not divide them)."""
+
+
+CANDIDATES = {**GPU_CONFIGS,
+              "128x128x64/s4": TileConfig(128, 128, 64, 8, 8, 4),
+              "128x128x64/s5/w4": TileConfig(128, 128, 64, 8, 4, 5),
+              "64x256x64/s4": TileConfig(64, 256, 64, 8, 4, 4),
+              "128x256x32/s6": TileConfig(128, 256, 32, 8, 8, 6),
+              "256x128x64/s3": TileConfig(256, 128, 64, 8, 8, 3)}
+"""Tile configurations ``--only configs`` measures: the tuned ones and smaller or other-shaped
+tiles for small N and M, and K that 64 does not divide."""
 
 
 def _draw(rng: random.Random, name: str) -> int:
@@ -65,12 +78,35 @@ def _model_shapes() -> dict[tuple[int, int, int], str]:
     return shapes
 
 
-def _measure(group, cfg: BenchConfig, case: str, m: int, n: int, k: int, dtype: torch.dtype,
-             dtype_name: str, model: str = "") -> Result:
+def _inputs(group, m: int, n: int, k: int, dtype: torch.dtype):
+    """``(a [M, K], w.t())`` of a seeded Linear problem."""
     gen = torch.Generator(device="cpu").manual_seed(m * 7 + n * 3 + k)
     a = (torch.randn(m, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=group.device)
     w = (torch.randn(n, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=group.device)
-    b = w.t()
+    return a, w.t()
+
+
+def _configs(group, cfg: BenchConfig, m: int, n: int, k: int) -> list[Result]:
+    """Every ``CANDIDATES`` configuration on one shape, bf16, paired with cuBLAS."""
+    a, b = _inputs(group, m, n, k, torch.bfloat16)
+    fns = {"cublas": lambda: torch.matmul(a, b)}
+    for name, tc in CANDIDATES.items():
+        try:  # a configuration that does not fit (shared memory, registers) is reported and left out
+            matmul(a, b, cfg=tc)
+        except Exception as exc:  # noqa: BLE001
+            print(f"configs: {name} on {m}x{n}x{k} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+            continue
+        fns[name] = lambda tc=tc: matmul(a, b, cfg=tc)
+    times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
+    return [Result("gemm_sweep", "configs bf16", 1, "bf16", name, times[name], "cuBLAS torch.matmul",
+                   times["cublas"], shape=f"{m}x{n}x{k}", m=m, n=n, k=k,
+                   extra={"tflops": round(2 * m * n * k / times[name] / 1e6, 1)})
+            for name in fns if name != "cublas"]
+
+
+def _measure(group, cfg: BenchConfig, case: str, m: int, n: int, k: int, dtype: torch.dtype,
+             dtype_name: str, model: str = "") -> Result:
+    a, b = _inputs(group, m, n, k, dtype)
     ref = torch.matmul(a.float(), b.float()) if group.device.type != "cuda" else torch.matmul(a, b).float()
     got = matmul(a, b)
     err = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
@@ -96,6 +132,12 @@ def run(cfg: BenchConfig) -> list[Result]:
     out: list[Result] = []
 
     def body(group):
+        if "configs" in cfg.only:
+            if not gpu:
+                raise SystemExit("ditron.bench gemm_sweep --only configs: needs a CUDA GPU")
+            for m, n, k in shapes:
+                out.extend(_configs(group, cfg, m, n, k))
+            return
         for name, dtype in dtypes.items():
             rows = [_measure(group, cfg, f"sweep {name}", m, n, k, dtype, name) for m, n, k in shapes]
             out.extend(rows)
