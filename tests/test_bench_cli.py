@@ -173,3 +173,15 @@ def test_gemm_sweep_quick_writes_rows(tmp_path):
     rows = list(csv.DictReader(open(next(tmp_path.glob("gemm_sweep-*.csv")))))
     sweep = [r for r in rows if r["shape"] != "geo-mean"]
     assert len(sweep) == 3 and all(r["case"] == "sweep fp16" and float(r["rel_err"]) < 1e-2 for r in sweep)
+
+
+def test_overhead_quick_pairs_rounds(tmp_path):
+    """The overhead bench's paired rounds: one row per op with the median paired ratio."""
+    import csv
+
+    from ditron_ops.bench.__main__ import main
+
+    assert main(["overhead", "--quick", "--rounds", "2", "--dtype", "fp32", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(next(tmp_path.glob("overhead-*.csv")))))
+    assert len(rows) == 10 and all(float(r["host_ratio_vs_matmul"]) > 0 for r in rows)
+    assert {r["impl"] for r in rows} >= {"ag_gemm/fused", "all_reduce", "flash_decode"}

@@ -542,3 +542,17 @@ def test_several_programs_per_rank(monkeypatch):
         return True
     with _programs_as_threads():
         assert ditron_ops.launch(body, 2) == [True, True]
+
+
+def test_buffer_exit_keeps_the_error_that_ended_the_block(monkeypatch):
+    """A block that raises keeps its own error when closing fails too (a note names it)."""
+    def body(group):
+        def refuse(_):
+            raise ditron_ops.DitronError("peer gone")
+        with pytest.raises(ValueError, match="the block's own") as info:
+            with Buffer(group, num_experts=2, max_tokens_per_rank=2, hidden=8, topk=1, dtype=F32) as buf:
+                monkeypatch.setattr(group, "free_symmetric", refuse)
+                raise ValueError("the block's own")
+        assert buf.sym is None and any("peer gone" in n for n in info.value.__notes__)
+        return True
+    assert ditron_ops.launch(body, 1) == [True]

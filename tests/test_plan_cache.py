@@ -175,6 +175,19 @@ def test_values_at_a_reused_address(aligned):
             assert torch.allclose(rs, a @ w.t(), atol=1e-4)
 
 
+def test_ag_gemm_calls_of_one_layout_share_one_plan():
+    """The eager shortcut, a call with a gradient (the op path), explicit shard sizes and the
+    op called directly build one plan: a graph captured after warming up on one path finds it."""
+    def body(group):
+        a, w = torch.randn(4, 16), torch.randn(8, 16)
+        ditron_ops.ag_gemm(a, w.t(), group, impl="fused")
+        ditron_ops.ag_gemm(a, w.clone().requires_grad_().t(), group, impl="fused")
+        ditron_ops.ag_gemm(a, w.t(), group, impl="fused", shard_sizes=[4])
+        torch.ops.ditron.ag_gemm(a, w.t(), None, group.group_name, [4], False, "fused")
+        return group.plans.builds
+    assert ditron_ops.launch(body, 1) == [1]
+
+
 def test_cache_is_bounded_and_dropped_with_the_group():
     def body(group):
         group.plans.capacity = 3

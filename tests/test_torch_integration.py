@@ -42,3 +42,12 @@ def _compiled(group):
 
 def test_compile_fullgraph_one_rank_inductor():
     assert ditron_ops.launch(_compiled, 1) == [True]
+
+
+def test_virtual_ranks_run_their_backward_on_their_own_thread():
+    """Autograd's one worker thread per device would run every rank's backward nodes in turn (a
+    node meeting its peers then waits for ranks queued behind it): each rank runs its own."""
+    def body(group):
+        return torch._C._is_multithreading_enabled()
+    assert ditron_ops.launch(body, 2) == [False, False]
+    assert torch._C._is_multithreading_enabled()  # the caller's thread is left as it was

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..runtime.torchrun import started_by_torchrun
-from .plots import plot_ratios, plot_title  # noqa: F401 - re-exported
+from .plots import plot_ratios, plot_title
 
 __all__ = ["Bench", "BenchConfig", "Result", "BENCHES", "register", "discover", "time_spmd", "warm_gpu",
            "host_time_spmd", "paired_graph_times", "rows_over_worlds", "machine_info", "write_csv",

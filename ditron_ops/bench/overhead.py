@@ -91,9 +91,8 @@ def _rank_body(group, cfg: BenchConfig, iters: int) -> list[Result]:
     matmul = ops.pop("torch.matmul")
     rows: list[Result] = []
     for name, op in ops.items():
-        # paired rounds (matmul, then the op, each round): a drift of the host's speed over the
-        # run moves both sides of a round's ratio alike (the H200 machine's matmul read 11.8
-        # and 17.1 µs in two runs a minute apart)
+        # paired rounds (matmul, then the op): the host's speed drifts within a run, and a
+        # drift then moves both sides of a round's ratio alike (benchmarks/NOTES.md)
         base_rounds, eager_rounds = [], []
         for _ in range(cfg.rounds):
             base_rounds.append(host_time_spmd(group, matmul, iters=iters, rounds=1, warmup=1))
@@ -127,7 +126,8 @@ def run(cfg: BenchConfig) -> list[Result]:
     list of Result
         One row per (world size, op): ``time_us`` eager host time per call, ``baseline_us``
         ``torch.matmul`` per call, extras ``host_ratio_vs_matmul``, ``graph_us`` (CUDA only)
-        and ``iters``. ``ratio = baseline / eager`` (its inverse is ``host_ratio_vs_matmul``).
+        and ``iters``. ``ratio = baseline_us / time_us`` (medians of the rounds; the plots show
+        it); ``host_ratio_vs_matmul`` is the median of the paired rounds' ``op / matmul``.
     """
     if cfg.device.type == "cuda":
         iters = 20 if cfg.quick else 300

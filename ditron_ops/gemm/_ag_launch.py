@@ -53,20 +53,23 @@ def pull_programs(group: Group) -> int:
 
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
           out: torch.Tensor, shard_sizes: list[int], gathered: Optional[torch.Tensor],
-          producer: Optional[str] = None, plan_key=None) -> None:
+          producer: Optional[str] = None, own_out: bool = False, tensor_keys=None) -> None:
     """One fused call (schedule in ``_ag_kernels``): start barrier, all-gather on a side stream
     with a flag per chunk, persistent GEMM over the gathered rows as chunks land; or, pushed,
     all of it in one kernel (``producer``, default ``PRODUCER``). Everything but the launches
-    comes from the call's plan. ``plan_key``: a key that determines the plan's tensors (an
-    eager call's validation key), instead of one built here."""
+    comes from the call's plan.
+
+    ``own_out``: ``out`` was allocated by the op (contiguous, aligned: its layout follows from
+    the shapes, so the key leaves it out). ``tensor_keys``: ``(a, b, bias)``'s ``tensor_key``s
+    when the caller has them. Every path to the same layouts builds the same key."""
     group.check()
     producer = producer or PRODUCER
     if producer == "auto":
         producer = "push" if sum(shard_sizes) * a.shape[1] * a.element_size() <= PUSH_MAX_BYTES \
             else "copy"
-    key = ("ag_gemm", producer, plan_key) if plan_key is not None else (
-        "ag_gemm", producer, tensor_key(a), tensor_key(b), tensor_key(bias), tensor_key(out),
-        tuple(shard_sizes))
+    if tensor_keys is None:
+        tensor_keys = (tensor_key(a), tensor_key(b), tensor_key(bias))
+    key = ("ag_gemm", producer, *tensor_keys, None if own_out else tensor_key(out), tuple(shard_sizes))
     plan = group.plans.get(key, lambda previous=None: AgGemmPlan(group, a, b, bias, out,
                                                                  shard_sizes, producer, previous))
     plan.run(a, b, bias, out, gathered)

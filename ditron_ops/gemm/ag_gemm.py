@@ -97,9 +97,9 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
             gathered = torch.ops.ditron.ag_gemm_out(a, b, bias, out, group.group_name, sizes,
                                                     gather, impl)
         result = out
-    elif direct(a, b, bias):  # the validation key is a complete plan key here (out is ours)
+    elif direct(a, b, bias):  # the validation key holds a, b and bias's tensor keys: reused
         result, gathered = _run(a, b, bias, None, group.group_name, sizes, gather, impl,
-                                empty=False, plan_key=key)
+                                empty=False, tensor_keys=None if key is None else key[1:4])
     else:
         with autograd_scope(a, b, bias):
             result, gathered = torch.ops.ditron.ag_gemm(a, b, bias, group.group_name, sizes,
@@ -148,20 +148,22 @@ def use_fused(group: Group, impl: str, m: int, n: int, k: int) -> bool:
     return group.device.type == "cuda" and 2 * m * n * k >= bound
 
 
-def _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl, empty=True, plan_key=None):
+def _run(a, b, bias, out, group_name, shard_sizes, return_gathered, impl, empty=True, tensor_keys=None):
     """``(out, gathered)``: the product (into ``out``, or a new tensor when None) and the
     gathered A (``[ΣM_r, K]``) when ``return_gathered``, else an empty tensor (the op's second
-    output), or None without ``empty`` (eager calls, which drop it). ``plan_key``: the eager
-    call's validation key, which determines the fused plan (saves building a second key)."""
+    output), or None without ``empty`` (eager calls, which drop it). ``tensor_keys``: ``a``,
+    ``b`` and ``bias``'s ``tensor_key``s when the caller has them (the eager call's validation key)."""
     group = resolve_group(group_name)
     m, k, n = sum(shard_sizes), a.shape[1], b.shape[1]
     gathered = a.new_empty((m, k)) if return_gathered else None
     if use_fused(group, impl, m, n, k) and m and n:
-        out = a.new_empty((m, n)) if out is None else out
+        own_out = out is None
+        out = a.new_empty((m, n)) if own_out else out
         if k == 0:
             out.zero_() if bias is None else out.copy_(bias.expand_as(out))
         else:
-            _ag_launch.fused(group, a, b, bias, out, shard_sizes, gathered, plan_key=plan_key)
+            _ag_launch.fused(group, a, b, bias, out, shard_sizes, gathered, own_out=own_out,
+                             tensor_keys=tensor_keys)
     else:
         full = gather_rows(a, group, shard_sizes, out=gathered)
         if out is None:  # the product allocates its own output (one op less per call)

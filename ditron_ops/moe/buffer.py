@@ -455,10 +455,10 @@ class Buffer:
         if exc_type is None:
             self.close()
             return
-        try:  # a failed call: free what can be freed, but never mask the error that ended the block
+        try:  # a failed call: free what can be freed; the error that ended the block stays the error
             self.close()
-        except DitronError:
-            pass
+        except DitronError as close_error:  # peers gone: note it, raise the block's own error
+            exc.add_note(f"(closing {self.name} failed too: {close_error})")
 
     def __repr__(self) -> str:
         return (f"Buffer({self.name}, E={self.num_experts}, T_max={self.max_tokens}, H={self.hidden}, "

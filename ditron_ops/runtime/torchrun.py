@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 import torch
 
 from .. import _env
-from .group import Group, using_group
+from .group import Group, set_default_group
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1",
                 "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -74,10 +74,11 @@ def torchrun_group(backend: Optional[str] = None) -> Iterator[Group]:
     if owns_pg:
         dist.init_process_group("nccl" if gpu else "gloo")
     group = init_nvshmem() if backend == "nvshmem" else TorchGroup()
+    set_default_group(group)  # one rank per process: group=None resolves to it on every thread
     try:
-        with using_group(group):  # ops called with group=None in the block resolve to it
-            yield group
+        yield group
     finally:
+        set_default_group(None)
         if backend == "nvshmem":
             finalize_nvshmem(group)
         if owns_pg:

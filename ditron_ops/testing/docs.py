@@ -24,7 +24,8 @@ def readme_blocks(readme: Path) -> tuple[list[str], list[str]]:
 
 
 def _run(cmd: list[str], root: Path, timeout: float) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    paths = [str(root)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(cmd)}:\n{(proc.stdout + proc.stderr)[-4000:]}"
     return proc.stdout
@@ -36,6 +37,21 @@ def run_plain_blocks(readme: Path, workdir: Path, timeout: float = 600) -> str:
     script = workdir / "readme_blocks.py"
     script.write_text("\n\n".join(plain))
     return _run([sys.executable, str(script)], readme.parent, timeout)
+
+
+def check_plain_output(out: str, gpu: bool) -> None:
+    """What the plain blocks print, one line each (AssertionError naming the line): the quick
+    start's shapes, then ag_gemm's, flash_decode's, the MoE round trip's match and Ulysses'
+    output shapes, with the sizes the blocks pick for the device."""
+    lines = out.strip().splitlines()
+    assert len(lines) == 5, out
+    m, n = (1000, 1792) if gpu else (10, 32)
+    b, hq, d = (8, 32, 128) if gpu else (2, 4, 64)
+    s_r = 1024 if gpu else 16
+    assert lines[0].startswith("[((1024, 512), (256, 512), "), lines[0]
+    expected = [str([(4 * m + 6, n)] * 4), str([(b, hq, d)] * 2), "[True, True]", str([(1, s_r, 8, 64)] * 2)]
+    for got, want in zip(lines[1:], expected):
+        assert got == want, (got, want)
 
 
 def run_torchrun_blocks(readme: Path, workdir: Path, procs: int, timeout: float = 600) -> list[str]:
