@@ -34,3 +34,51 @@ class DitronTimeoutError(DitronError):
 
 class DitronSizeMismatchError(DitronTimeoutError):
     """Ranks disagreed about a size that must agree (found in-kernel, reported like a timeout)."""
+
+
+class DitronInputError(DitronError):
+    """An argument's values (not its shape or dtype) are out of range, e.g. flash_decode's
+    ``kv_lens`` outside ``[0, S_max]``: raised by the host check, or at the next host check after
+    a kernel met it (the kernel clamps the value, so it never reads outside the input).
+
+    Attributes
+    ----------
+    op, argument : str
+    rank, index, value : int
+        The rank, the element's index and its value.
+    """
+
+    def __init__(self, op: str, argument: str, rank: int, index: int, value: int, rule: str):
+        self.op, self.argument, self.rank, self.index, self.value = op, argument, rank, index, value
+        super().__init__(f"ditron {op}: rank {rank} passed {argument}[{index}] = {value}; {rule}")
+
+
+class DitronMismatchError(DitronSizeMismatchError):
+    """Ranks called a collective with disagreeing arguments, found by the host agreement
+    (``runtime.agreement``) before anything was launched or written; raised on every rank.
+
+    Attributes
+    ----------
+    op, rank, peer : str, int, int
+        The op, this rank, and the first rank whose call differs from this rank's.
+    field : str
+        What differs (``"dtype"``, ``"N"``, ``"deterministic"``, ...; ``"op"`` when the peer
+        called another collective at this point).
+    mine, theirs
+        This rank's value and the peer's.
+    epoch : None
+        No call was launched.
+    """
+
+    def __init__(self, op: str, rank: int, peer: int, field: str, mine, theirs):
+        self.op, self.rank, self.peer, self.epoch = op, rank, peer, None
+        self.field, self.mine, self.theirs = field, mine, theirs
+        DitronError.__init__(
+            self,
+            f"ditron {op}: ranks disagree on {field}: rank {rank} passed {_show(mine)}, rank "
+            f"{peer} passed {_show(theirs)}. Every rank of the group must call the same ops in "
+            "the same order with agreeing arguments; nothing was launched.")
+
+
+def _show(value) -> str:
+    return str(value).replace("torch.", "")

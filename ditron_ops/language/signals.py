@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .._env import use_interpreter
 from ..runtime.error_record import (ERR_EPOCH, ERR_KIND, ERR_OP, ERR_PEER, ERR_RANK,
-                                     KIND_SIZE_MISMATCH, KIND_TIMEOUT)
+                                     KIND_BAD_INPUT, KIND_SIZE_MISMATCH, KIND_TIMEOUT)
 from ._jit import jit
 
 # Error record layout (``runtime.error_record``); kernels use constexpr twins (Triton reads only
@@ -31,6 +31,7 @@ from ._jit import jit
 _OP, _RANK, _PEER, _EPOCH, _KIND = (tl.constexpr(v) for v in (ERR_OP, ERR_RANK, ERR_PEER, ERR_EPOCH, ERR_KIND))
 TIMEOUT = tl.constexpr(KIND_TIMEOUT)
 SIZE_MISMATCH = tl.constexpr(KIND_SIZE_MISMATCH)
+BAD_INPUT = tl.constexpr(KIND_BAD_INPUT)
 
 if use_interpreter():
 
