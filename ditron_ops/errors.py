@@ -15,17 +15,20 @@ class DitronTimeoutError(DitronError):
         The op whose kernel waited.
     rank : int
         The rank that waited.
-    peer : int
-        The rank it waited for (-1 when not one peer, e.g. a size disagreement).
-    epoch : int
-        The call number (per group and purpose) the wait belonged to.
+    peer : int or None
+        The rank it waited for (-1 when not one peer, e.g. a size disagreement; None when
+        unknown).
+    epoch : int or None
+        The call number (per group and purpose) the wait belonged to (None: a host meeting
+        outside any call, e.g. a workspace allocation).
     """
 
-    def __init__(self, op: str, rank: int, peer: int, epoch: int, detail: str = ""):
+    def __init__(self, op: str, rank: int, peer, epoch, detail: str = ""):
         self.op, self.rank, self.peer, self.epoch = op, rank, peer, epoch
-        what = detail or f"waited for rank {peer} and it never arrived"
+        self.detail = what = detail or f"waited for rank {peer} and it never arrived"
+        when = "" if epoch is None else f" at epoch {epoch}"
         super().__init__(
-            f"ditron {op}: rank {rank} timed out at epoch {epoch}: {what}. "
+            f"ditron {op}: rank {rank} timed out{when}: {what}. "
             "Every rank of the group must call the same ops in the same order with agreeing sizes; "
             "raise the bound with Group.timeout_s or DITRON_TIMEOUT_S if peers are merely slow "
             "(e.g. compiling)."

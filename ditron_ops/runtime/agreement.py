@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import DitronMismatchError
+from ..errors import DitronMismatchError, DitronTimeoutError
 
 CAPACITY = 4096
 """Agreed signatures kept per group; when full, all ranks forget them at the same call."""
@@ -36,7 +36,11 @@ def agree(group, op: str, fields: tuple) -> None:
     if signature in agreed:
         return
     group.refuse_during_capture(f"checks a new {op} signature with its peers")
-    seen = group.all_gather_object(signature)
+    try:
+        seen = group.all_gather_object(signature)
+    except DitronTimeoutError as err:  # name the op whose arguments were being agreed on
+        raise DitronTimeoutError(op, group.rank, err.peer, None,
+                                 detail=f"{err.detail} (agreeing on this call's arguments)") from None
     for peer, other in enumerate(seen):
         if other != signature:
             raise _mismatch(op, group.rank, peer, signature, other)
