@@ -50,8 +50,8 @@ def _flush(o_part, lse_part, acc, m, l, pair, num_parts, part, g_ok, D: tl.const
         tl.store(lse_part + row, lse, mask=g_ok)
 
 
-@dl.jit(do_not_specialize=("heads", "part_len", "prog_len", "num_parts", "seq_len", "rank",
-                           "op_id"))  # strides specialise
+@dl.jit(do_not_specialize=("lens_ptr", "heads", "part_len", "prog_len", "num_parts", "seq_len",
+                           "rank", "op_id"))  # strides specialise; lens_ptr: see chunk_combine
 def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, heads, part_len, prog_len,
                     num_parts, stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
                     stride_vb, stride_vs, stride_vh, seq_len, err_claim, err_record, rank, op_id,
@@ -127,7 +127,10 @@ def _finish(acc, total, top):
     return o, tl.where(has, top + tl.log(tl.where(has, total, 1.0)), NEG_INF)
 
 
-@dl.jit(do_not_specialize=("pairs", "heads", "part_len", "num_parts", "rank", "world_size"))
+# lens_ptr unspecialized (here and in split-KV): a slice kv_lens[j:j+1] is not 16-byte aligned,
+# and compiling that variant at plan build while peers spin can deadlock (DESIGN.md §4)
+@dl.jit(do_not_specialize=("lens_ptr", "pairs", "heads", "part_len", "num_parts", "rank",
+                           "world_size"))
 def chunk_combine_kernel(o_part, lse_part, lens_ptr, out_ptr, buf_ptr, buf_table, pairs, heads,
                          part_len, num_parts, rank, world_size, D: tl.constexpr,
                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, FINAL: tl.constexpr):
