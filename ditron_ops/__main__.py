@@ -31,12 +31,17 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default bf16 on GPU, fp32 on CPU")
     args = parser.parse_args(argv)
+    if args.world_size is not None and args.world_size < 1:
+        parser.error(f"--world-size must be at least 1, got {args.world_size}")
     if under_torchrun():
         return _distributed(args)
     _env.prepare_cuda_for_virtual_ranks()
     gpu = torch.cuda.is_available() and not _env.use_interpreter()
     device = "cuda" if gpu else "cpu"
-    world = args.world_size or (4 if gpu else 2)
+    if args.dtype == "bf16" and not gpu:
+        parser.error("--dtype bf16 needs a GPU (the Triton interpreter's bf16 arithmetic is "
+                     "wrong); use fp16 or fp32 on CPU")
+    world = args.world_size if args.world_size is not None else 4 if gpu else 2
     dtype = DTYPES[args.dtype or ("bf16" if gpu else "fp32")]
     where = (f"GPU {torch.cuda.get_device_name()} (compiled Triton kernels)" if gpu
              else "CPU (Triton interpreter; torch reference as the oracle)")

@@ -112,10 +112,12 @@ def _flash_decode_check(group: Group, dtype: torch.dtype) -> tuple:
     gen = torch.Generator().manual_seed(1 + group.rank)
     k = torch.randn(b, s_max, hkv, d, generator=gen).to(dtype=dtype, device=group.device)
     v = torch.randn(b, s_max, hkv, d, generator=gen).to(dtype=dtype, device=group.device)
-    lens = torch.tensor([(s_max - 13 * (i + group.rank)) * ((i + group.rank) % 3 != 2) for i in range(b)],
-                        dtype=torch.int32, device=group.device)
+    # valid lengths in [0, S_max] at any world size (0 on some ranks)
+    lens = torch.tensor([(s_max - 13 * (i + group.rank)) % (s_max + 1) * ((i + group.rank) % 3 != 2)
+                         for i in range(b)], dtype=torch.int32, device=group.device)
     run = lambda: flash_decode(q, k, v, lens, group, deterministic=True)  # noqa: E731
-    return run(), reference_decode(q, k, v, lens, group), run, 2e-2 if gpu else 1e-5
+    tol = 2e-2 if gpu else 1e-5 if dtype == torch.float32 else 2e-3  # the output's rounding
+    return run(), reference_decode(q, k, v, lens, group), run, tol
 
 
 register_check("flash_decode", _flash_decode_check)

@@ -21,6 +21,7 @@ from .._library import define_op
 from .._validation import check_tensor
 from ..collectives import all_to_all
 from ..deterministic import resolve_deterministic
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, op_id, resolve_group, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
@@ -206,23 +207,12 @@ def _fingerprint(*values) -> int:
 
 
 def _agree(group: Group, q, k, causal: bool, scale: float) -> None:
-    """Host check, once per shape signature: every rank passes the same shapes and flags. Its
-    memo (``group._agreed``) is keyed by those values alone, which every rank's same call
-    sequence makes the same, so all ranks meet in the check together (a plan key, which holds
-    strides and alignment, could miss on one rank only)."""
-    values = (*q.shape[:3], k.shape[2], q.shape[3], str(q.dtype), causal, scale)
-    agreed = group.__dict__.setdefault("_agreed", set())
-    if values in agreed:
-        return
-    seen = group.all_gather_object(values)
-    if any(x != values for x in seen):
-        rows = ", ".join(f"rank {r}: B={x[0]} S_r={x[1]} Hq={x[2]} Hkv={x[3]} D={x[4]}"
-                         for r, x in enumerate(seen))
-        raise ValueError("ditron.ulysses_attention: every rank must pass the same B, S_r "
-                         f"(sequence chunk), heads, head_dim, dtype and flags; got {rows}")
-    if len(agreed) >= 512:
-        agreed.clear()
-    agreed.add(values)
+    """Every rank passes the same shapes and flags (``runtime.agreement``; S_r too: the
+    sequence chunks are equal)."""
+    b, s_r, hq, d = q.shape
+    agree(group, "ulysses_attention", (("dtype", q.dtype), ("B", b), ("S_r", s_r), ("Hq", hq),
+                                       ("Hkv", k.shape[2]), ("D", d), ("causal", causal),
+                                       ("softmax_scale", scale)))
 
 
 def _region(elems: int, elem_size: int) -> int:

@@ -23,6 +23,7 @@ from .. import reference
 from .._library import define_op, direct
 from .._validation import check_tensor, memo
 from ..deterministic import resolve_deterministic
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, resolve_group
 from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
@@ -80,11 +81,13 @@ def all_reduce(x: torch.Tensor, group: Optional[Group] = None, *, algorithm: str
         if algorithm not in ALGORITHMS:
             raise ValueError(f"ditron.all_reduce: algorithm must be one of {ALGORITHMS}, got "
                              f"{algorithm!r}")
-        if algorithm == "auto":
-            return choose_algorithm(x.numel() * x.element_size(), group.world_size)
-        return algorithm
+        chosen = (choose_algorithm(x.numel() * x.element_size(), group.world_size)
+                  if algorithm == "auto" else algorithm)
+        agree(group, "all_reduce", (("dtype", x.dtype), ("x.shape", tuple(x.shape)),
+                                    ("algorithm", chosen), ("deterministic", flag)))
+        return chosen
 
-    chosen = memo(group, call_key("all_reduce", x, algorithm), validate)
+    chosen = memo(group, call_key("all_reduce", x, algorithm, flag), validate)
     if direct(x):
         return _all_reduce_impl(x, group.group_name, chosen, flag)
     return torch.ops.ditron.all_reduce(x, group.group_name, chosen, flag)

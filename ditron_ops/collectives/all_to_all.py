@@ -19,9 +19,11 @@ import torch
 
 from .. import reference
 from .._library import define_op
-from .._validation import check_tensor
+from .._validation import check_tensor, memo
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, op_id, resolve_group
 from ..runtime.launcher import BoundKernel
+from ..runtime.plan import call_key
 from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
 from ._all_to_all_kernels import all_to_all_kernel
 from ._launch import aligned, programs_per_rank
@@ -74,6 +76,13 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int,
     [[[0.0], [10.0]], [[1.0], [11.0]]]
     """
     group = current_group(group)
+    dims = memo(group, call_key("all_to_all", x, scatter_dim, gather_dim),
+                lambda: _validate(group, x, scatter_dim, gather_dim))
+    return torch.ops.ditron.all_to_all(x, group.group_name, dims[0], dims[1])
+
+
+def _validate(group: Group, x, scatter_dim, gather_dim) -> tuple[int, int]:
+    """The call's checks (typed errors naming the argument); the dims, made non-negative."""
     check_tensor("all_to_all", "x", x, group, DTYPES, min_dim=1)
     dims = []
     for name, dim in (("scatter_dim", scatter_dim), ("gather_dim", gather_dim)):
@@ -84,7 +93,9 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int,
     if x.shape[dims[0]] % group.world_size:
         raise ValueError(f"ditron.all_to_all: x.shape[{dims[0]}] = {x.shape[dims[0]]} must be a "
                          f"multiple of the world size {group.world_size}")
-    return torch.ops.ditron.all_to_all(x, group.group_name, dims[0], dims[1])
+    agree(group, "all_to_all", (("dtype", x.dtype), ("x.shape", tuple(x.shape)),
+                                ("(scatter_dim, gather_dim)", tuple(dims))))
+    return tuple(dims)
 
 
 def out_shape(shape, world_size: int, scatter_dim: int, gather_dim: int) -> list:

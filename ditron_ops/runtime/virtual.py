@@ -39,6 +39,9 @@ class VirtualWorld:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"ditron.launch: world_size must be a positive int, got {world_size!r}")
         device = _default_device() if device is None else torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"ditron.launch: device {str(device)!r} but this process has no CUDA "
+                             "device (torch.cuda.is_available() is False); use device='cpu'")
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         if device.type == "cpu" and not _env.use_interpreter():
@@ -55,8 +58,9 @@ class VirtualWorld:
         self.name = f"virtual{next(_world_ids)}"
         timeout = _env.default_timeout_s() if timeout_s is None else float(timeout_s)
         self._barrier = threading.Barrier(world_size)
-        self._gate_lock = threading.Lock()
-        self._gate_count = [0] * world_size
+        self._meet_lock = threading.Lock()
+        self._meet_count = [0] * world_size  # barrier waits per rank (who is missing on timeout)
+        self._failed: list[int] = []  # ranks whose function raised (``abort``)
         self._slots: list[Any] = [None] * world_size
         self._keep: dict[int, list[torch.Tensor]] = {}
         self.streams = ([torch.cuda.Stream(device) for _ in range(world_size)]
@@ -65,15 +69,36 @@ class VirtualWorld:
         for g in self.groups:
             g._error_tensors()  # pinned allocation here, not while peers' kernels spin
 
-    def barrier(self, timeout_s: float) -> None:
+    def meet(self, rank: int, timeout_s: float, op: str, epoch=None, what: str = "") -> None:
+        """Wait until every rank meets here (host barriers and launch gates share one barrier).
+        Raises ``DitronTimeoutError`` naming ``op``, ``epoch`` and the ranks that did not come
+        (or that failed) after ``timeout_s``."""
+        with self._meet_lock:
+            self._meet_count[rank] += 1
+            mine = self._meet_count[rank]
         try:
             self._barrier.wait(timeout=max(timeout_s, 1.0))
         except threading.BrokenBarrierError:
-            raise DitronTimeoutError("host barrier", -1, -1, -1,
-                                     detail=f"virtual world {self.name}: a rank failed or did not "
-                                            f"reach the host barrier within {timeout_s:.1f} s") from None
+            with self._meet_lock:
+                failed = [q for q in self._failed if q != rank]
+                missing = [q for q, c in enumerate(self._meet_count) if c < mine and q not in failed]
+            where = what or f"the {op} host barrier"
+            if failed:
+                detail = f"rank {_ranks(failed)} raised an error before reaching {where}"
+            elif missing:
+                detail = f"rank {_ranks(missing)} did not reach {where} within {timeout_s:.1f} s"
+            else:
+                detail = f"the ranks did not all reach {where} within {timeout_s:.1f} s"
+            peer = (failed or missing or [None])[0]
+            raise DitronTimeoutError(op, rank, peer, epoch, detail=detail) from None
 
-    def abort(self) -> None:
+    def barrier(self, rank: int, timeout_s: float) -> None:
+        self.meet(rank, timeout_s, "host barrier", what=f"the host barrier of {self.name}")
+
+    def abort(self, rank: int) -> None:
+        """Rank ``rank`` failed: wake every rank waiting to meet it."""
+        with self._meet_lock:
+            self._failed.append(rank)
         self._barrier.abort()
 
     def close(self) -> None:
@@ -104,7 +129,7 @@ class VirtualGroup(Group):
         return self.world.streams[self.rank]
 
     def barrier(self) -> None:
-        self.world.barrier(self.timeout_s)
+        self.world.barrier(self.rank, self.timeout_s)
 
     def waiting_launch(self, op: str = "?", epoch: int = -1):
         """Launch a waiting kernel into an idle stream, and only after every rank has done so.
@@ -154,21 +179,12 @@ class VirtualGroup(Group):
             self._gate(op, epoch)
 
     def _gate(self, op: str, epoch: int) -> None:
-        world = self.world
-        with world._gate_lock:
-            world._gate_count[self.rank] += 1
-            mine = world._gate_count[self.rank]
         try:
-            world._barrier.wait(timeout=max(self.timeout_s, 1.0))
-        except threading.BrokenBarrierError:
-            with world._gate_lock:
-                missing = [q for q, c in enumerate(world._gate_count) if c < mine]
-            peer = missing[0] if missing else -1
-            err = DitronTimeoutError(op, self.rank, peer, epoch,
-                                     detail=f"rank {peer} did not reach the launch of this call "
-                                            f"within {self.timeout_s:.1f} s")
+            self.world.meet(self.rank, self.timeout_s, op, epoch,
+                            what="the launch of this call")
+        except DitronTimeoutError as err:
             self._failure = err
-            raise err from None
+            raise
 
     def all_gather_object(self, obj: Any) -> list:
         self.world._slots[self.rank] = obj
@@ -193,6 +209,10 @@ class VirtualGroup(Group):
             torch.cuda.current_stream(self.device).synchronize()
         self.barrier()
         buf.local = buf.ptr_table = buf.peers = None
+
+
+def _ranks(ranks: list) -> str:
+    return ", ".join(str(q) for q in ranks)
 
 
 def _root_cause(errors: Sequence[Optional[BaseException]]) -> tuple[int, BaseException]:
@@ -261,7 +281,7 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
                     group.synchronize()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the caller
             errors[rank] = exc
-            world.abort()
+            world.abort(rank)
         finally:
             unregister_group(group)
 
