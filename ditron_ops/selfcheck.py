@@ -8,6 +8,7 @@ over ranks) and prints one row per op.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from typing import Callable
 
@@ -160,7 +161,9 @@ def _time_us(group: Group, run: Callable[[], object], reps: int) -> float:
 def run_checks(group: Group, dtype: torch.dtype, reps: int) -> list[tuple[str, float, float, bool]]:
     """Per registered op: (name, max abs error, median time in µs (max over ranks), ok)."""
     rows = []
-    for name, check in _checks.items():
+    for i, (name, check) in enumerate(_checks.items()):
+        if group.rank == 0:
+            _show_progress(i, len(_checks), name)
         ours, ref, run, *tol = check(group, dtype)
         if group.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
@@ -174,5 +177,20 @@ def run_checks(group: Group, dtype: torch.dtype, reps: int) -> list[tuple[str, f
         err = max(group.all_gather_object(err))
         exact = all(group.all_gather_object(exact))
         rows.append((name, err, t, exact))
+    if group.rank == 0:
+        _show_progress(len(_checks), len(_checks), "done")
     group.synchronize()
     return rows
+
+
+def _show_progress(done: int, total: int, name: str, out=None) -> None:
+    """``[###---] done/total name`` on stderr: redrawn in place on a terminal, a line per
+    check elsewhere."""
+    out = sys.stderr if out is None else out
+    bar = "#" * done + "-" * (total - done)
+    text = f"ditron self-check [{bar}] {done}/{total} {name}"
+    if getattr(out, "isatty", lambda: False)():
+        out.write("\r" + text.ljust(79) + ("\n" if done == total else ""))
+    else:
+        out.write(text + "\n")
+    out.flush()

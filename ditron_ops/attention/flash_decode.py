@@ -19,7 +19,7 @@ from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, op_id, resolve_group, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import call_key, tensor_key
-from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
+from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._flash_decode_kernels import chunk_combine_kernel, decode_merge_kernel, split_kv_kernel
 
 PURPOSE = "flash_decode"
@@ -236,12 +236,6 @@ def _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world
     return args, dict(D=d, FINAL=world_size == 1, **cfg), (-(-b * hq // cfg["BLOCK_P"]),)
 
 
-def _launch_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size) -> None:
-    args, kwargs, grid = _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank,
-                                       world_size)
-    chunk_combine_kernel[grid](*args, **kwargs)
-
-
 def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic):
     group = resolve_group(group_name)
     b, hq, d = q.shape
@@ -350,7 +344,7 @@ def _bound_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, err
 
 
 def _bound_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size):
-    """``_launch_combine`` bound (``lens`` and ``out`` per call)."""
+    """``chunk_combine_kernel`` bound (``lens`` and ``out`` per call)."""
     args, kwargs, grid = _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank,
                                        world_size)
     return BoundKernel(chunk_combine_kernel, grid, args, kwargs, vary=("lens_ptr", "out_ptr"),
@@ -396,15 +390,15 @@ define_op("flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens
           "float softmax_scale, bool deterministic) -> Tensor", _impl, _fake)
 
 
-def _warmup(device: torch.device) -> None:
-    """Compile split-KV (dtype x head_dim x common GQA groups), the combine (final and pushing)
-    and the merge kernel on a one-rank world; check the merged output."""
-    # W=1 pad: start count 1, epoch 1 (the arrival comes from the merge itself)
+def _precompile(device: torch.device, dtypes: tuple) -> None:
+    """Split-KV (dtype x head_dim x common GQA groups, FLUSH off / on, both configs, direct),
+    the combine (final and pushing) and the merge, as one-rank launches
+    (``runtime.precompile``)."""
     sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
     lens = torch.full((1,), 64, dtype=torch.int32, device=device)
     errors = (claim, record, 0)
     one_part, two_parts = (64, 64, 1, 1), (64, 128, 2, 1)  # FLUSH off / on (keys 64..127 unused)
-    for dtype in GPU_DTYPES:
+    for dtype in (d for d in GPU_DTYPES if d in dtypes):
         for d in HEAD_DIMS:
             for g in (1, 4, 8):
                 q = torch.ones(1, g, d, dtype=dtype, device=device)
@@ -412,24 +406,20 @@ def _warmup(device: torch.device) -> None:
                 o_part = torch.empty(2 * g * d, dtype=torch.float32, device=device)
                 lse_part = torch.empty(2 * g, dtype=torch.float32, device=device)
                 for plan, cfg in itertools.product((one_part, two_parts), (SPLIT_CONFIG, WIDE_SPLIT_CONFIG)):
-                    _launch_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, plan, cfg, errors)
+                    _bound_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, plan, cfg, errors)
                 for cfg in (SPLIT_CONFIG, WIDE_SPLIT_CONFIG):  # one rank, one partial: the output
-                    _launch_split_kv(q, kv, kv, lens, q.clone(), q, 0.1, one_part, cfg, errors,
-                                     direct=True)
+                    _bound_split_kv(q, kv, kv, lens, q.clone(), q, 0.1, one_part, cfg, errors,
+                                    direct=True)
             buf = torch.zeros(d + 1, dtype=torch.float32, device=device)
             table = pointer_table(buf)
-            outs = [torch.empty(1, 1, d, dtype=dtype, device=device) for _ in range(2)]
-            _launch_combine(o_part[:2 * d], lse_part[:2], lens, outs[0], buf, table, two_parts, 0, 1)
-            sig[0] = 0
-            sig[3] = 1
-            chunk_combine_kernel[(1,)](o_part[:2 * d], lse_part[:2], lens, outs[1], buf, table, 1, 1, 64,
-                                       2, 0, 1, D=d, FINAL=False, **COMBINE_CONFIG)  # pushing variant
-            decode_merge_kernel[(1,)](outs[1], buf, sig, sig_table, claim, record, 1, 0, 1, 10**6, 0,
-                                      D=d, BLOCK_P=MERGE_BLOCK_P, num_warps=4)
-            torch.cuda.synchronize(device)
-            ones = torch.ones(1, 1, d, device=device)
-            if int(record[0]) != 0 or not all(torch.allclose(o.float(), ones, atol=1e-2) for o in outs):
-                raise RuntimeError(f"ditron: flash_decode warm-up failed for {dtype}, D={d} (kernel bug)")
+            out = torch.empty(1, 1, d, dtype=dtype, device=device)
+            _bound_combine(o_part[:2 * d], lse_part[:2], lens, out, buf, table, two_parts, 0, 1)
+            BoundKernel(chunk_combine_kernel, (1,), (o_part[:2 * d], lse_part[:2], lens, out, buf,
+                                                     table, 1, 1, 64, 2, 0, 1),
+                        dict(D=d, FINAL=False, **COMBINE_CONFIG), device=device)  # pushing
+            BoundKernel(decode_merge_kernel, (1,), (out, buf, sig, sig_table, claim, record, 1, 0,
+                                                    1, 10**6, 0),
+                        dict(D=d, BLOCK_P=MERGE_BLOCK_P, num_warps=4), device=device)
 
 
-register_warmup(PURPOSE, _warmup)
+register_precompile(PURPOSE, _precompile, ("flash_decode",))

@@ -27,7 +27,7 @@ from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, resolve_group
 from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
-from ._launch import push_combine
+from ._launch import aligned, combine_plan, push_combine, run_plan
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ALGORITHMS = ("auto", "one_shot", "two_shot")
@@ -108,11 +108,17 @@ def _all_reduce_impl(x: torch.Tensor, group_name: str, algorithm: str, determini
     row = 16 // x.element_size() if n % (16 // x.element_size()) == 0 else 1
     sizes = [rows * row for rows in split_sizes(n // row, group.world_size)]
     shard = flat.new_empty((sizes[group.rank],))
-    push_combine(group, flat, shard, op="all_reduce", split_src=True, reduce=True,
-                 src_rows=n // row, row_elems=row, slot_elems=max(sizes))
     out = torch.empty_like(flat)
-    push_combine(group, shard, out, op="all_reduce", split_src=False, reduce=False,
-                 src_rows=sizes[group.rank] // row, row_elems=row, slot_elems=max(sizes))
+    flat = aligned(flat)
+    # both plans before the first launch: nothing compiles once a kernel of the call waits
+    # (their workspaces need the same bytes, so the second cannot grow the first's stale)
+    scatter = combine_plan(group, flat, shard, op="all_reduce", split_src=True, reduce=True,
+                           src_rows=n // row, row_elems=row, slot_elems=max(sizes))
+    gather = combine_plan(group, shard, out, op="all_reduce", split_src=False, reduce=False,
+                          src_rows=sizes[group.rank] // row, row_elems=row,
+                          slot_elems=max(sizes))
+    run_plan(group, scatter, flat, shard, "all_reduce")
+    run_plan(group, gather, shard, out, "all_reduce")
     return out.view(x.shape)
 
 

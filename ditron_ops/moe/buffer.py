@@ -578,7 +578,7 @@ class Buffer:
         cached = handle is not None
         padded = layout == "expert_padded"
         rows = handle[0].shape[0] if cached else self.rows(layout, alignment)
-        key = ("dispatch", x.dtype, None if cached else topk_idx.dtype, fp8, round_scale,
+        key = ("moe_dispatch", x.dtype, None if cached else topk_idx.dtype, fp8, round_scale,
                det and not cached, topk_weights is not None, cached, padded, alignment)
         plan = self.plans.get(key, lambda: DispatchPlan(
             self, x_dtype=x.dtype, idx_dtype=None if cached else topk_idx.dtype, fp8=fp8,
@@ -628,7 +628,7 @@ class Buffer:
                       and y.stride() == stage.stride())
         y = _aligned(y) if copy_y else y
         topk_weights = _aligned(topk_weights)
-        key = ("combine", y.dtype, hidden, topk_weights is not None)
+        key = ("moe_combine", y.dtype, hidden, topk_weights is not None)
         plan = self.plans.get(key, lambda: CombinePlan(self, dtype=y.dtype, hidden=hidden,
                                                        has_w=topk_weights is not None))
         t = dest.shape[0]

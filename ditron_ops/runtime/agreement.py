@@ -10,7 +10,8 @@ per-rank strides, rows and alignment, could miss on one rank only). A new signat
 with the peers (``Group.all_gather_object``: two host barriers in a virtual world, one
 all-gather over the process group under torchrun) and a disagreement raises
 ``DitronMismatchError`` on every rank, naming the field and both values, before anything is
-launched or written.
+launched or written. An agreed new signature also has every rank meet before the call's first
+waiting launch (``Group.meet_before_next_wait``), after each built (and compiled) its plans.
 
 Limits: ranks that disagree between two signatures both agreed on earlier are not caught here
 (the kernels' size and fingerprint checks still catch most); a rank whose signature is new
@@ -44,6 +45,7 @@ def agree(group, op: str, fields: tuple) -> None:
     for peer, other in enumerate(seen):
         if other != signature:
             raise _mismatch(op, group.rank, peer, signature, other)
+    group.meet_before_next_wait()  # every rank compiles this call's plans first
     if len(agreed) >= CAPACITY:  # the same call on every rank: the memo forgets with it, so
         agreed.clear()           # every rank's next new call key validates (and agrees) again
         group._validated.clear()

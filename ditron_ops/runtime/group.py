@@ -216,6 +216,25 @@ class Group:
         """
         return NULL_CONTEXT
 
+    def meet_before_next_wait(self) -> None:
+        """Every rank calls this together when a call has a new signature (``agreement.agree``):
+        the next ``waiting_launch`` first meets the peers (``barrier``), once.
+
+        Why: the call's plans compile its kernels (``plan.PlanCache``); one process may finish
+        compiling long before a peer, and its waiting kernel would then spin for the peer's
+        compile time (more than the wait bound when the Triton cache is cold). A new signature
+        is rank-uniform where plan keys are not (strides, rows), so every rank meets at the
+        same call. The meeting replaces ``waiting_launch`` on this object until it ran, so a
+        repeated call checks nothing new.
+        """
+        self.waiting_launch = self._meet_then_launch
+
+    def _meet_then_launch(self, op: str = "?", epoch: int = -1):
+        del self.waiting_launch  # the class's again: later calls meet nothing
+        if not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self.barrier()  # (capturing: no plan was built, so nothing compiled; every rank skips)
+        return self.waiting_launch(op, epoch)
+
     def launch_step(self, op: str = "?", epoch: int = -1) -> None:
         """Inside ``waiting_launch``: a no-op except in a GPU virtual world, where every rank's
         launches so far are queued before any rank goes on (``VirtualGroup.launch_step``)."""

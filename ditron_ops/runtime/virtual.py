@@ -6,21 +6,26 @@ allocations on the one device; the pointer table holds every rank's address. On 
 process the kernels run in the Triton interpreter, one thread per rank.
 
 ``launch(fn, world_size=4)`` runs ``fn(group)`` on every rank and returns the per-rank results.
+It compiles nothing up front: a call's plan compiles the kernels that call launches
+(``plan.PlanCache``, ``compiler.batch``) before the call's launch gate, and the ranks' host
+barriers (the gate among them) do not count time while the process compiles, so peers wait
+for a rank compiling its first call however long it takes (``VirtualWorld.meet``).
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
 import threading
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from .. import _env
 from ..errors import DitronTimeoutError
+from . import compiler
 from .group import (NULL_CONTEXT, Group, SymmetricBuffer, register_group, unregister_group,
                     using_group)
-from .warmup import warmup
 
 _world_ids = itertools.count()
 
@@ -29,6 +34,56 @@ def _default_device() -> torch.device:
     if not _env.use_interpreter() and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+class CompileAwareBarrier:
+    """``threading.Barrier`` whose timeout does not count time while the process compiles.
+
+    A waiter's deadline is ``timeout`` after the later of its arrival and the moment the
+    process last stopped compiling (``compiler.paused_since``), and never passes while a
+    compile or module load runs (``compiler.busy``): a rank building its first call's plan is
+    waited for, a rank that never comes is still reported ``timeout`` after compiling ended.
+    Waking on release costs what ``threading.Barrier`` costs (one condition notify).
+    """
+
+    def __init__(self, parties: int):
+        self.parties = parties
+        self._cond = threading.Condition(threading.Lock())
+        self._count = 0
+        self._generation = 0
+        self._broken = False
+
+    def wait(self, timeout: float) -> None:
+        """Wait for all parties; ``threading.BrokenBarrierError`` on timeout or ``abort``."""
+        with self._cond:
+            if self._broken:
+                raise threading.BrokenBarrierError
+            generation = self._generation
+            self._count += 1
+            if self._count == self.parties:
+                self._count = 0
+                self._generation += 1
+                self._cond.notify_all()
+                return
+            arrived = time.monotonic()
+            while generation == self._generation and not self._broken:
+                if compiler.busy():  # the deadline lies at least ``timeout`` past its end
+                    self._cond.wait(timeout)
+                    continue
+                left = max(arrived, compiler.paused_since()) + timeout - time.monotonic()
+                if left <= 0:
+                    self._broken = True
+                    self._cond.notify_all()
+                    break
+                self._cond.wait(left)
+            if generation == self._generation:
+                raise threading.BrokenBarrierError
+
+    def abort(self) -> None:
+        """Break the barrier: every waiter (and every later one) raises."""
+        with self._cond:
+            self._broken = True
+            self._cond.notify_all()
 
 
 class VirtualWorld:
@@ -57,7 +112,7 @@ class VirtualWorld:
         self.gate = gate and device.type == "cuda" and world_size > 1
         self.name = f"virtual{next(_world_ids)}"
         timeout = _env.default_timeout_s() if timeout_s is None else float(timeout_s)
-        self._barrier = threading.Barrier(world_size)
+        self._barrier = CompileAwareBarrier(world_size)
         self._meet_lock = threading.Lock()
         self._meet_count = [0] * world_size  # barrier waits per rank (who is missing on timeout)
         self._failed: list[int] = []  # ranks whose function raised (``abort``)
@@ -164,6 +219,12 @@ class VirtualGroup(Group):
         if gate:
             self._gate(op, epoch)
 
+    def meet_before_next_wait(self) -> None:
+        """With the launch gate on, the gate is the meeting: every rank reaches it after
+        building its plans, and its barrier waits out compiles (``CompileAwareBarrier``)."""
+        if not self.world.gate:
+            super().meet_before_next_wait()
+
     def launch_step(self, op: str = "?", epoch: int = -1) -> None:
         """Inside ``waiting_launch``: meet the other ranks again, so that every rank's kernels
         launched so far are queued before any rank queues the next ones.
@@ -260,7 +321,6 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
         waiting for it are not reported over it.
     """
     world = VirtualWorld(world_size, device, timeout_s, gate)
-    warmup(world.device)
     results: list[Any] = [None] * world_size
     errors: list[Optional[BaseException]] = [None] * world_size
 
