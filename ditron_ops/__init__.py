@@ -10,15 +10,18 @@ from .attention.ulysses import ulysses_attention
 from .collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from . import moe
 from .deterministic import deterministic, is_deterministic
-from .errors import DitronError, DitronSizeMismatchError, DitronTimeoutError
+from .errors import (DitronError, DitronInputError, DitronMismatchError, DitronSizeMismatchError,
+                     DitronTimeoutError)
 from .runtime import (Group, TorchGroup, VirtualGroup, current_group, launch, set_default_group,
                       split_sizes)
 from .runtime.nvshmem_backend import finalize_nvshmem, init_nvshmem, nvshmem_available
+from .runtime.precompile import precompile
 
 __version__ = "0.1.0"
 
 __all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode", "ulysses_attention", "all_gather",
            "reduce_scatter", "all_reduce", "all_to_all", "moe", "launch", "Group", "VirtualGroup",
            "TorchGroup", "init_nvshmem", "finalize_nvshmem", "nvshmem_available", "current_group",
-           "set_default_group", "split_sizes", "deterministic", "is_deterministic", "DitronError",
-           "DitronTimeoutError", "DitronSizeMismatchError"]
+           "set_default_group", "split_sizes", "precompile", "deterministic", "is_deterministic",
+           "DitronError", "DitronTimeoutError", "DitronSizeMismatchError", "DitronMismatchError",
+           "DitronInputError"]

@@ -30,9 +30,3 @@ def test_bfloat16_all_gather_in_interpreter():
 
 def test_rows_fewer_than_ranks():
     ditron_ops.launch(check_collectives, 4, args=(2, 3, torch.float32, False))
-
-
-def test_warmup_variants_run_clean():
-    # The same one-rank warm-up the GPU runs before any waiting kernel, here in the interpreter.
-    from ditron_ops.collectives._launch import _warmup
-    _warmup(torch.device("cpu"))

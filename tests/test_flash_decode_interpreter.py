@@ -132,3 +132,32 @@ def test_one_rank_single_partial_writes_output_directly(monkeypatch, determinist
     assert torch.equal(one, two[0]) and torch.equal(one, two[1])
     assert torch.equal(one[0], torch.zeros_like(one[0]))
     ditron_ops.launch(_check, 1, args=(4, 4, 2, 64, 24, torch.float16, lens))  # asserts inside
+
+
+def _lens_outside_cache(group, bad, through_op):
+    """A 4-key view of an 8-key cache; ``bad`` keys on this rank's sequence 1."""
+    q, k, v, lens = _inputs(group, 2, 4, 2, 64, 8, torch.float32, lambda i, r: 3)
+    k, v = k[:, :4], v[:, :4]  # a view: keys 4..7 exist in memory but are not the cache
+    lens[1] = bad
+    if through_op:  # the op itself: no host check, the kernel records it
+        want = reference.flash_decode(q, k, v, lens.clamp(0, 4), group, softmax_scale=0.125)
+        out = []
+        with pytest.raises(ditron_ops.DitronError) as info:  # at the call's own check (W > 1)
+            out.append(torch.ops.ditron.flash_decode(q, k, v, lens, group.group_name, 0.125, True))
+            group.synchronize()  # or at the next one
+        for o in out:  # the clamped lengths: nothing past the view was read
+            assert (o - want).abs().max().item() < 1e-5
+    else:
+        with pytest.raises(ditron_ops.DitronError) as info:
+            ditron_ops.flash_decode(q, k, v, lens, group)
+    err = info.value
+    assert isinstance(err, ditron_ops.DitronInputError) and (err.index, err.value) == (1, bad), err
+    assert "kv_lens[1]" in str(err), str(err)
+    return True
+
+
+@pytest.mark.parametrize("bad", [9, 5000, -1])
+@pytest.mark.parametrize("through_op,world_size", [(False, 1), (True, 1), (True, 2)])
+def test_kv_lens_outside_the_cache_raise(bad, through_op, world_size):
+    assert ditron_ops.launch(_lens_outside_cache, world_size,
+                             args=(bad, through_op)) == [True] * world_size

@@ -81,16 +81,16 @@ def _layout_agreement(group):
     from ditron_ops.runtime import nccl
 
     nccl._agree(group, "all_gather", ((4, 2), (4, 4), torch.float32))  # all ranks agree
-    agreed = ("all_gather", ((4, 2), (4, 4), torch.float32)) in group._nccl_layouts
+    agreed = ("all_gather (NCCL)", (("layout", ((4, 2), (4, 4), torch.float32)),)) in group._agreed
     try:  # a new layout on which rank 1 disagrees (6 rows, 5 elsewhere): all raise, none hangs
         rows = 5 + (group.rank == 1)
         nccl._agree(group, "all_gather", ((rows, 2), (rows, rows), torch.float32))
-    except ditron_ops.DitronSizeMismatchError as exc:
+    except ditron_ops.DitronMismatchError as exc:
         return agreed, exc.op
     return agreed, "no error"
 
 
 def test_nccl_paths_agree_on_layouts_first():
     """The NCCL fast paths (which cannot detect size disagreements) check each new layout with
-    the peers once: a disagreement raises DitronSizeMismatchError on every rank."""
-    assert run_gloo(_layout_agreement, 2) == [(True, "all_gather")] * 2
+    the peers once: a disagreement raises DitronMismatchError on every rank."""
+    assert run_gloo(_layout_agreement, 2) == [(True, "all_gather (NCCL)")] * 2

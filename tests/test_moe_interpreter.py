@@ -458,17 +458,15 @@ def test_bench_quick_writes_rows(tmp_path):
     assert all(float(r["det_cost"]) > 0 for r in rows if r["impl"] == "dispatch default")
 
 
-def test_warmup_runs_every_variant_on_one_rank(monkeypatch):
-    """The GPU warm-up (every layout, dispatch and combine variant on a one-rank world, round
-    trip checked) runs through the interpreter (its fp16 / fp32 half: bf16 math is wrong here)."""
+def test_precompile_builds_every_combine_variant(monkeypatch):
+    """``precompile``'s moe family makes the combine plan of every dtype (its own width and
+    fp32's), fp16 / fp32 here (the interpreter's bf16 math is wrong)."""
     from ditron_ops.moe import _launch
 
-    monkeypatch.setattr(_launch, "DTYPES", (F16, F32))
-    _launch._warmup(torch.device("cpu"))
     launched = []
     real = _launch.CombinePlan.__init__
     monkeypatch.setattr(_launch.CombinePlan, "__init__", lambda self, *a, **kw: launched.append(kw) or real(self, *a, **kw))
-    _launch._warmup(torch.device("cpu"))
+    _launch._precompile(torch.device("cpu"), (F16, F32))
     assert [(kw["dtype"], kw["hidden"]) for kw in launched] == [(F16, 128), (F32, 8), (F32, 128), (F32, 8)]
 
 

@@ -68,3 +68,42 @@ def _failed_group_stays_failed(group):
 @pytest.mark.parametrize("device", DEVICES)
 def test_failed_group_raises_before_next_launch(device):
     assert ditron_ops.launch(_failed_group_stays_failed, 2, device=device, timeout_s=0.5) == [True, True]
+
+
+def _two_waits(group, op):
+    """One call of an op with two waiting kernels (start barrier, then merge or consumer)."""
+    if op == "ag_gemm":
+        return ditron_ops.ag_gemm(torch.ones(4, 8), torch.ones(8, 8), group, impl="fused")
+    if op == "gemm_ar":
+        return ditron_ops.gemm_ar(torch.ones(4, 8), torch.ones(8, 8), group, impl="fused",
+                                  algorithm="one_shot")
+    kv = torch.ones(2, 5, 2, 64)
+    return ditron_ops.flash_decode(torch.ones(2, 4, 64), kv, kv, torch.full((2,), 5), group)
+
+
+def _rank1_raises(group, op, first):
+    if not first:
+        _two_waits(group, op)
+        group.synchronize()
+    if group.rank == 1:
+        raise RuntimeError("rank 1 fails before the call")
+    t0 = time.monotonic()
+    with pytest.raises(ditron_ops.DitronTimeoutError) as info:
+        _two_waits(group, op)
+        group.synchronize()
+    err = info.value
+    assert err.op == op and err.peer == 1 and "rank 1" in str(err), str(err)
+    assert "-1" not in str(err), str(err)
+    return time.monotonic() - t0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
+@pytest.mark.parametrize("first", [False, True])
+@pytest.mark.parametrize("op", ["ag_gemm", "gemm_ar", "flash_decode"])
+def test_survivors_error_within_the_bound_naming_the_rank(op, first):
+    """The survivors' error arrives within the bound (a second waiting kernel spun a second
+    bound), and on the group's first call names the op and rank 1 (not rank/epoch -1)."""
+    timings = []
+    with pytest.raises(RuntimeError, match="rank 1 fails"):
+        ditron_ops.launch(lambda g: timings.append(_rank1_raises(g, op, first)), 3, timeout_s=3.0)
+    assert len(timings) == 2 and max(timings) < 3.0 * 1.6, timings  # twice the bound before

@@ -147,8 +147,9 @@ def test_validation(bad, exc, match):
 def _unequal_chunks(group):
     q = torch.zeros(1, 4 + group.rank, 2, 64)
     k = torch.zeros(1, 4 + group.rank, 2, 64)
-    with pytest.raises(ValueError, match="same B, S_r"):
+    with pytest.raises(ditron_ops.DitronMismatchError, match="disagree on S_r") as info:
         ditron_ops.ulysses_attention(q, k, k, group)
+    assert (info.value.mine, info.value.theirs) == (4 + group.rank, 5 - group.rank)
     return True
 
 

@@ -3,7 +3,7 @@
 Reports registers, spills and shared memory per kernel variant, so kernel edits can be checked
 before a GPU session::
 
-    PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all]
+    PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all] [flash_decode]
 
 How: the kernels are imported as compiled-mode ``triton.jit`` functions (``ditron_ops`` imported
 while ``torch.cuda.is_available`` answers True) and ``JITFunction.warmup`` runs against a
@@ -129,7 +129,54 @@ def all_to_all() -> list[str]:
     return lines
 
 
+def flash_decode() -> list[str]:
+    """Every kernel of a flash_decode call (split-KV per config and FLUSH / DIRECT, the combine
+    both ways, the start barrier and the merge), plus the collectives' push/combine kernel."""
+    import torch
+
+    from ditron_ops.attention import flash_decode as api
+    from ditron_ops.attention._flash_decode_kernels import (chunk_combine_kernel,
+                                                            decode_merge_kernel, split_kv_kernel)
+    from ditron_ops.collectives._kernels import push_combine_kernel
+    from ditron_ops.language.barrier import start_barrier_kernel
+
+    lines = []
+    i64 = torch.zeros(16, dtype=torch.int64)
+    f32 = torch.zeros(4096, dtype=torch.float32)
+    i32 = torch.zeros(16, dtype=torch.int32)
+    errors = (i64, i64, 0)
+
+    def add(name, k):
+        lines.append(report(name, k))
+        print(lines[-1], flush=True)
+
+    for dtype in api.GPU_DTYPES:
+        x = torch.zeros(4096, dtype=dtype)
+        q, kv = x.view(1, 4, 1024)[:, :, :128], x.view(1, 8, 4, 128)
+        for cname, cfg in (("split", api.SPLIT_CONFIG), ("wide", api.WIDE_SPLIT_CONFIG)):
+            for plan, direct in (((64, 64, 1, 1), False), ((64, 128, 2, 1), False),
+                                 ((64, 64, 1, 1), True)):
+                args, kwargs, grid = api._split_kv_args(q, kv, kv, i32, f32, f32, 0.1, plan, cfg,
+                                                        direct, errors)
+                add(f"split_kv {dtype} {cname} FLUSH={plan[1] != plan[0]} DIRECT={direct}",
+                    split_kv_kernel.warmup(*args, grid=grid, **kwargs))
+        for final in (True, False):
+            add(f"chunk_combine {dtype} FINAL={final}", chunk_combine_kernel.warmup(
+                f32, f32, i32, x, f32, i64, 1, 1, 64, 2, 0, 2, D=128, FINAL=final, grid=(1,),
+                **api.COMBINE_CONFIG))
+        add(f"decode_merge {dtype}", decode_merge_kernel.warmup(
+            x, f32, i64, i64, i64, i64, 1, 0, 2, 1000, 0, D=128, BLOCK_P=api.MERGE_BLOCK_P,
+            num_warps=4, grid=(1,)))
+        add(f"push_combine {dtype} reduce", push_combine_kernel.warmup(
+            x, x, x, i64, i64, i64, i64, i64, 0, 2, 64, 8, 512, 2048, 1024, 1000, 0,
+            SPLIT_SRC=True, REDUCE=True, BLOCK=2048, VEC=8, num_warps=4, grid=(1,)))
+    add("start_barrier", start_barrier_kernel.warmup(i64, i64, i64, i64, 0, 2, 0, 1000, 0,
+                                                     grid=(1,)))
+    return lines
+
+
 if __name__ == "__main__":
     _compiled_mode()
-    for what in sys.argv[1:] or ["ulysses", "all_to_all"]:
-        {"ulysses": ulysses, "all_to_all": all_to_all}[what]()
+    kinds = {"ulysses": ulysses, "all_to_all": all_to_all, "flash_decode": flash_decode}
+    for what in sys.argv[1:] or list(kinds):
+        kinds[what]()

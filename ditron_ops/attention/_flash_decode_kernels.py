@@ -50,10 +50,11 @@ def _flush(o_part, lse_part, acc, m, l, pair, num_parts, part, g_ok, D: tl.const
         tl.store(lse_part + row, lse, mask=g_ok)
 
 
-@dl.jit(do_not_specialize=("heads", "part_len", "prog_len", "num_parts"))  # strides specialise
+@dl.jit(do_not_specialize=("lens_ptr", "heads", "part_len", "prog_len", "num_parts", "seq_len",
+                           "rank", "op_id"))  # strides specialise; lens_ptr: see chunk_combine
 def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, heads, part_len, prog_len,
                     num_parts, stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
-                    stride_vb, stride_vs, stride_vh,
+                    stride_vb, stride_vs, stride_vh, seq_len, err_claim, err_record, rank, op_id,
                     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
                     BLOCK_N: tl.constexpr, FLUSH: tl.constexpr, DIRECT: tl.constexpr):
     """Attention of the G query heads of KV head ``program_id(1)`` over keys
@@ -61,11 +62,16 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
     one partial per ``part_len`` keys (``FLUSH``: several per program; else ``part_len ==
     prog_len``). A partial's value never depends on which program computed it. ``DIRECT`` (one
     rank, one partial per pair): the program's partial is the output, written to ``o_part``
-    in the output's dtype (zeros for an empty sequence), and no combine follows."""
+    in the output's dtype (zeros for an empty sequence), and no combine follows. A length
+    outside ``[0, seq_len]`` (the cache's S_max) is clamped into it, so no key past the cache
+    is read, and recorded (``BAD_INPUT``: index ``b``, the value) for the next host check."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     lo = tl.program_id(2) * prog_len
-    hi = tl.minimum(lo + prog_len, tl.load(lens_ptr + b).to(tl.int32))
+    n = tl.load(lens_ptr + b).to(tl.int32)
+    if ((n < 0) | (n > seq_len)) & (kvh == 0) & (tl.program_id(2) == 0):
+        dl.record_error(err_claim, err_record, op_id, rank, b, n, dl.BAD_INPUT)
+    hi = tl.minimum(lo + prog_len, tl.minimum(tl.maximum(n, 0), seq_len))
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, D)
     head = kvh * G + offs_g
@@ -121,7 +127,10 @@ def _finish(acc, total, top):
     return o, tl.where(has, top + tl.log(tl.where(has, total, 1.0)), NEG_INF)
 
 
-@dl.jit(do_not_specialize=("pairs", "heads", "part_len", "num_parts", "rank", "world_size"))
+# lens_ptr unspecialized (here and in split-KV): a slice kv_lens[j:j+1] is not 16-byte aligned,
+# and compiling that variant at plan build while peers spin can deadlock (DESIGN.md §4)
+@dl.jit(do_not_specialize=("lens_ptr", "pairs", "heads", "part_len", "num_parts", "rank",
+                           "world_size"))
 def chunk_combine_kernel(o_part, lse_part, lens_ptr, out_ptr, buf_ptr, buf_table, pairs, heads,
                          part_len, num_parts, rank, world_size, D: tl.constexpr,
                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, FINAL: tl.constexpr):
@@ -131,11 +140,12 @@ def chunk_combine_kernel(o_part, lse_part, lens_ptr, out_ptr, buf_ptr, buf_table
 
     Max first, then the weighted sum in blocks of ``BLOCK_C`` partials (a fixed tree inside a
     block, blocks left to right), so the result depends only on the partials' values and positions.
+    A length outside the cache reads only the partials split-KV wrote (its clamped length's).
     """
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     p_ok = offs_p < pairs
-    length = tl.load(lens_ptr + offs_p // heads, mask=p_ok, other=0).to(tl.int32)
-    valid = (length + part_len - 1) // part_len
+    length = tl.maximum(tl.load(lens_ptr + offs_p // heads, mask=p_ok, other=0).to(tl.int32), 0)
+    valid = tl.minimum((length + part_len - 1) // part_len, num_parts)
     base = offs_p.to(tl.int64) * num_parts
     offs_c = tl.arange(0, BLOCK_C)
     offs_d = tl.arange(0, D)

@@ -14,10 +14,12 @@ from .._library import define_op, direct
 from .._validation import check_tensor, memo
 from ..language.barrier import start_barrier_kernel
 from ..deterministic import resolve_deterministic
+from ..errors import DitronInputError
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, op_id, resolve_group, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import call_key, tensor_key
-from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
+from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._flash_decode_kernels import chunk_combine_kernel, decode_merge_kernel, split_kv_kernel
 
 PURPOSE = "flash_decode"
@@ -78,16 +80,18 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     [1.5, 1.5]
     """
     group = current_group(group)
-    key = call_key("flash_decode", q, k_cache, v_cache, kv_lens)
-    d = memo(group, key, lambda: _validate(group, q, k_cache, v_cache, kv_lens))
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     flag = resolve_deterministic(deterministic)
+    key = call_key("flash_decode", q, k_cache, v_cache, kv_lens, flag)
+    d = memo(group, key, lambda: _validate(group, q, k_cache, v_cache, kv_lens, flag))
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    if kv_lens.device.type == "cpu" and not torch.compiler.is_compiling():
+        _check_lens(group, kv_lens, k_cache.shape[1])  # on the host: free (device: the kernel's)
     if direct(q, k_cache, v_cache, kv_lens):
         return _impl(q, k_cache, v_cache, kv_lens, group.group_name, scale, flag)
     return torch.ops.ditron.flash_decode(q, k_cache, v_cache, kv_lens, group.group_name, scale, flag)
 
 
-def _validate(group: Group, q, k_cache, v_cache, kv_lens) -> int:
+def _validate(group: Group, q, k_cache, v_cache, kv_lens, deterministic: bool) -> int:
     """The call's checks (typed errors naming the argument); the head dim."""
     dtypes = GPU_DTYPES if group.device.type == "cuda" else CPU_DTYPES
     check_tensor("flash_decode", "q", q, group, dtypes, min_dim=3)
@@ -108,7 +112,19 @@ def _validate(group: Group, q, k_cache, v_cache, kv_lens) -> int:
         raise ValueError(f"ditron.flash_decode: Hq = {hq} must be a multiple of Hkv = {k_cache.shape[2]}")
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("ditron.flash_decode: the head_dim (last) dimension must be contiguous")
+    agree(group, "flash_decode", (("dtype", q.dtype), ("B", b), ("Hq", hq),
+                                  ("Hkv", k_cache.shape[2]), ("D", d),
+                                  ("deterministic", deterministic)))
     return d
+
+
+def _check_lens(group: Group, kv_lens: torch.Tensor, s_max: int) -> None:
+    """Raise ``DitronInputError`` for a host ``kv_lens`` entry outside ``[0, S_max]``."""
+    bad = ((kv_lens < 0) | (kv_lens > s_max)).nonzero()
+    if len(bad):
+        i = int(bad[0, 0])
+        raise DitronInputError("flash_decode", "kv_lens", group.rank, i, int(kv_lens[i]),
+                               f"lengths must lie in [0, S_max = k_cache.shape[1] = {s_max}]")
 
 
 SPLIT_CONFIG = {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
@@ -184,8 +200,10 @@ def merge_programs(group: Group, pairs: int) -> int:
     return max(1, min(-(-pairs // MERGE_BLOCK_P), 64, group.sm_share()))
 
 
-def _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, direct: bool):
-    """``(args, kwargs, grid)`` of ``split_kv_kernel``."""
+def _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, direct: bool,
+                   errors: tuple):
+    """``(args, kwargs, grid)`` of ``split_kv_kernel``; ``errors``: ``(claim, record, rank)``
+    where a length outside the cache is recorded."""
     b, hq, d = q.shape
     hkv = k.shape[2]
     g = hq // hkv
@@ -193,17 +211,18 @@ def _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, dire
     assert not direct or (prog == part and num_parts == 1), plan  # the only partial, unflushed
     args = (q, k, v, lens, o_part, lse_part, scale, hq, part, prog, num_parts,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2))
+            v.stride(0), v.stride(1), v.stride(2), k.shape[1], *errors, op_id("flash_decode"))
     kwargs = dict(G=g, D=d, BLOCK_G=max(16, 1 << (g - 1).bit_length()), FLUSH=prog != part,
                   DIRECT=direct, **cfg)
     return args, kwargs, (b, hkv, splits)
 
 
-def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict,
+def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, errors: tuple,
                      direct: bool = False) -> None:
     """Split-KV partials into ``o_part`` / ``lse_part``; ``direct`` (one partial per pair, one
     rank): ``o_part`` is the output and holds the result."""
-    args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct)
+    args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct,
+                                        errors)
     split_kv_kernel[grid](*args, **kwargs)
 
 
@@ -217,12 +236,6 @@ def _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world
     return args, dict(D=d, FINAL=world_size == 1, **cfg), (-(-b * hq // cfg["BLOCK_P"]),)
 
 
-def _launch_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size) -> None:
-    args, kwargs, grid = _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank,
-                                       world_size)
-    chunk_combine_kernel[grid](*args, **kwargs)
-
-
 def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic):
     group = resolve_group(group_name)
     b, hq, d = q.shape
@@ -234,7 +247,8 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
         cfg = _split_config(q.device, b * k_cache.shape[2], k_cache.shape[1], deterministic)
         o_part = torch.empty(b * hq * plan[2] * d, dtype=torch.float32, device=q.device)
         lse_part = torch.empty(b * hq * plan[2], dtype=torch.float32, device=q.device)
-        _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, plan, cfg)
+        _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, plan, cfg,
+                         (*group._error_tensors()[::-1], group.rank))
         return _merge_over_process_group(group, o_part, lse_part, kv_lens, plan, b, hq,
                                           d).to(q.dtype)
     key = ("flash_decode", deterministic, softmax_scale, tensor_key(q), tensor_key(k_cache),
@@ -261,10 +275,11 @@ class _DecodePlan:
         device = q.device
         self.direct = w == 1 and part[2] == 1
         self.ws = None
+        errors = (*group._error_tensors()[::-1], rank)  # (claim, record, rank)
         if self.direct:
             one = (part[0], part[0], 1, 1)
             self.split = _bound_split_kv(q, k_cache, v_cache, kv_lens, out, out, scale, one, cfg,
-                                         direct=True, vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr",
+                                         errors, direct=True, vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr",
                                                             "o_part", "lse_part"))
             return
         pairs = b * hq
@@ -274,7 +289,7 @@ class _DecodePlan:
             self.o_part = torch.empty(pairs * part[2] * d, dtype=torch.float32, device=device)
             self.lse_part = torch.empty(pairs * part[2], dtype=torch.float32, device=device)
         self.split = _bound_split_kv(q, k_cache, v_cache, kv_lens, self.o_part, self.lse_part,
-                                     scale, part, cfg, vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr"))
+                                     scale, part, cfg, errors, vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr"))
         if w == 1:  # nothing to exchange: the combine writes the output
             self.combine = _bound_combine(self.o_part, self.lse_part, kv_lens, out, self.o_part,
                                           self.o_part, part, 0, 1)
@@ -320,15 +335,16 @@ class _DecodePlan:
         return out
 
 
-def _bound_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, *,
+def _bound_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, errors: tuple, *,
                     direct: bool = False, vary=()) -> BoundKernel:
     """``_launch_split_kv`` bound (the tensors in ``vary`` per call)."""
-    args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct)
+    args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct,
+                                        errors)
     return BoundKernel(split_kv_kernel, grid, args, kwargs, vary=vary, device=q.device)
 
 
 def _bound_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size):
-    """``_launch_combine`` bound (``lens`` and ``out`` per call)."""
+    """``chunk_combine_kernel`` bound (``lens`` and ``out`` per call)."""
     args, kwargs, grid = _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank,
                                        world_size)
     return BoundKernel(chunk_combine_kernel, grid, args, kwargs, vary=("lens_ptr", "out_ptr"),
@@ -355,7 +371,8 @@ def _merge_over_process_group(group: Group, o_part, lse_part, kv_lens, plan, b, 
     from ..reference import gather_tensors
 
     part, num_parts = plan[0], plan[2]
-    valid = (kv_lens.to(torch.int64).repeat_interleave(hq) + part - 1) // part  # [B * Hq]
+    lens = kv_lens.to(torch.int64).clamp(min=0).repeat_interleave(hq)  # [B * Hq]; as the kernels
+    valid = ((lens + part - 1) // part).clamp(max=num_parts)          # clamp (an error recorded)
     written = torch.arange(num_parts, device=o_part.device)[None, :] < valid[:, None]
     lse = torch.where(written, lse_part.view(b * hq, num_parts), float("-inf"))
     o = torch.where(written[:, :, None], o_part.view(b * hq, num_parts, d), 0.0)
@@ -373,14 +390,15 @@ define_op("flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens
           "float softmax_scale, bool deterministic) -> Tensor", _impl, _fake)
 
 
-def _warmup(device: torch.device) -> None:
-    """Compile split-KV (dtype x head_dim x common GQA groups), the combine (final and pushing)
-    and the merge kernel on a one-rank world; check the merged output."""
-    # W=1 pad: start count 1, epoch 1 (the arrival comes from the merge itself)
+def _precompile(device: torch.device, dtypes: tuple) -> None:
+    """Split-KV (dtype x head_dim x common GQA groups, FLUSH off / on, both configs, direct),
+    the combine (final and pushing) and the merge, as one-rank launches
+    (``runtime.precompile``)."""
     sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
     lens = torch.full((1,), 64, dtype=torch.int32, device=device)
+    errors = (claim, record, 0)
     one_part, two_parts = (64, 64, 1, 1), (64, 128, 2, 1)  # FLUSH off / on (keys 64..127 unused)
-    for dtype in GPU_DTYPES:
+    for dtype in (d for d in GPU_DTYPES if d in dtypes):
         for d in HEAD_DIMS:
             for g in (1, 4, 8):
                 q = torch.ones(1, g, d, dtype=dtype, device=device)
@@ -388,23 +406,20 @@ def _warmup(device: torch.device) -> None:
                 o_part = torch.empty(2 * g * d, dtype=torch.float32, device=device)
                 lse_part = torch.empty(2 * g, dtype=torch.float32, device=device)
                 for plan, cfg in itertools.product((one_part, two_parts), (SPLIT_CONFIG, WIDE_SPLIT_CONFIG)):
-                    _launch_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, plan, cfg)
+                    _bound_split_kv(q, kv, kv, lens, o_part, lse_part, 0.1, plan, cfg, errors)
                 for cfg in (SPLIT_CONFIG, WIDE_SPLIT_CONFIG):  # one rank, one partial: the output
-                    _launch_split_kv(q, kv, kv, lens, q.clone(), q, 0.1, one_part, cfg, direct=True)
+                    _bound_split_kv(q, kv, kv, lens, q.clone(), q, 0.1, one_part, cfg, errors,
+                                    direct=True)
             buf = torch.zeros(d + 1, dtype=torch.float32, device=device)
             table = pointer_table(buf)
-            outs = [torch.empty(1, 1, d, dtype=dtype, device=device) for _ in range(2)]
-            _launch_combine(o_part[:2 * d], lse_part[:2], lens, outs[0], buf, table, two_parts, 0, 1)
-            sig[0] = 0
-            sig[3] = 1
-            chunk_combine_kernel[(1,)](o_part[:2 * d], lse_part[:2], lens, outs[1], buf, table, 1, 1, 64,
-                                       2, 0, 1, D=d, FINAL=False, **COMBINE_CONFIG)  # pushing variant
-            decode_merge_kernel[(1,)](outs[1], buf, sig, sig_table, claim, record, 1, 0, 1, 10**6, 0,
-                                      D=d, BLOCK_P=MERGE_BLOCK_P, num_warps=4)
-            torch.cuda.synchronize(device)
-            ones = torch.ones(1, 1, d, device=device)
-            if int(record[0]) != 0 or not all(torch.allclose(o.float(), ones, atol=1e-2) for o in outs):
-                raise RuntimeError(f"ditron: flash_decode warm-up failed for {dtype}, D={d} (kernel bug)")
+            out = torch.empty(1, 1, d, dtype=dtype, device=device)
+            _bound_combine(o_part[:2 * d], lse_part[:2], lens, out, buf, table, two_parts, 0, 1)
+            BoundKernel(chunk_combine_kernel, (1,), (o_part[:2 * d], lse_part[:2], lens, out, buf,
+                                                     table, 1, 1, 64, 2, 0, 1),
+                        dict(D=d, FINAL=False, **COMBINE_CONFIG), device=device)  # pushing
+            BoundKernel(decode_merge_kernel, (1,), (out, buf, sig, sig_table, claim, record, 1, 0,
+                                                    1, 10**6, 0),
+                        dict(D=d, BLOCK_P=MERGE_BLOCK_P, num_warps=4), device=device)
 
 
-register_warmup(PURPOSE, _warmup)
+register_precompile(PURPOSE, _precompile, ("flash_decode",))

@@ -21,10 +21,11 @@ from .._library import define_op
 from .._validation import check_tensor
 from ..collectives import all_to_all
 from ..deterministic import resolve_deterministic
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, op_id, resolve_group, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
-from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
+from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._ulysses_kernels import ulysses_attention_kernel
 
 PURPOSE = "ulysses"
@@ -50,7 +51,7 @@ GPU_CONFIGS = {
     "128x64/w8/s4": AttnConfig(128, 64, 8, 4),
 }
 """Candidates the ``ulysses`` bench measures against SDPA (``local`` rows); ``GPU_CONFIG`` is
-the one the op uses (the only one warmed up). Not yet measured on the H200: 128x128 with two
+the one the op uses (the only one ``precompile`` builds). Not yet measured on the H200: 128x128 with two
 warpgroups and 3 stages is the shape of FlashAttention-2's Hopper forward and of Triton's
 tutorial kernel for D=128 (224 KB of shared memory at D=128, bf16)."""
 GPU_CONFIG = "128x128/w8/s3"
@@ -190,7 +191,7 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 def check_int32(op: str, args) -> None:
     """Every integer kernel argument fits 32 bits: a larger one would make Triton compile a
-    64-bit variant (not warmed up) while peers wait. Raises ``ValueError`` for such sizes."""
+    64-bit variant (not among ``precompile``'s). Raises ``ValueError`` for such sizes."""
     big = [a for a in args if isinstance(a, int) and not -2**31 <= a < 2**31]
     if big:
         raise ValueError(f"ditron.{op}: sizes or buffer offsets reach {max(big)} elements "
@@ -206,23 +207,12 @@ def _fingerprint(*values) -> int:
 
 
 def _agree(group: Group, q, k, causal: bool, scale: float) -> None:
-    """Host check, once per shape signature: every rank passes the same shapes and flags. Its
-    memo (``group._agreed``) is keyed by those values alone, which every rank's same call
-    sequence makes the same, so all ranks meet in the check together (a plan key, which holds
-    strides and alignment, could miss on one rank only)."""
-    values = (*q.shape[:3], k.shape[2], q.shape[3], str(q.dtype), causal, scale)
-    agreed = group.__dict__.setdefault("_agreed", set())
-    if values in agreed:
-        return
-    seen = group.all_gather_object(values)
-    if any(x != values for x in seen):
-        rows = ", ".join(f"rank {r}: B={x[0]} S_r={x[1]} Hq={x[2]} Hkv={x[3]} D={x[4]}"
-                         for r, x in enumerate(seen))
-        raise ValueError("ditron.ulysses_attention: every rank must pass the same B, S_r "
-                         f"(sequence chunk), heads, head_dim, dtype and flags; got {rows}")
-    if len(agreed) >= 512:
-        agreed.clear()
-    agreed.add(values)
+    """Every rank passes the same shapes and flags (``runtime.agreement``; S_r too: the
+    sequence chunks are equal)."""
+    b, s_r, hq, d = q.shape
+    agree(group, "ulysses_attention", (("dtype", q.dtype), ("B", b), ("S_r", s_r), ("Hq", hq),
+                                       ("Hkv", k.shape[2]), ("D", d), ("causal", causal),
+                                       ("softmax_scale", scale)))
 
 
 def _region(elems: int, elem_size: int) -> int:
@@ -497,16 +487,13 @@ class _LocalPlan:
                                         "out_ptr"), device=q.device)
 
 
-def _warmup(device: torch.device) -> None:
-    """Compile ``GPU_CONFIG`` for every dtype and head_dim: a one-rank call (its waits are on
-    its own programs' pushes) checked against SDPA."""
+def _precompile(device: torch.device, dtypes: tuple) -> None:
+    """``GPU_CONFIG`` for every dtype and head_dim as a one-rank launch (``runtime.precompile``)."""
     cfg = attn_config(device)
-    for dtype in GPU_DTYPES:
+    for dtype in (dt for dt in GPU_DTYPES if dt in dtypes):
         for d in HEAD_DIMS:
             sig, sig_table, claim, record = one_rank_pad(device)
-            gen = torch.Generator(device="cpu").manual_seed(d)
-            q, k, v = (torch.randn(1, 80, 2, d, generator=gen).to(dtype=dtype, device=device)
-                       for _ in range(3))
+            q = k = v = torch.zeros(1, 80, 2, d, dtype=dtype, device=device)
             out = torch.empty_like(q)
             buf = torch.zeros(2 * 4 * 80 * 2 * d + 4096, dtype=dtype, device=device)
             rows = buf.numel() // d
@@ -519,14 +506,7 @@ def _warmup(device: torch.device) -> None:
                 dims=(1, 80, 2, 2, 2, 2, 0, 1), strides=(*q.stride()[:3],) * 3 + out.stride()[:3],
                 offsets=(0, 160 * d, 320 * d, 480 * d, half), causal=True, scale=d ** -0.5,
                 merge_runs=0, pack=1, fingerprint=1, timeout_us=10**6, op_id=0, d=d, cfg=cfg)
-            ulysses_attention_kernel[(2,)](*args, **kwargs)
-            torch.cuda.synchronize(device)
-            want = sdpa(*(rearrange(x, "b s h d -> b h s d").float() for x in (q, k, v)), True,
-                        d ** -0.5)
-            err = (rearrange(want, "b h s d -> b s h d") - out.float()).abs().max().item()
-            if int(record[0]) != 0 or not err < 2e-2:
-                raise RuntimeError(f"ditron: ulysses_attention warm-up failed for {dtype}, D={d} "
-                                   f"(error {err}; kernel bug)")
+            BoundKernel(ulysses_attention_kernel, (2,), args, kwargs, device=device)
 
 
-register_warmup(PURPOSE, _warmup)
+register_precompile(PURPOSE, _precompile, ("ulysses_attention",))

@@ -8,7 +8,7 @@ import torch
 from .. import _env
 from ..runtime.group import Group, op_id
 from ..runtime.launcher import BoundKernel
-from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
+from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._kernels import push_combine_kernel
 
 PURPOSE = "collectives"
@@ -39,14 +39,27 @@ def push_combine(group: Group, src: torch.Tensor, out: torch.Tensor, *, op: str,
     the choice depends only on rank-uniform sizes, so all ranks agree. Everything but the launch
     comes from the call's plan.
     """
-    group.check()
     src = aligned(src)
+    plan = combine_plan(group, src, out, op=op, split_src=split_src, reduce=reduce,
+                        src_rows=src_rows, row_elems=row_elems, slot_elems=slot_elems)
+    return run_plan(group, plan, src, out, op)
+
+
+def combine_plan(group: Group, src: torch.Tensor, out: torch.Tensor, *, op: str, split_src: bool,
+                 reduce: bool, src_rows: int, row_elems: int, slot_elems: int):
+    """The plan of a ``push_combine`` call (``src`` already ``aligned``): a call of several
+    launches gets all its plans first, so it compiles nothing once its first kernel waits."""
     if out.data_ptr() % 16:
         raise ValueError(f"ditron.{op}: the output must be 16-byte aligned")
-    key = ("push_combine", op, split_src, reduce, src.dtype, src_rows, row_elems, out.numel(),
+    key = (op, "push_combine", split_src, reduce, src.dtype, src_rows, row_elems, out.numel(),
            slot_elems)
-    plan = group.plans.get(key, lambda previous=None: _PushCombinePlan(  # (allocates nothing)
+    return group.plans.get(key, lambda previous=None: _PushCombinePlan(  # (allocates nothing)
         group, src, out, op, split_src, reduce, src_rows, row_elems, slot_elems))
+
+
+def run_plan(group: Group, plan, src: torch.Tensor, out: torch.Tensor, op: str) -> torch.Tensor:
+    """Launch ``plan`` (from ``combine_plan``) over ``src`` into ``out``."""
+    group.check()
     ws = plan.ws
     ws.calls += 1
     with group.waiting_launch(op, ws.calls):
@@ -93,26 +106,20 @@ VARIANTS = ((False, False), (True, True), (False, True))  # gather, reduce-scatt
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _warmup(device: torch.device) -> None:
-    """Launch every (dtype, variant, VEC) once as a one-rank world: nothing waits on a peer."""
-    gpu = device.type == "cuda"
-    programs = _MAX_PROGRAMS if gpu else 1
+def _precompile(device: torch.device, dtypes: tuple) -> None:
+    """Every (dtype, variant, VEC) as a one-rank launch (``runtime.precompile``)."""
     sig, sig_table, claim, record = one_rank_pad(device)
-    for dtype in DTYPES:
+    for dtype in (d for d in DTYPES if d in dtypes):
         buf = torch.zeros(4096, dtype=dtype, device=device)
         buf_table = pointer_table(buf)
         src = torch.ones(64, dtype=dtype, device=device)
         out = torch.empty_like(src)
         for (split_src, reduce), vec in itertools.product(VARIANTS, (1, 16 // src.element_size())):
-            push_combine_kernel[(programs,)](
-                src, out, buf, buf_table, sig, sig_table, claim, record,
-                0, 1, 64 // vec, vec, 64, 2048, 1024, 10**7, 0,
-                SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), VEC=vec, num_warps=4)
-            if gpu:
-                torch.cuda.synchronize(device)
-            if int(record[0]) != 0 or not torch.equal(out, src):
-                raise RuntimeError(f"ditron: collective warm-up failed for {dtype}, split={split_src}, "
-                                   f"reduce={reduce}, vec={vec} (kernel protocol bug)")
+            BoundKernel(push_combine_kernel, (_MAX_PROGRAMS,),
+                        (src, out, buf, buf_table, sig, sig_table, claim, record,
+                         0, 1, 64 // vec, vec, 64, 2048, 1024, 10**7, 0),
+                        dict(SPLIT_SRC=split_src, REDUCE=reduce, BLOCK=_block(), VEC=vec,
+                             num_warps=4), device=device)
 
 
-register_warmup(PURPOSE, _warmup)
+register_precompile(PURPOSE, _precompile, ("all_gather", "reduce_scatter", "all_reduce"))

@@ -13,6 +13,7 @@ import torch
 from .. import reference
 from .._library import define_op, direct
 from .._validation import check_sizes, check_tensor, memo
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, resolve_group
 from ..runtime.plan import call_key
 from ._launch import push_combine
@@ -67,6 +68,8 @@ def all_gather(x: torch.Tensor, group: Optional[Group] = None, *,
         if sizes[group.rank] != x.shape[0]:
             raise ValueError(f"ditron.all_gather: shard_sizes[{group.rank}] = {sizes[group.rank]} "
                              f"but x has {x.shape[0]} rows on rank {group.rank}")
+        agree(group, "all_gather", (("dtype", x.dtype), ("x.shape[1:]", tuple(x.shape[1:])),
+                                    ("shard_sizes", tuple(sizes))))
         return sizes
 
     sizes = memo(group, call_key("all_gather", x, shard_sizes), validate)

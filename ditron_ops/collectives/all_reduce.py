@@ -23,10 +23,11 @@ from .. import reference
 from .._library import define_op, direct
 from .._validation import check_tensor, memo
 from ..deterministic import resolve_deterministic
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, resolve_group
 from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
-from ._launch import push_combine
+from ._launch import aligned, combine_plan, push_combine, run_plan
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ALGORITHMS = ("auto", "one_shot", "two_shot")
@@ -80,11 +81,13 @@ def all_reduce(x: torch.Tensor, group: Optional[Group] = None, *, algorithm: str
         if algorithm not in ALGORITHMS:
             raise ValueError(f"ditron.all_reduce: algorithm must be one of {ALGORITHMS}, got "
                              f"{algorithm!r}")
-        if algorithm == "auto":
-            return choose_algorithm(x.numel() * x.element_size(), group.world_size)
-        return algorithm
+        chosen = (choose_algorithm(x.numel() * x.element_size(), group.world_size)
+                  if algorithm == "auto" else algorithm)
+        agree(group, "all_reduce", (("dtype", x.dtype), ("x.shape", tuple(x.shape)),
+                                    ("algorithm", chosen), ("deterministic", flag)))
+        return chosen
 
-    chosen = memo(group, call_key("all_reduce", x, algorithm), validate)
+    chosen = memo(group, call_key("all_reduce", x, algorithm, flag), validate)
     if direct(x):
         return _all_reduce_impl(x, group.group_name, chosen, flag)
     return torch.ops.ditron.all_reduce(x, group.group_name, chosen, flag)
@@ -105,11 +108,17 @@ def _all_reduce_impl(x: torch.Tensor, group_name: str, algorithm: str, determini
     row = 16 // x.element_size() if n % (16 // x.element_size()) == 0 else 1
     sizes = [rows * row for rows in split_sizes(n // row, group.world_size)]
     shard = flat.new_empty((sizes[group.rank],))
-    push_combine(group, flat, shard, op="all_reduce", split_src=True, reduce=True,
-                 src_rows=n // row, row_elems=row, slot_elems=max(sizes))
     out = torch.empty_like(flat)
-    push_combine(group, shard, out, op="all_reduce", split_src=False, reduce=False,
-                 src_rows=sizes[group.rank] // row, row_elems=row, slot_elems=max(sizes))
+    flat = aligned(flat)
+    # both plans before the first launch: nothing compiles once a kernel of the call waits
+    # (their workspaces need the same bytes, so the second cannot grow the first's stale)
+    scatter = combine_plan(group, flat, shard, op="all_reduce", split_src=True, reduce=True,
+                           src_rows=n // row, row_elems=row, slot_elems=max(sizes))
+    gather = combine_plan(group, shard, out, op="all_reduce", split_src=False, reduce=False,
+                          src_rows=sizes[group.rank] // row, row_elems=row,
+                          slot_elems=max(sizes))
+    run_plan(group, scatter, flat, shard, "all_reduce")
+    run_plan(group, gather, shard, out, "all_reduce")
     return out.view(x.shape)
 
 

@@ -19,10 +19,12 @@ import torch
 
 from .. import reference
 from .._library import define_op
-from .._validation import check_tensor
+from .._validation import check_tensor, memo
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, op_id, resolve_group
 from ..runtime.launcher import BoundKernel
-from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
+from ..runtime.plan import call_key
+from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._all_to_all_kernels import all_to_all_kernel
 from ._launch import aligned, programs_per_rank
 
@@ -74,6 +76,13 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int,
     [[[0.0], [10.0]], [[1.0], [11.0]]]
     """
     group = current_group(group)
+    dims = memo(group, call_key("all_to_all", x, scatter_dim, gather_dim),
+                lambda: _validate(group, x, scatter_dim, gather_dim))
+    return torch.ops.ditron.all_to_all(x, group.group_name, dims[0], dims[1])
+
+
+def _validate(group: Group, x, scatter_dim, gather_dim) -> tuple[int, int]:
+    """The call's checks (typed errors naming the argument); the dims, made non-negative."""
     check_tensor("all_to_all", "x", x, group, DTYPES, min_dim=1)
     dims = []
     for name, dim in (("scatter_dim", scatter_dim), ("gather_dim", gather_dim)):
@@ -84,7 +93,9 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int,
     if x.shape[dims[0]] % group.world_size:
         raise ValueError(f"ditron.all_to_all: x.shape[{dims[0]}] = {x.shape[dims[0]]} must be a "
                          f"multiple of the world size {group.world_size}")
-    return torch.ops.ditron.all_to_all(x, group.group_name, dims[0], dims[1])
+    agree(group, "all_to_all", (("dtype", x.dtype), ("x.shape", tuple(x.shape)),
+                                ("(scatter_dim, gather_dim)", tuple(dims))))
+    return tuple(dims)
 
 
 def out_shape(shape, world_size: int, scatter_dim: int, gather_dim: int) -> list:
@@ -207,25 +218,21 @@ def _backward(ctx, grad):
 torch.library.register_autograd("ditron::all_to_all", _backward, setup_context=_setup)
 
 
-def _warmup(device: torch.device) -> None:
-    """Launch every (dtype, VEC) variant once as a one-rank world (nothing waits on a peer)."""
+def _precompile(device: torch.device, dtypes: tuple) -> None:
+    """Every (dtype, VEC) variant as a one-rank launch (``runtime.precompile``)."""
     sig, sig_table, claim, record = one_rank_pad(device)
     rows, cols = _GPU_BLOCKS if device.type == "cuda" else _INTERPRETER_BLOCKS
-    for dtype in DTYPES:
+    for dtype in (d for d in DTYPES if d in dtypes):
         for p2 in (64, 3):  # VEC on / off
             x = torch.arange(4 * p2, dtype=torch.float32, device=device).to(dtype).view(4, p2)
             out = torch.empty_like(x)
             buf = torch.zeros(4096, dtype=dtype, device=device)
             view = _canonical([4, p2], 1, (0, 0))
             vec = 16 // x.element_size() if p2 % (16 // x.element_size()) == 0 else 1
-            all_to_all_kernel[(4,)](x, out, buf, pointer_table(buf), sig, sig_table, claim, record,
-                                    0, 1, *_view_args(view), x.numel(), 2048, 1, 10**7, 0,
-                                    BLOCK_R=rows, BLOCK_C=cols, VEC=vec, num_warps=4)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if int(record[0]) != 0 or not torch.equal(out, x):
-                raise RuntimeError(f"ditron: all_to_all warm-up failed for {dtype}, vec={vec} "
-                                   "(kernel bug)")
+            BoundKernel(all_to_all_kernel, (4,),
+                        (x, out, buf, pointer_table(buf), sig, sig_table, claim, record, 0, 1,
+                         *_view_args(view), x.numel(), 2048, 1, 10**7, 0),
+                        dict(BLOCK_R=rows, BLOCK_C=cols, VEC=vec, num_warps=4), device=device)
 
 
-register_warmup(PURPOSE, _warmup)
+register_precompile(PURPOSE, _precompile, ("all_to_all",))

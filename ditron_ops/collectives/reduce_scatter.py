@@ -17,6 +17,7 @@ from .. import reference
 from .._library import define_op, direct
 from .._validation import check_tensor, memo
 from ..deterministic import resolve_deterministic
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, resolve_group
 from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
@@ -61,8 +62,14 @@ def reduce_scatter(x: torch.Tensor, group: Optional[Group] = None, *,
     """
     group = current_group(group)
     flag = resolve_deterministic(deterministic)
-    memo(group, call_key("reduce_scatter", x),
-         lambda: check_tensor("reduce_scatter", "x", x, group, DTYPES, min_dim=1) or True)
+
+    def validate() -> bool:
+        check_tensor("reduce_scatter", "x", x, group, DTYPES, min_dim=1)
+        agree(group, "reduce_scatter", (("dtype", x.dtype), ("x.shape", tuple(x.shape)),
+                                        ("deterministic", flag)))
+        return True
+
+    memo(group, call_key("reduce_scatter", x, flag), validate)
     if direct(x):
         return _reduce_scatter_impl(x, group.group_name, flag)
     return torch.ops.ditron.reduce_scatter(x, group.group_name, flag)

@@ -1,5 +1,5 @@
 """Host side of ag_gemm: workspace, the copy-engine (or SM pull) producer, the launches of one
-fused call, warm-up. The GEMM itself is the shared core (``_core``)."""
+fused call, the precompile list. The GEMM itself is the shared core (``_core``)."""
 from __future__ import annotations
 
 import itertools
@@ -12,11 +12,11 @@ from ..errors import DitronError
 from ..language.barrier import start_barrier_kernel
 from ..runtime import cuda_driver
 from ..runtime.group import Group, op_id
-from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
+from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import tensor_key
 from ._ag_kernels import ag_gemm_push_kernel, ag_publish_kernel, ag_pull_kernel
-from ._core import CoreGemm, consumer_programs, launch_consumer, tile_config
+from ._core import CoreGemm, consumer_programs, tile_config
 
 PURPOSE = "ag_gemm"
 PRODUCERS = ("copy", "pull", "push")
@@ -216,61 +216,41 @@ class AgGemmPlan:
             self.group.synchronize()
 
 
-def _warmup(device: torch.device) -> None:
-    """Compile and load every kernel variant (dtype x B layout x C store x wait) as a one-rank
-    call whose waits are already satisfied."""
+def _precompile(device: torch.device, dtypes: tuple) -> None:
+    """Every variant as one-rank launches (``runtime.precompile``): the consumer (dtype x B
+    layout x C store x wait, and fp32 products for gemm_rs's references and baselines), the
+    start barrier and publish, the one-launch push call, the pull producer."""
     cfg = tile_config(device)
-    # W=1 pad: flag[0] = 1, start count 1, rows[0] = 64, epoch 1
-    sig, sig_table, claim, record = one_rank_pad(device, (1, 1, 64, 1))
+    sig, sig_table, claim, record = one_rank_pad(device)
     offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
-    for dtype in (torch.float16, torch.bfloat16):
+    programs = 2 if cfg.split_tail else 1  # split_tail: two programs on the one tile
+    for dtype in (d for d in (torch.float16, torch.bfloat16) if d in dtypes):
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
-        # with split_tail two programs on the one tile run it as halves (the second past N),
-        # so the tail loop runs too
-        variants = itertools.product((a.clone(), a.clone().t()), (False, True), (False, True))
-        for b, wait, c_tma in variants:
+        layouts = (a.clone(), a.clone().t())
+        for b, wait, c_tma in itertools.product(layouts, (False, True), (False, True)):
             out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
-            launch_consumer(a_desc, b, out, None, group=None, wait=wait, sig=sig, offsets=offsets,
-                            claim=claim, record=record, m=64, programs=2 if cfg.split_tail else 1)
-            torch.cuda.synchronize(device)
-            if int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64)):
-                raise RuntimeError(f"ditron: ag_gemm warm-up failed for {dtype} (kernel bug)")
-        for b in (a.clone(), a.clone().t()):  # fp32 products (gemm_rs references, baselines)
+            CoreGemm(a_desc, b, out, None, group=None, wait=wait, sig=sig, offsets=offsets,
+                     claim=claim, record=record, m=64, programs=programs)
+        for b in layouts:
             out = torch.empty(64, 64, dtype=torch.float32, device=device)
-            launch_consumer(a_desc, b, out, None, group=None, wait=False, sig=sig, offsets=offsets,
-                            claim=claim, record=record, m=64, programs=1)
-    start_barrier_kernel[(1,)](sig, sig_table, claim, record, 0, 1, 64, 10**6, 0)
-    ag_publish_kernel[(1,)](sig, sig_table, 0, 0, 1)  # W=1: flag[0] = epoch, rows[0] = 64
-    torch.cuda.synchronize(device)
-    if int(record[0]) != 0 or sig[:3].tolist() != [2, 2, 64]:
-        raise RuntimeError("ditron: ag_gemm start-barrier / publish warm-up failed (kernel bug)")
-    for dtype in (torch.float16, torch.bfloat16):  # the one-launch push call, each variant
-        src = torch.ones(64, 64, dtype=dtype, device=device)
-        for b, c_tma in itertools.product((src.clone(), src.clone().t()), (False, True)):
-            sig, sig_table, claim, record = one_rank_pad(device)  # a fresh pad: call 1
-            buf = torch.zeros(64 * 64, dtype=dtype, device=device)
-            a_desc = TensorDescriptor(buf, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
-            out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
-            push = dict(kernel=ag_gemm_push_kernel, sig_table=sig_table, src=src, buf=buf,
-                        buf_table=pointer_table(buf), pitch=64, src_varies=True,
-                        copy_block=_PUSH_BLOCK)
-            CoreGemm(a_desc, b, out, None, group=None, wait=True, sig=sig, offsets=offsets,
-                     claim=claim, record=record, m=64, programs=2 if cfg.split_tail else 1,
-                     push=push).run(None, b, out, None, src)
-            torch.cuda.synchronize(device)
-            if (int(record[0]) != 0 or not torch.equal(out, torch.full_like(out, 64))
-                    or sig[:4].tolist() != [1, 1, 64, 1]):
-                raise RuntimeError(f"ditron: ag_gemm push warm-up failed for {dtype} (kernel bug)")
-    for dtype in (torch.float16, torch.bfloat16):  # pull producer: W=1 pad, epoch 1, 64 rows sent
-        sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1, 64))
-        src = torch.ones(64, 64, dtype=dtype, device=device)
+            CoreGemm(a_desc, b, out, None, group=None, wait=False, sig=sig, offsets=offsets,
+                     claim=claim, record=record, m=64, programs=1)
         buf = torch.zeros(64 * 64, dtype=dtype, device=device)
-        ag_pull_kernel[(1,)](src, buf, pointer_table(buf), sig, sig_table, offsets, claim, record,
-                             0, 1, 64, 10**6, 0, BLOCK=_PULL_BLOCK, VEC=8, num_warps=_PULL_WARPS)
-        torch.cuda.synchronize(device)
-        if int(record[0]) != 0 or not bool((buf == 1).all()) or sig[:3].tolist() != [1, 1, 64]:
-            raise RuntimeError(f"ditron: ag_gemm pull-producer warm-up failed for {dtype} (kernel bug)")
+        buf_desc = TensorDescriptor(buf, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
+        push = dict(kernel=ag_gemm_push_kernel, sig_table=sig_table, src=a, buf=buf,
+                    buf_table=pointer_table(buf), pitch=64, src_varies=True,
+                    copy_block=_PUSH_BLOCK)
+        for b, c_tma in itertools.product(layouts, (False, True)):
+            out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
+            CoreGemm(buf_desc, b, out, None, group=None, wait=True, sig=sig, offsets=offsets,
+                     claim=claim, record=record, m=64, programs=programs, push=push)
+        BoundKernel(ag_pull_kernel, (1,), (a, buf, pointer_table(buf), sig, sig_table, offsets,
+                                           claim, record, 0, 1, 64, 10**6, 0),
+                    dict(BLOCK=_PULL_BLOCK, VEC=8, num_warps=_PULL_WARPS), device=device)
+    BoundKernel(start_barrier_kernel, (1,), (sig, sig_table, claim, record, 0, 1, 64, 10**6, 0),
+                {}, device=device)
+    BoundKernel(ag_publish_kernel, (1,), (sig, sig_table, 0, 0, 1), {}, device=device)
 
 
-register_warmup(PURPOSE, _warmup)
+register_precompile(PURPOSE, _precompile, ("ag_gemm",))

@@ -222,7 +222,7 @@ class CoreGemm:
         tail = tail_tiles(tiles, grid, cfg)
         bh_desc = half_b_descriptor(b_desc, b_kn, cfg)
         rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
-        timeout_us = group.timeout_us() if group is not None else 10**7  # (warm-ups: 10 s)
+        timeout_us = group.timeout_us() if group is not None else 10**7  # (precompile, benches: 10 s)
         vary = (("a_desc",) if a_varies else ()) + (("b_desc", "bh_desc") if self._b_pad is None
                                                     else ()) + (("c_desc",) if c_desc else ())
         self._a_varies, self._b_varies, self._c_tma = a_varies, self._b_pad is None, c_desc is not None
@@ -272,7 +272,7 @@ def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor
                     record: torch.Tensor, m: int, programs: Optional[int] = None,
                     cfg: Optional[TileConfig] = None) -> torch.Tensor:
     """One launch of the persistent GEMM built for it (``wait=False``: a plain GEMM; the
-    waiting arguments are unused), for warm-up and benches that drive the kernel directly."""
+    waiting arguments are unused), for benches that drive the kernel directly."""
     core = CoreGemm(a_desc, b, out, bias, group=group, wait=wait, sig=sig, offsets=offsets,
                     claim=claim, record=record, m=m, programs=programs, cfg=cfg)
     return core.run(None, b, out, bias)

@@ -12,7 +12,7 @@ from ..language.barrier import start_barrier_kernel
 from ..runtime.group import Group, op_id
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import tensor_key
-from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
+from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._core import (_padded_copy, _tma_ok, b_descriptor, consumer_programs, half_b_descriptor,
                     tail_tiles, tile_config)
 from ._rs_kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
@@ -20,7 +20,7 @@ from ._rs_kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_ke
 PURPOSE = "gemm_reduce"
 _FINISH_BLOCK = dict(BLOCK_R=8, BLOCK_C=256)
 LOWP_PARTIALS = False
-"""Experimental (the benches' ``--lowp-partials`` sets it before any warm-up, which then compiles
+"""Experimental (the benches' ``--lowp-partials`` sets it before any plan is built, so plans compile
 its variants): in the default (non-deterministic) mode the partial tiles travel and wait in the
 input dtype instead of fp32 (half the NVLink bytes; each partial rounded once before the fp32
 rank-ordered sum, the precision of cuBLAS + NCCL). Off: not yet measured (the fp32 partials may
@@ -173,48 +173,39 @@ def _epilogue_descriptors(out: torch.Tensor, buf: torch.Tensor, slot_rows_total:
             TensorDescriptor(slots, [slot_rows_total, n], [n, 1], block))
 
 
-def _warmup(device: torch.device) -> None:
-    """Compile every variant (dtype x B layout; reduce-scatter and broadcast + finish) as
-    one-rank calls and check them."""
+def _precompile(device: torch.device, dtypes: tuple) -> None:
+    """Every variant (dtype x B layout x epilogue; reduce-scatter, broadcast and finish) as
+    one-rank launches (``runtime.precompile``)."""
     cfg = tile_config(device)
     offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
     tiles_cfg = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                      GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    variants = itertools.product((torch.float16, torch.bfloat16), (True, False),
-                                 (False, True) if LOWP_PARTIALS else (False,))
+    variants = itertools.product((d for d in (torch.float16, torch.bfloat16) if d in dtypes),
+                                 (True, False), (False, True) if LOWP_PARTIALS else (False,))
     for dtype, aligned, lowp in variants:
         buf = torch.zeros(64 * 64, dtype=dtype if lowp else torch.float32, device=device)
         table = pointer_table(buf)
         a = torch.ones(64, 64, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
-        outs = []
-        records = []
+        out = torch.empty(64, 64, dtype=dtype, device=device)
+        sig, sig_table, claim, record = one_rank_pad(device)
         for b in (a.clone(), a.clone().t()):
             b_desc, b_kn = b_descriptor(b, cfg)
-            for c_tma in (True, False):  # a fresh pad: call 1; it counts itself in and out
-                sig, sig_table, claim, record = one_rank_pad(device)
-                outs.append(torch.empty(64, 64, dtype=dtype, device=device))
-                c_desc, slots_desc = (_epilogue_descriptors(outs[-1], buf, 64, cfg) if c_tma
+            for c_tma in (True, False):
+                c_desc, slots_desc = (_epilogue_descriptors(out, buf, 64, cfg) if c_tma
                                       else (None, None))
-                gemm_rs_kernel[(1,)](a_desc, b_desc, half_b_descriptor(b_desc, b_kn, cfg),
-                                     slots_desc, c_desc, buf, table, offsets, outs[-1], sig,
-                                     sig_table, claim, record, 64, 64, 64, 64, 64, 0, 64, 0, 0, 1,
-                                     10**6, 0, B_KN=b_kn,
-                                     ALIGNED=aligned, C_TMA=c_tma, SPLIT_TAIL=cfg.split_tail,
-                                     **tiles_cfg)
-                records.append(record)
-            gemm_broadcast_kernel[(1,)](a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1,
-                                        B_KN=b_kn, ALIGNED=aligned, **tiles_cfg)
-            sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
-            outs.append(torch.empty(64, 64, dtype=dtype, device=device))
-            reduce_finish_kernel[(1,)](buf, outs[-1], sig, sig_table, claim, record, 64, 64, 64, 64,
-                                       0, 1, 10**6, 0, ALIGNED=aligned, **_FINISH_BLOCK)
-            records.append(record)
-        torch.cuda.synchronize(device)
-        if any(int(r[0]) != 0 for r in records):
-            raise RuntimeError(f"ditron: gemm_rs warm-up timed out for {dtype} (kernel bug)")
-        if not all(torch.equal(o, torch.full_like(o, 64)) for o in outs):
-            raise RuntimeError(f"ditron: gemm_rs warm-up failed for {dtype} (kernel bug)")
+                BoundKernel(gemm_rs_kernel, (1,),
+                            (a_desc, b_desc, half_b_descriptor(b_desc, b_kn, cfg), slots_desc,
+                             c_desc, buf, table, offsets, out, sig, sig_table, claim, record, 64,
+                             64, 64, 64, 64, 0, 64, 0, 0, 1, 10**6, 0),
+                            dict(B_KN=b_kn, ALIGNED=aligned, C_TMA=c_tma,
+                                 SPLIT_TAIL=cfg.split_tail, **tiles_cfg), device=device)
+            BoundKernel(gemm_broadcast_kernel, (1,),
+                        (a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1),
+                        dict(B_KN=b_kn, ALIGNED=aligned, **tiles_cfg), device=device)
+            BoundKernel(reduce_finish_kernel, (1,),
+                        (buf, out, sig, sig_table, claim, record, 64, 64, 64, 64, 0, 1, 10**6, 0),
+                        dict(ALIGNED=aligned, **_FINISH_BLOCK), device=device)
 
 
-register_warmup(PURPOSE, _warmup)
+register_precompile(PURPOSE, _precompile, ("gemm_rs", "gemm_ar"))

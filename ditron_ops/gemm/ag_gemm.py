@@ -13,6 +13,7 @@ import torch
 from .._library import autograd_scope, define_op, direct
 from .._validation import check_sizes, check_tensor, memo
 from ..collectives.unfused import gather_rows
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, resolve_group
 from ..runtime.plan import call_key
 from . import _ag_launch
@@ -133,6 +134,8 @@ def _validate(group: Group, a, b, bias, out, impl: str, shard_sizes) -> list[int
         if tuple(out.shape) != (sum(sizes), b.shape[1]):
             raise ValueError(f"ditron.ag_gemm: out must be [ΣM_r, N] = [{sum(sizes)}, {b.shape[1]}], "
                              f"got {tuple(out.shape)}")
+    agree(group, "ag_gemm", (("dtype", a.dtype), ("K", a.shape[1]), ("N", b.shape[1]),
+                             ("shard_sizes", tuple(sizes)), ("impl", impl)))
     return sizes
 
 

@@ -29,6 +29,7 @@ from .._validation import check_sizes, check_tensor, memo
 from ._core import matmul
 from ..collectives.unfused import gather_rows, reduce_rows, sum_all
 from ..deterministic import resolve_deterministic
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group, resolve_group
 from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
@@ -111,9 +112,12 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
             "gemm_rs", "shard_sizes", shard_sizes, group)
         if sum(rows) != a.shape[0]:
             raise ValueError(f"ditron.gemm_rs: shard_sizes {rows} must sum to M = {a.shape[0]}")
+        agree(group, "gemm_rs", (("dtype", a.dtype), ("M", a.shape[0]), ("N", b.shape[1]),
+                                 ("shard_sizes", tuple(rows)), ("impl", impl),
+                                 ("deterministic", flag)))
         return rows
 
-    rows = memo(group, call_key("gemm_rs", a, b, impl, shard_sizes), validate)
+    rows = memo(group, call_key("gemm_rs", a, b, impl, shard_sizes, flag), validate)
     if direct(a, b):
         return _gemm_rs_impl(a, b, group.group_name, rows, flag, impl)
     with autograd_scope(a, b):
@@ -159,9 +163,12 @@ def gemm_ar(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
         if algorithm not in ALGORITHMS:
             raise ValueError(f"ditron.gemm_ar: algorithm must be one of {ALGORITHMS}, got "
                              f"{algorithm!r}")
+        agree(group, "gemm_ar", (("dtype", a.dtype), ("M", a.shape[0]), ("N", b.shape[1]),
+                                 ("impl", impl), ("algorithm", algorithm),
+                                 ("deterministic", flag)))
         return True
 
-    memo(group, call_key("gemm_ar", a, b, impl, algorithm), validate)
+    memo(group, call_key("gemm_ar", a, b, impl, algorithm, flag), validate)
     if direct(a, b):
         return _gemm_ar_impl(a, b, group.group_name, flag, impl, algorithm)
     return torch.ops.ditron.gemm_ar(a, b, group.group_name, flag, impl, algorithm)

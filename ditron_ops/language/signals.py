@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .._env import use_interpreter
 from ..runtime.error_record import (ERR_EPOCH, ERR_KIND, ERR_OP, ERR_PEER, ERR_RANK,
-                                     KIND_SIZE_MISMATCH, KIND_TIMEOUT)
+                                     KIND_BAD_INPUT, KIND_SIZE_MISMATCH, KIND_TIMEOUT)
 from ._jit import jit
 
 # Error record layout (``runtime.error_record``); kernels use constexpr twins (Triton reads only
@@ -31,6 +31,7 @@ from ._jit import jit
 _OP, _RANK, _PEER, _EPOCH, _KIND = (tl.constexpr(v) for v in (ERR_OP, ERR_RANK, ERR_PEER, ERR_EPOCH, ERR_KIND))
 TIMEOUT = tl.constexpr(KIND_TIMEOUT)
 SIZE_MISMATCH = tl.constexpr(KIND_SIZE_MISMATCH)
+BAD_INPUT = tl.constexpr(KIND_BAD_INPUT)
 
 if use_interpreter():
 
@@ -121,16 +122,22 @@ def record_error(claim_ptr, record_ptr, op_id, rank, peer, epoch, kind):
 
 @jit
 def wait_at_least(flag_ptr, target, deadline_ns, claim_ptr, record_ptr, op_id, rank, peer, epoch):
-    """Spin until the local flag ``>= target`` (acquire) or the deadline passes.
+    """Spin until the local flag ``>= target`` (acquire), the deadline passes, or this rank has
+    already recorded an error (``claim_ptr`` set).
 
     Returns True when the flag arrived. On expiry the error record names (op, rank, peer, epoch).
+    Why the claim: a call of two waiting kernels (start barrier, then the merge or consumer)
+    whose first wait expired would otherwise spin a second whole bound in the next kernel, so
+    the error reached the host after twice the bound (ag_gemm, gemm_ar, flash_decode).
     """
     target = target.to(tl.int64)
     value = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys").to(tl.int64)
     now = now_ns()
-    while (value < target) & (now < deadline_ns):
+    failed = tl.load(claim_ptr, volatile=True) != 0
+    while (value < target) & (now < deadline_ns) & (not failed):
         value = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys").to(tl.int64)
         now = now_ns()
+        failed = tl.load(claim_ptr, volatile=True) != 0
     arrived = value >= target
     if not arrived:
         record_error(claim_ptr, record_ptr, op_id, rank, peer, epoch, TIMEOUT)

@@ -1,5 +1,5 @@
 """Host side of the MoE exchange: the symmetric memory layout of a ``Buffer``, its private
-scratch, the per-call plans (bound kernel launches) and the warm-up.
+scratch, the per-call plans (bound kernel launches) and the precompile list.
 
 Symmetric allocation of one Buffer (offsets 256-byte aligned; W ranks, E experts, T = max tokens
 per rank, k = top-k, H = hidden, CAP = receive capacity in rows)::
@@ -22,7 +22,7 @@ import torch
 from .. import _env
 from ..runtime.group import Group, op_id
 from ..runtime.launcher import BoundKernel
-from ..runtime.warmup import one_rank_pad, pointer_table, register_warmup
+from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._kernels import (META, SIG_HEAD, combine_kernel, dispatch_kernel, layout_atomic_kernel,
                        layout_chunk_kernel, layout_scan_kernel)
 
@@ -262,7 +262,7 @@ class CombinePlan:
             device=device)
 
 
-# ---- warm-up --------------------------------------------------------------------------------------
+# ---- precompile ----------------------------------------------------------------------------------
 
 class _OneRank:
     """Just enough of a Buffer for the plans, as a one-rank world (no wait can block)."""
@@ -283,51 +283,22 @@ class _OneRank:
         self.scratch = Scratch(self.regions, self.programs, device)
 
 
-def _warmup(device: torch.device) -> None:
-    """Launch every kernel variant once on a one-rank world (layouts: both index dtypes, both
-    modes; dispatch: every dtype with and without fp8, fresh and cached; combine: every dtype)
-    and check the round trip ``combine(dispatch(x)) == x * sum of the kept weights``."""
-    idx_rows = [[0, 1], [1, -1], [0, 0]]
-    for dtype in DTYPES:
+def _precompile(device: torch.device, dtypes: tuple) -> None:
+    """Every variant's plan on a one-rank world (``runtime.precompile``): layouts (both index
+    dtypes, both modes), dispatch (every dtype with and without fp8, fresh and cached),
+    combine (every dtype, in its own and in fp32)."""
+    for dtype in (d for d in DTYPES if d in dtypes):
         for fp8 in (False, True):
             buf = _OneRank(device, dtype, fp8)
-            hid = buf.regions.hidden
-            x = torch.randn(3, hid, device=device).to(dtype)
-            w = torch.rand(3, 2, device=device)
-            i32 = dict(dtype=torch.int32, device=device)
-            out_x = torch.zeros(8, hid, dtype=torch.uint8 if fp8 else dtype, device=device)
-            out_s = torch.zeros(8, hid // 128, device=device)
-            out_w = torch.zeros(8, device=device)
-            src, dest = torch.full((8,), -1, **i32), torch.empty(3, 2, **i32)
-            counts, offsets, cstart = torch.empty(2, **i32), torch.empty(3, **i32), torch.empty(3, **i32)
             for n, (idx_dtype, det) in enumerate(itertools.product(INDEX_DTYPES, (True, False))):
-                idx = torch.tensor(idx_rows, dtype=idx_dtype, device=device)
-                plan = DispatchPlan(buf, x_dtype=dtype, idx_dtype=idx_dtype, fp8=fp8, round_scale=False,
-                                    det=det, has_w=True, cached=False, padded=n % 2 == 1, alignment=1, rows=8)
-                src.fill_(-1)
-                plan.launch_layout(idx, 6)
-                plan.kernel.launch(x, w, src, dest, out_x, out_s, out_w, counts, offsets, cstart, 3, 0, 0)
-            cached = DispatchPlan(buf, x_dtype=dtype, idx_dtype=None, fp8=fp8, round_scale=False, det=False,
-                                  has_w=True, cached=True, padded=False, alignment=1, rows=8)
-            cached.kernel.launch(x, w, src, dest, out_x, out_s, out_w, counts, offsets, cstart, 3, 0, 0)
-            outs = []
+                DispatchPlan(buf, x_dtype=dtype, idx_dtype=idx_dtype, fp8=fp8, round_scale=False,
+                             det=det, has_w=True, cached=False, padded=n % 2 == 1, alignment=1,
+                             rows=8)
+            DispatchPlan(buf, x_dtype=dtype, idx_dtype=None, fp8=fp8, round_scale=False,
+                         det=False, has_w=True, cached=True, padded=False, alignment=1, rows=8)
             if not fp8:
-                for y_dtype, width in ((dtype, hid), (torch.float32, 8)):
-                    comb = CombinePlan(buf, dtype=y_dtype, hidden=width, has_w=True)
-                    out = torch.empty(3, width, dtype=y_dtype, device=device)
-                    comb.kernel.launch(out_x.to(y_dtype)[:, :width].contiguous(), w, dest, out, counts,
-                                       offsets, cstart, 3, 1)
-                    outs.append(out)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if int(buf.record[0]) != 0:
-                raise RuntimeError(f"ditron: moe warm-up recorded a device error for {dtype}, fp8={fp8} "
-                                   "(kernel bug)")
-            if outs:
-                kept = torch.tensor(idx_rows, device=device) >= 0
-                want = (x.float() * (w * kept).sum(1, keepdim=True)).to(dtype)
-                if not torch.allclose(outs[0].float(), want.float(), atol=5e-2, rtol=5e-2):
-                    raise RuntimeError(f"ditron: moe warm-up round trip failed for {dtype} (kernel bug)")
+                for y_dtype, width in ((dtype, buf.regions.hidden), (torch.float32, 8)):
+                    CombinePlan(buf, dtype=y_dtype, hidden=width, has_w=True)
 
 
-register_warmup(PURPOSE, _warmup)
+register_precompile(PURPOSE, _precompile, ("moe_dispatch", "moe_combine"))

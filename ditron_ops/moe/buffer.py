@@ -34,6 +34,7 @@ import torch
 
 from ..deterministic import resolve_deterministic
 from ..errors import DitronError
+from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group
 from ..runtime.plan import PlanCache
 from . import _kernels
@@ -236,6 +237,10 @@ class Buffer:
             raise DitronError(f"ditron.moe.Buffer: group {group.group_name!r} ({group.backend}) has "
                               "no symmetric memory; use a virtual or nvshmem group (the plain torch "
                               "exchange is ditron_ops.moe.reference)")
+        agree(group, "moe.Buffer", (
+            ("num_experts", num_experts), ("max_tokens_per_rank", max_tokens_per_rank),
+            ("hidden", hidden), ("topk", topk), ("dtype", dtype), ("fp8", bool(fp8)),
+            ("round_scale", bool(round_scale)), ("max_recv_tokens", regions.capacity)))
         self.group, self.regions = group, regions
         self.num_experts, self.max_tokens, self.hidden, self.topk = num_experts, max_tokens_per_rank, hidden, topk
         self.dtype, self.fp8, self.round_scale = dtype, bool(fp8), bool(round_scale)
@@ -337,6 +342,10 @@ class Buffer:
         if layout == "expert_padded" and alignment != 1:
             raise ValueError("ditron.moe.dispatch: expert_alignment applies to layout='expert_contig'")
         det = resolve_deterministic(deterministic)
+        # (a set lookup per call: the signature has no per-rank part to key a memo on)
+        agree(self.group, "moe.dispatch", (("layout", layout), ("expert_alignment", alignment),
+                                           ("deterministic", det),
+                                           ("topk_weights given", topk_weights is not None)))
         self._check_inputs("dispatch", x, topk_idx, topk_weights)
         zero = torch.is_grad_enabled() and (x.requires_grad or (
             topk_weights is not None and topk_weights.requires_grad))
@@ -569,7 +578,7 @@ class Buffer:
         cached = handle is not None
         padded = layout == "expert_padded"
         rows = handle[0].shape[0] if cached else self.rows(layout, alignment)
-        key = ("dispatch", x.dtype, None if cached else topk_idx.dtype, fp8, round_scale,
+        key = ("moe_dispatch", x.dtype, None if cached else topk_idx.dtype, fp8, round_scale,
                det and not cached, topk_weights is not None, cached, padded, alignment)
         plan = self.plans.get(key, lambda: DispatchPlan(
             self, x_dtype=x.dtype, idx_dtype=None if cached else topk_idx.dtype, fp8=fp8,
@@ -619,7 +628,7 @@ class Buffer:
                       and y.stride() == stage.stride())
         y = _aligned(y) if copy_y else y
         topk_weights = _aligned(topk_weights)
-        key = ("combine", y.dtype, hidden, topk_weights is not None)
+        key = ("moe_combine", y.dtype, hidden, topk_weights is not None)
         plan = self.plans.get(key, lambda: CombinePlan(self, dtype=y.dtype, hidden=hidden,
                                                        has_w=topk_weights is not None))
         t = dest.shape[0]

@@ -16,10 +16,10 @@ from typing import Any, Optional
 import torch
 
 from .. import _env
-from ..errors import DitronError, DitronSizeMismatchError, DitronTimeoutError
+from ..errors import DitronError, DitronInputError, DitronSizeMismatchError, DitronTimeoutError
 from .plan import PlanCache
 from .error_record import (ERR_EPOCH, ERR_KIND, ERR_OP, ERR_PEER, ERR_RANK, ERR_STATUS, ERR_WORDS,
-                           KIND_SIZE_MISMATCH)
+                           KIND_BAD_INPUT, KIND_SIZE_MISMATCH)
 
 _registry: dict[str, "Group"] = {}
 _registry_lock = threading.Lock()
@@ -30,6 +30,8 @@ NULL_CONTEXT = contextlib.nullcontext()
 """What ``waiting_launch`` returns where there is nothing to do (made once: no per-call object)."""
 
 _op_names: list[str] = ["<none>"]
+_BAD_INPUTS = {"flash_decode": "kv_lens"}
+"""The argument a kernel checks the values of, per op (error records name the op, not it)."""
 _op_lock = threading.Lock()
 
 
@@ -103,6 +105,7 @@ class Group:
         self._workspaces: dict[str, Any] = {}
         self.plans = PlanCache(self)
         self._validated: dict = {}  # call keys whose arguments passed the checks (``_validation.memo``)
+        self._agreed: set = set()  # signatures all ranks agreed on (``agreement.agree``)
         self.sync_check = _env.sync_check()  # read once: no environment read on the call path
         self._failure: Optional[BaseException] = None
         self._error_record: Optional[torch.Tensor] = None
@@ -191,8 +194,12 @@ class Group:
             return
         values = self._error_record.tolist()
         name = _op_names[values[ERR_OP]] if 0 <= values[ERR_OP] < len(_op_names) else "?"
-        if values[ERR_KIND] == KIND_SIZE_MISMATCH:
-            err: DitronTimeoutError = DitronSizeMismatchError(
+        if values[ERR_KIND] == KIND_BAD_INPUT:
+            err: DitronError = DitronInputError(
+                name, _BAD_INPUTS.get(name, "an argument"), values[ERR_RANK], values[ERR_PEER],
+                values[ERR_EPOCH], "it is outside the range the op accepts (the kernel clamped it)")
+        elif values[ERR_KIND] == KIND_SIZE_MISMATCH:
+            err = DitronSizeMismatchError(
                 name, values[ERR_RANK], values[ERR_PEER], values[ERR_EPOCH],
                 detail=f"rank {values[ERR_PEER]} sent a different number of elements than this "
                        "rank expected (sizes must agree on every rank)")
@@ -208,6 +215,25 @@ class Group:
         ``VirtualGroup.waiting_launch``).
         """
         return NULL_CONTEXT
+
+    def meet_before_next_wait(self) -> None:
+        """Every rank calls this together when a call has a new signature (``agreement.agree``):
+        the next ``waiting_launch`` first meets the peers (``barrier``), once.
+
+        Why: the call's plans compile its kernels (``plan.PlanCache``); one process may finish
+        compiling long before a peer, and its waiting kernel would then spin for the peer's
+        compile time (more than the wait bound when the Triton cache is cold). A new signature
+        is rank-uniform where plan keys are not (strides, rows), so every rank meets at the
+        same call. The meeting replaces ``waiting_launch`` on this object until it ran, so a
+        repeated call checks nothing new.
+        """
+        self.waiting_launch = self._meet_then_launch
+
+    def _meet_then_launch(self, op: str = "?", epoch: int = -1):
+        del self.waiting_launch  # the class's again: later calls meet nothing
+        if not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self.barrier()  # (capturing: no plan was built, so nothing compiled; every rank skips)
+        return self.waiting_launch(op, epoch)
 
     def launch_step(self, op: str = "?", epoch: int = -1) -> None:
         """Inside ``waiting_launch``: a no-op except in a GPU virtual world, where every rank's

@@ -16,12 +16,16 @@ specializes on), descriptor arguments (per call the *tensor* it is over, of the 
 strides of the build-time descriptor; likewise aligned), and integers that the kernel lists in
 ``do_not_specialize``. Anything else is bound for good.
 
-In the Triton interpreter (CPU processes) a launch is the plain ``kernel[grid](...)``: its cost
-is the interpreter's, and nothing is compiled.
+Compilation goes through ``compiler.prepare``: inside a plan's build (``compiler.batch``) the
+kernel is compiled on a thread pool beside the plan's other kernels and bound when the build
+ends; elsewhere it is compiled and bound when made. In the Triton interpreter (CPU processes) a
+launch is the plain ``kernel[grid](...)``: its cost is the interpreter's, and nothing is
+compiled.
 """
 from __future__ import annotations
 
 import inspect
+import threading
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -29,7 +33,9 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _env
+from . import compiler
 
+_LOAD_LOCK = threading.Lock()
 _DESC_CACHE = 256
 """Converted descriptors kept per varying descriptor argument (e.g. one per weight tensor a
 plan sees: a model's layers share a plan when their shapes agree)."""
@@ -81,18 +87,31 @@ class BoundKernel:
                            if isinstance(self._value(pos, names), TensorDescriptor)}
         self._desc_caches = {pos: OrderedDict() for pos in self._templates}
         self._fast = None
-        if device.type == "cuda" and not _env.use_interpreter():
-            self._bind_compiled(fn, names, device)
+        self.device = device
+        self.compiles = device.type == "cuda" and not _env.use_interpreter()
+        compiler.prepare(self)
+
+    @property
+    def name(self) -> str:
+        """The kernel's function name (progress lines)."""
+        return getattr(self.fn, "__name__", "kernel")
 
     def _value(self, pos: int, names: list):
         return self.args[pos] if pos < len(self.args) else self.kwargs[names[pos]]
 
-    # -- build ---------------------------------------------------------------------------------
-    def _bind_compiled(self, fn, names: list, device: torch.device) -> None:
-        kernel = fn.warmup(*self.args, grid=self.grid, **self.kwargs)
+    # -- build (``compiler.prepare``: GPU only) -------------------------------------------------
+    def _request(self) -> None:
+        """Ask Triton for the compiled variant (a future inside a ``compiler.batch``)."""
+        self._pending = self.fn.warmup(*self.args, grid=self.grid, **self.kwargs)
+
+    def _bind(self) -> None:
+        """Load the compiled variant and bind the launch arguments."""
+        fn, names, device = self.fn, list(self.fn.arg_names), self.device
+        kernel, self._pending = self._pending, None
         if hasattr(kernel, "result"):
             kernel = kernel.result()
-        kernel._init_handles()
+        with _LOAD_LOCK:  # ranks of a virtual world share the kernel object: load it once
+            kernel._init_handles()
         launcher = kernel.run
         raw = _raw_launcher(launcher)
         if (raw is None or getattr(launcher, "global_scratch_size", 0)

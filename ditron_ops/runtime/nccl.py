@@ -13,11 +13,11 @@ ditron's kernels.
 
 NCCL does not notice ranks that disagree on sizes (it hangs or returns garbage), where ditron's
 kernels raise ``DitronSizeMismatchError``. So the first call with a new layout (shapes and
-dtype) agrees on it with the peers over the process group (a host exchange, once per layout;
-refused during CUDA-graph capture like every other first-time set-up) and raises that error on
-every rank when they differ. A layout one rank has already agreed on is not checked again, so
-a program whose ranks first agree on a layout and later disagree about it can still reach NCCL
-with mismatched sizes.
+dtype) agrees on it with the peers over the process group (``agreement.agree``: a host
+exchange, once per layout; refused during CUDA-graph capture like every other first-time
+set-up) and raises ``DitronMismatchError`` on every rank when they differ. A layout one rank
+has already agreed on is not checked again, so a program whose ranks first agree on a layout
+and later disagree about it can still reach NCCL with mismatched sizes.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import DitronSizeMismatchError
+from .agreement import agree
 from .group import Group
 
 
@@ -43,19 +43,9 @@ def nccl_pg(group: Group) -> Optional[dist.ProcessGroup]:
 
 
 def _agree(group: Group, op: str, layout: tuple) -> None:
-    """Raise ``DitronSizeMismatchError`` on every rank unless all ranks call ``op`` with the same
+    """Raise ``DitronMismatchError`` on every rank unless all ranks call ``op`` with the same
     ``layout`` (checked once per layout: a host exchange over the process group)."""
-    agreed = group.__dict__.setdefault("_nccl_layouts", set())
-    if (op, layout) in agreed:
-        return
-    group.refuse_during_capture(f"checks a new {op} layout with its peers")
-    layouts = group.all_gather_object(layout)
-    differ = [q for q, other in enumerate(layouts) if other != layout]
-    if differ:
-        raise DitronSizeMismatchError(
-            op, group.rank, differ[0], -1,
-            detail=f"ranks called it with different sizes: {dict(enumerate(layouts))}")
-    agreed.add((op, layout))
+    agree(group, f"{op} (NCCL)", (("layout", layout),))
 
 
 def all_gather_rows(x: torch.Tensor, group: Group, sizes: Sequence[int],

@@ -31,7 +31,6 @@ from ..errors import DitronError
 from . import nvshmem_modules
 from . import group as _group_module
 from .group import Group, SymmetricBuffer, register_group, set_default_group, unregister_group
-from .warmup import warmup
 
 __all__ = ["NvshmemGroup", "init_nvshmem", "finalize_nvshmem", "nvshmem_available"]
 
@@ -292,10 +291,12 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
     -------
     NvshmemGroup
         Registered (``resolve_group(group.group_name)``) and made the default group, after
-        every op's kernel variants were compiled and loaded on this GPU (``warmup``; tens of
-        seconds with a cold Triton cache) and every rank reported success (if one failed, all
-        finalize NVSHMEM and raise). A second call in the same process with a compatible request
-        returns the same object.
+        every rank reported success (if one failed, all finalize NVSHMEM and raise). Nothing is
+        compiled here: each call's plan compiles what it launches, and a call with a new
+        signature has the ranks meet before its first waiting kernel
+        (``Group.meet_before_next_wait``), so no kernel spins while a peer compiles
+        (``ditron_ops.precompile`` fills the cache ahead of time). A second call in the same
+        process with a compatible request returns the same object.
 
     Raises
     ------
@@ -348,13 +349,9 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
             _check_pe(rank, world)
             nvshmem_modules.install_module_init_hook()
             nvshmem_modules.on_nvshmem_init()  # modules loaded earlier (or before a previous finalize)
-            # every kernel variant compiled and loaded now, not while a peer's kernel spins on
-            # this rank (a compile there can outlast the wait bound)
-            warmup(dev)
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the peers know
             failure = exc
-        # every rank learns whether all set up (and they leave together, so no first wait
-        # counts a peer's warm-up time); on any failure all finalize and raise
+        # every rank learns whether all set up; on any failure all finalize and raise
         oks: list[Any] = [None] * world
         dist.all_gather_object(oks, failure is None, group=pg)
         if not all(oks):

@@ -13,6 +13,12 @@ records the buffer it viewed and is rebuilt when the workspace grew (``Plan.stal
 then gets the stale plan as ``previous`` and takes over its own buffers (padded copies, scratch),
 so the rebuild allocates nothing and may run during capture (another op's warm-up can grow a
 shared workspace after this op's plan was built).
+
+A build is the first use of a key, and the only place a call compiles: it runs inside
+``compiler.batch``, which compiles the plan's kernels in parallel and loads them before the
+plan is returned, so every kernel a call launches is ready before the call's first launch (a
+repeated call finds its plan and does nothing new). A key's first element names the op in the
+progress line.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from typing import Callable, Hashable, Optional, TypeVar
 import torch
 
 from ..errors import DitronError
+from . import compiler
 
 PLAN_CAPACITY = 128
 """Plans kept per group (LRU): shapes a model calls an op with are few per layer type."""
@@ -50,7 +57,8 @@ class PlanCache:
         plan = self._plans.get(key)
         if plan is not None:
             if getattr(plan, "stale", _fresh)():
-                plan = self._plans[key] = build(previous=plan)
+                with compiler.batch(str(key[0])):
+                    plan = self._plans[key] = build(previous=plan)
                 self.builds += 1
             self._plans.move_to_end(key)
             return plan
@@ -60,7 +68,8 @@ class PlanCache:
         elif torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise DitronError(f"ditron: {what} during CUDA-graph capture; run it once with the "
                               "same shapes before capturing")
-        plan = build()
+        with compiler.batch(str(key[0])):
+            plan = build()
         self.builds += 1
         self._plans[key] = plan
         self._plans.move_to_end(key)

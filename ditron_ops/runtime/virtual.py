@@ -6,21 +6,26 @@ allocations on the one device; the pointer table holds every rank's address. On 
 process the kernels run in the Triton interpreter, one thread per rank.
 
 ``launch(fn, world_size=4)`` runs ``fn(group)`` on every rank and returns the per-rank results.
+It compiles nothing up front: a call's plan compiles the kernels that call launches
+(``plan.PlanCache``, ``compiler.batch``) before the call's launch gate, and the ranks' host
+barriers (the gate among them) do not count time while the process compiles, so peers wait
+for a rank compiling its first call however long it takes (``VirtualWorld.meet``).
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
 import threading
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from .. import _env
 from ..errors import DitronTimeoutError
+from . import compiler
 from .group import (NULL_CONTEXT, Group, SymmetricBuffer, register_group, unregister_group,
                     using_group)
-from .warmup import warmup
 
 _world_ids = itertools.count()
 
@@ -31,6 +36,56 @@ def _default_device() -> torch.device:
     return torch.device("cpu")
 
 
+class CompileAwareBarrier:
+    """``threading.Barrier`` whose timeout does not count time while the process compiles.
+
+    A waiter's deadline is ``timeout`` after the later of its arrival and the moment the
+    process last stopped compiling (``compiler.paused_since``), and never passes while a
+    compile or module load runs (``compiler.busy``): a rank building its first call's plan is
+    waited for, a rank that never comes is still reported ``timeout`` after compiling ended.
+    Waking on release costs what ``threading.Barrier`` costs (one condition notify).
+    """
+
+    def __init__(self, parties: int):
+        self.parties = parties
+        self._cond = threading.Condition(threading.Lock())
+        self._count = 0
+        self._generation = 0
+        self._broken = False
+
+    def wait(self, timeout: float) -> None:
+        """Wait for all parties; ``threading.BrokenBarrierError`` on timeout or ``abort``."""
+        with self._cond:
+            if self._broken:
+                raise threading.BrokenBarrierError
+            generation = self._generation
+            self._count += 1
+            if self._count == self.parties:
+                self._count = 0
+                self._generation += 1
+                self._cond.notify_all()
+                return
+            arrived = time.monotonic()
+            while generation == self._generation and not self._broken:
+                if compiler.busy():  # the deadline lies at least ``timeout`` past its end
+                    self._cond.wait(timeout)
+                    continue
+                left = max(arrived, compiler.paused_since()) + timeout - time.monotonic()
+                if left <= 0:
+                    self._broken = True
+                    self._cond.notify_all()
+                    break
+                self._cond.wait(left)
+            if generation == self._generation:
+                raise threading.BrokenBarrierError
+
+    def abort(self) -> None:
+        """Break the barrier: every waiter (and every later one) raises."""
+        with self._cond:
+            self._broken = True
+            self._cond.notify_all()
+
+
 class VirtualWorld:
     """Shared state of the W virtual ranks (barrier, object exchange, streams, allocations)."""
 
@@ -39,6 +94,9 @@ class VirtualWorld:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"ditron.launch: world_size must be a positive int, got {world_size!r}")
         device = _default_device() if device is None else torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"ditron.launch: device {str(device)!r} but this process has no CUDA "
+                             "device (torch.cuda.is_available() is False); use device='cpu'")
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         if device.type == "cpu" and not _env.use_interpreter():
@@ -54,9 +112,10 @@ class VirtualWorld:
         self.gate = gate and device.type == "cuda" and world_size > 1
         self.name = f"virtual{next(_world_ids)}"
         timeout = _env.default_timeout_s() if timeout_s is None else float(timeout_s)
-        self._barrier = threading.Barrier(world_size)
-        self._gate_lock = threading.Lock()
-        self._gate_count = [0] * world_size
+        self._barrier = CompileAwareBarrier(world_size)
+        self._meet_lock = threading.Lock()
+        self._meet_count = [0] * world_size  # barrier waits per rank (who is missing on timeout)
+        self._failed: list[int] = []  # ranks whose function raised (``abort``)
         self._slots: list[Any] = [None] * world_size
         self._keep: dict[int, list[torch.Tensor]] = {}
         self.streams = ([torch.cuda.Stream(device) for _ in range(world_size)]
@@ -65,15 +124,36 @@ class VirtualWorld:
         for g in self.groups:
             g._error_tensors()  # pinned allocation here, not while peers' kernels spin
 
-    def barrier(self, timeout_s: float) -> None:
+    def meet(self, rank: int, timeout_s: float, op: str, epoch=None, what: str = "") -> None:
+        """Wait until every rank meets here (host barriers and launch gates share one barrier).
+        Raises ``DitronTimeoutError`` naming ``op``, ``epoch`` and the ranks that did not come
+        (or that failed) after ``timeout_s``."""
+        with self._meet_lock:
+            self._meet_count[rank] += 1
+            mine = self._meet_count[rank]
         try:
             self._barrier.wait(timeout=max(timeout_s, 1.0))
         except threading.BrokenBarrierError:
-            raise DitronTimeoutError("host barrier", -1, -1, -1,
-                                     detail=f"virtual world {self.name}: a rank failed or did not "
-                                            f"reach the host barrier within {timeout_s:.1f} s") from None
+            with self._meet_lock:
+                failed = [q for q in self._failed if q != rank]
+                missing = [q for q, c in enumerate(self._meet_count) if c < mine and q not in failed]
+            where = what or f"the {op} host barrier"
+            if failed:
+                detail = f"rank {_ranks(failed)} raised an error before reaching {where}"
+            elif missing:
+                detail = f"rank {_ranks(missing)} did not reach {where} within {timeout_s:.1f} s"
+            else:
+                detail = f"the ranks did not all reach {where} within {timeout_s:.1f} s"
+            peer = (failed or missing or [None])[0]
+            raise DitronTimeoutError(op, rank, peer, epoch, detail=detail) from None
 
-    def abort(self) -> None:
+    def barrier(self, rank: int, timeout_s: float) -> None:
+        self.meet(rank, timeout_s, "host barrier", what=f"the host barrier of {self.name}")
+
+    def abort(self, rank: int) -> None:
+        """Rank ``rank`` failed: wake every rank waiting to meet it."""
+        with self._meet_lock:
+            self._failed.append(rank)
         self._barrier.abort()
 
     def close(self) -> None:
@@ -104,7 +184,7 @@ class VirtualGroup(Group):
         return self.world.streams[self.rank]
 
     def barrier(self) -> None:
-        self.world.barrier(self.timeout_s)
+        self.world.barrier(self.rank, self.timeout_s)
 
     def waiting_launch(self, op: str = "?", epoch: int = -1):
         """Launch a waiting kernel into an idle stream, and only after every rank has done so.
@@ -139,6 +219,12 @@ class VirtualGroup(Group):
         if gate:
             self._gate(op, epoch)
 
+    def meet_before_next_wait(self) -> None:
+        """With the launch gate on, the gate is the meeting: every rank reaches it after
+        building its plans, and its barrier waits out compiles (``CompileAwareBarrier``)."""
+        if not self.world.gate:
+            super().meet_before_next_wait()
+
     def launch_step(self, op: str = "?", epoch: int = -1) -> None:
         """Inside ``waiting_launch``: meet the other ranks again, so that every rank's kernels
         launched so far are queued before any rank queues the next ones.
@@ -154,21 +240,12 @@ class VirtualGroup(Group):
             self._gate(op, epoch)
 
     def _gate(self, op: str, epoch: int) -> None:
-        world = self.world
-        with world._gate_lock:
-            world._gate_count[self.rank] += 1
-            mine = world._gate_count[self.rank]
         try:
-            world._barrier.wait(timeout=max(self.timeout_s, 1.0))
-        except threading.BrokenBarrierError:
-            with world._gate_lock:
-                missing = [q for q, c in enumerate(world._gate_count) if c < mine]
-            peer = missing[0] if missing else -1
-            err = DitronTimeoutError(op, self.rank, peer, epoch,
-                                     detail=f"rank {peer} did not reach the launch of this call "
-                                            f"within {self.timeout_s:.1f} s")
+            self.world.meet(self.rank, self.timeout_s, op, epoch,
+                            what="the launch of this call")
+        except DitronTimeoutError as err:
             self._failure = err
-            raise err from None
+            raise
 
     def all_gather_object(self, obj: Any) -> list:
         self.world._slots[self.rank] = obj
@@ -193,6 +270,10 @@ class VirtualGroup(Group):
             torch.cuda.current_stream(self.device).synchronize()
         self.barrier()
         buf.local = buf.ptr_table = buf.peers = None
+
+
+def _ranks(ranks: list) -> str:
+    return ", ".join(str(q) for q in ranks)
 
 
 def _root_cause(errors: Sequence[Optional[BaseException]]) -> tuple[int, BaseException]:
@@ -240,7 +321,6 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
         waiting for it are not reported over it.
     """
     world = VirtualWorld(world_size, device, timeout_s, gate)
-    warmup(world.device)
     results: list[Any] = [None] * world_size
     errors: list[Optional[BaseException]] = [None] * world_size
 
@@ -261,7 +341,7 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
                     group.synchronize()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the caller
             errors[rank] = exc
-            world.abort()
+            world.abort(rank)
         finally:
             unregister_group(group)
 

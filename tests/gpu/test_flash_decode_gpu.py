@@ -84,3 +84,28 @@ def _graph(group):
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_cuda_graph_capture_and_replay(world_size):
     assert ditron_ops.launch(_graph, world_size) == [True] * world_size
+
+
+def _empty_rank_sequence(group, sl):
+    """Issue 23's sequence: rank 1 holds no keys (a 64-key cache, kv_lens all zero), the others
+    4096; default mode, deterministic mode, then deterministic on a one-sequence slice."""
+    s_max = 64 if group.rank == 1 else 4096
+    q, k, v, lens = _inputs(group, 8, 32, 8, 128, s_max, torch.bfloat16)
+    if group.rank == 1:
+        lens.zero_()
+    for det, part in ((False, slice(None)), (True, slice(None)), (True, sl)):
+        out = ditron_ops.flash_decode(q[part], k[part], v[part], lens[part], group,
+                                      deterministic=det)
+        want = reference.flash_decode(q[part], k[part], v[part], lens[part], group)
+        assert (out.float() - want.float()).abs().max().item() < 2e-2
+    group.synchronize()
+    return True
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("sl", [slice(0, 1), slice(3, 4)])
+def test_empty_rank_call_sequence_does_not_hang(world_size, sl):
+    """Reproduced on the H200 at 0609515 (DitronTimeoutError on the third call); not in the
+    interpreter, which compiles nothing (see NOTES: flash_decode hang)."""
+    assert ditron_ops.launch(_empty_rank_sequence, world_size, args=(sl,),
+                             timeout_s=20.0) == [True] * world_size
