@@ -195,7 +195,7 @@ def _draw_flash_decode(draw, w: int) -> dict:
 def _draw_ulysses_attention(draw, w: int) -> dict:
     hkv = draw(st.sampled_from([d for d in range(1, w + 1) if w % d == 0] + [2 * w]))
     hq = math.lcm(hkv, w) * draw(st.integers(1, 2))
-    return dict(b=draw(st.integers(1, 2)), s_r=draw(st.integers(1, 8)), hq=hq, hkv=hkv, d=64,
+    return dict(b=draw(st.integers(1, 2)), s_r=draw(st.integers(1, 6)), hq=hq, hkv=hkv, d=64,
                 causal=draw(st.booleans()), layout=draw(st.sampled_from(LAYOUTS)))
 
 
@@ -224,8 +224,9 @@ def calls(draw, world_size: int, moe: dict, dtypes=CPU_DTYPES, ops=OPS) -> Call:
 
 @st.composite
 def programs(draw, min_world: int = 1, max_world: int = 4, min_calls: int = 3, max_calls: int = 30,
-             dtypes=CPU_DTYPES, ops=OPS, faults: bool = False) -> Program:
-    """A ``Program`` (see the module docstring); ``faults`` adds a ``Fault`` (W >= 2)."""
+             dtypes=CPU_DTYPES, ops=OPS, faults: tuple = ()) -> Program:
+    """A ``Program`` (see the module docstring); ``faults``: the ``Fault`` kinds to draw one of
+    (``"raise"``, ``"skip"``; then W >= 2), none when empty."""
     w = draw(st.integers(max(min_world, 2 if faults else 1), max_world))
     moe = dict(experts_per_rank=draw(st.integers(1, 3)), max_tokens=draw(st.integers(1, 6)),
                hidden=draw(st.sampled_from((8, 16, 24))))
@@ -234,7 +235,7 @@ def programs(draw, min_world: int = 1, max_world: int = 4, min_calls: int = 3, m
     fault = None
     if faults:
         fault = Fault(draw(st.integers(0, w - 1)), draw(st.integers(0, len(body) - 1)),
-                      draw(st.sampled_from(("raise", "skip"))))
+                      draw(st.sampled_from(faults)))
     return Program(w, body, moe, fault)
 
 
