@@ -217,6 +217,15 @@ def _partial(a: torch.Tensor, b: torch.Tensor, deterministic: bool,
     return a @ b if out is None else torch.matmul(a, b, out=out)
 
 
+def _nonempty_k(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a, b``, or 8 zero columns and rows (16-byte rows for TMA) when this rank's slice of K
+    is empty: the path is chosen from arguments every rank shares, so such a rank runs the
+    fused kernel too (its product, 0) instead of the unfused collectives its peers never call."""
+    if a.shape[1]:
+        return a, b
+    return a.new_zeros(a.shape[0], 8), b.new_zeros(8, b.shape[1])
+
+
 def _gemm_rs_impl(a, b, group_name, shard_sizes, deterministic, impl):
     group = resolve_group(group_name)
     rows = list(shard_sizes)
@@ -224,7 +233,8 @@ def _gemm_rs_impl(a, b, group_name, shard_sizes, deterministic, impl):
     if a.shape[0] == 0 or b.shape[1] == 0:
         return out
     flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
-    if _fused_wanted(group, impl, deterministic, "gemm_rs", flops) and a.shape[1] > 0:
+    if _fused_wanted(group, impl, deterministic, "gemm_rs", flops):
+        a, b = _nonempty_k(a, b)
         return _rs_launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs",
                              partials=_partials(a, deterministic))
     return reduce_rows(_partial(a, b, deterministic), group, rows, out, deterministic)
@@ -244,7 +254,8 @@ def _gemm_ar_impl(a, b, group_name, deterministic, impl, algorithm):
         part = _partial(a, b, False)  # in the input dtype: summed in place (one op less a call)
         return sum_all(part, group, part, False)
     out = a.new_empty((m, n))
-    if _fused_wanted(group, impl, deterministic, "gemm_ar", flops) and a.shape[1] > 0:
+    if _fused_wanted(group, impl, deterministic, "gemm_ar", flops):
+        a, b = _nonempty_k(a, b)
         if algorithm == "auto":
             algorithm = "one_shot" if m * n * 4 <= ONE_SHOT_MAX_BYTES else "two_shot"
         if algorithm == "one_shot":
