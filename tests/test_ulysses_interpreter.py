@@ -10,6 +10,7 @@ import torch
 import ditron_ops
 from ditron_ops import reference
 from ditron_ops.attention import ulysses as api
+from ditron_ops.testing.ulysses_checks import rank_1_skips_a_call, replicated_dk_reference
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3}
@@ -94,15 +95,8 @@ def _repeat_with_delays(group, runs, seed):
         results.append((out.detach(), q.grad, k.grad, v.grad))
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
-    # rank order: every replica's fp32 partial (this rank's query heads only), summed 0..W-1
     q, k, v = (_chunk(x, group) for x in full)
-    heads = [ditron_ops.all_to_all(x.contiguous(), 2, 1, group)
-             for x in (q, api.kv_for_ranks(k, w), api.kv_for_ranks(v, w), dout)]
-    qh, kh, vh, doh = (x.transpose(1, 2) for x in heads)
-    _, dk_part, _ = api.local_attention_backward(qh, kh, vh, doh, True, 64 ** -0.5, True)
-    back = ditron_ops.all_to_all(dk_part.transpose(1, 2).contiguous(), 1, 2, group)  # [1,S_r,W,D]
-    parts = [back[:, :, [s]] for s in range(w)]
-    assert torch.equal(results[0][2], reference.rank_ordered_sum(parts, torch.float32))
+    assert torch.equal(results[0][2], replicated_dk_reference(group, q, k, v, dout, torch.float32))
     return True
 
 
@@ -176,15 +170,8 @@ def test_later_shape_disagreement_is_a_size_mismatch():
 
 
 def _rank1_skips(group):
-    x = torch.ones(1, 4, 2, 64)
-    ditron_ops.ulysses_attention(x, x, x, group)
-    group.synchronize()
-    if group.rank == 1:
-        return "skipped"
-    with pytest.raises(ditron_ops.DitronTimeoutError) as info:
-        ditron_ops.ulysses_attention(x, x, x, group)
-        group.synchronize()
-    return info.value.op, info.value.peer
+    got = rank_1_skips_a_call(group, torch.ones(1, 4, 2, 64))
+    return got if got == "skipped" else (got.op, got.peer)
 
 
 def test_missing_rank_times_out():

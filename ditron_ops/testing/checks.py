@@ -5,6 +5,7 @@ multi-process tests (torch backend) and ``python -m ditron_ops``.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from typing import Any, Callable, Optional, Sequence
@@ -99,6 +100,23 @@ def run_gloo(fn: Callable[..., Any], world_size: int, args: tuple = (),
     if failures:
         raise RuntimeError("; ".join(failures))
     return results
+
+
+@contextlib.contextmanager
+def one_pe_nvshmem(tmpdir: str):
+    """In a child process of ``run_child``: this process as the one PE of an NVSHMEM job (a gloo
+    process group of one over a file store in ``tmpdir``); yields its group, and finalizes
+    NVSHMEM and destroys the process group on the way out, error or not."""
+    import torch.distributed as dist
+
+    from ..runtime import nvshmem_backend
+
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmpdir, 'store')}", rank=0, world_size=1)
+    try:
+        yield nvshmem_backend.init_nvshmem()
+    finally:
+        nvshmem_backend.finalize_nvshmem()
+        dist.destroy_process_group()
 
 
 def run_child(script: str, *args: str, timeout_s: float = 600) -> dict:

@@ -55,6 +55,37 @@ def check_ulysses(group: Group, dtype: torch.dtype) -> dict[str, float]:
     return errors
 
 
+def replicated_dk_reference(group: Group, q, k, v, dout, dtype: torch.dtype) -> torch.Tensor:
+    """This rank's gradient of a KV head replicated on every rank (``Hkv = 1``, causal,
+    deterministic): every replica's partial from the local backward, each over its own query
+    heads, gathered back and summed in rank order in fp32, rounded once to ``dtype``."""
+    from ..attention.ulysses import kv_for_ranks, local_attention_backward
+
+    w = group.world_size
+    heads = [all_to_all(x.contiguous(), 2, 1, group) for x in (q, kv_for_ranks(k, w), kv_for_ranks(v, w), dout)]
+    qh, kh, vh, doh = (x.transpose(1, 2) for x in heads)
+    _, dk_part, _ = local_attention_backward(qh, kh, vh, doh, True, q.shape[-1] ** -0.5, True)
+    back = all_to_all(dk_part.transpose(1, 2).contiguous(), 1, 2, group)  # [1, S_r, W, D]
+    return reference.rank_ordered_sum([back[:, :, [s]] for s in range(w)], dtype)
+
+
+def rank_1_skips_a_call(group: Group, x: torch.Tensor):
+    """One call on every rank, then a second that rank 1 skips: ``"skipped"`` on rank 1, the
+    ``DitronTimeoutError`` its peers raise elsewhere (AssertionError if they raise none)."""
+    from ..errors import DitronTimeoutError
+
+    ulysses_attention(x, x, x, group)
+    group.synchronize()
+    if group.rank == 1:
+        return "skipped"
+    try:
+        ulysses_attention(x, x, x, group)
+        group.synchronize()
+    except DitronTimeoutError as err:
+        return err
+    raise AssertionError(f"rank {group.rank}: no DitronTimeoutError while rank 1 skipped the call")
+
+
 def check_op_integration(group: Group, q, k, v, scale: float, deterministic: bool) -> bool:
     """opcheck of ``ulysses_attention`` and ``all_to_all`` (schema, autograd registration,
     fake, AOT dispatch), and ``torch.compile(fullgraph=True)`` equal to eager (True)."""

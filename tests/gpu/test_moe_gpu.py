@@ -13,6 +13,7 @@ import torch
 import ditron_ops
 from ditron_ops.moe import Buffer, MoEOverflowError
 from ditron_ops.testing import moe_checks as mc
+from ditron_ops.testing.checks import one_pe_nvshmem
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
@@ -203,14 +204,8 @@ def test_example_layer_on_gpu():
 # ---- nvshmem backend, one PE (one process per GPU) --------------------------------------------
 
 def _nvshmem_child(tmpdir: str) -> dict:
-    import torch.distributed as dist
-
-    from ditron_ops.runtime import nvshmem_backend
-
     res: dict = {}
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmpdir, 'store')}", rank=0, world_size=1)
-    try:
-        group = nvshmem_backend.init_nvshmem()
+    with one_pe_nvshmem(tmpdir) as group:
         for fp8 in (False, True):
             with Buffer(group, num_experts=8, max_tokens_per_rank=64, hidden=1024, topk=4, dtype=BF16, fp8=fp8) as buf:
                 idx, w = mc.routing(group, 64, 8, 4, "random", 1)
@@ -231,10 +226,6 @@ def _nvshmem_child(tmpdir: str) -> dict:
                 want = buf.combine(d.x if not fp8 else d.x.to(BF16), d.handle)
                 res[f"graph_fp8={fp8}"] = bool(torch.equal(out, want))
                 res[f"checked_fp8={fp8}"] = True
-        nvshmem_backend.finalize_nvshmem()
-    finally:
-        nvshmem_backend.finalize_nvshmem()
-        dist.destroy_process_group()
     return res
 
 

@@ -3,7 +3,6 @@ against the reference (all-gather of the sequence + SDPA over the whole sequence
 local attention kernel against SDPA; one NVSHMEM PE (one process per GPU)."""
 import importlib.util
 import json
-import os
 import random
 import sys
 import threading
@@ -15,6 +14,8 @@ import torch
 import ditron_ops
 from ditron_ops import reference
 from ditron_ops.attention import ulysses as api
+from ditron_ops.testing.checks import one_pe_nvshmem
+from ditron_ops.testing.ulysses_checks import rank_1_skips_a_call, replicated_dk_reference
 
 pytestmark = pytest.mark.gpu
 _CAPTURE_LOCK = threading.Lock()
@@ -113,13 +114,7 @@ def _delayed(group, runs):
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
     q, k, v = (_chunk(x, group) for x in full)
-    heads = [ditron_ops.all_to_all(x.contiguous(), 2, 1, group)
-             for x in (q, api.kv_for_ranks(k, w), api.kv_for_ranks(v, w), dout)]
-    qh, kh, vh, doh = (x.transpose(1, 2) for x in heads)
-    _, dk_part, _ = api.local_attention_backward(qh, kh, vh, doh, True, 128 ** -0.5, True)
-    back = ditron_ops.all_to_all(dk_part.transpose(1, 2).contiguous(), 1, 2, group)
-    want = reference.rank_ordered_sum([back[:, :, [s]] for s in range(w)], torch.bfloat16)
-    assert torch.equal(results[0][2], want)
+    assert torch.equal(results[0][2], replicated_dk_reference(group, q, k, v, dout, torch.bfloat16))
     return True
 
 
@@ -223,15 +218,8 @@ def test_local_attention_configs_match_sdpa(config, s, hq, hkv, causal):
 
 
 def _rank1_skips(group):
-    x = torch.ones(1, 256, 8, 128, dtype=torch.bfloat16, device=group.device)
-    ditron_ops.ulysses_attention(x, x, x, group)
-    group.synchronize()
-    if group.rank == 1:
-        return "skipped"
-    with pytest.raises(ditron_ops.DitronTimeoutError) as info:
-        ditron_ops.ulysses_attention(x, x, x, group)
-        group.synchronize()
-    return info.value.op
+    got = rank_1_skips_a_call(group, torch.ones(1, 256, 8, 128, dtype=torch.bfloat16, device=group.device))
+    return got if got == "skipped" else got.op
 
 
 def test_missing_rank_times_out():
@@ -244,15 +232,8 @@ CHILD_TIMEOUT_S = 600
 
 
 def _child(tmpdir: str) -> dict:
-    import torch.distributed as dist
-
-    from ditron_ops.runtime import nvshmem_backend
-
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmpdir, 'store')}",
-                            rank=0, world_size=1)
     res = {}
-    try:
-        group = nvshmem_backend.init_nvshmem()
+    with one_pe_nvshmem(tmpdir) as group:
         res["backend"] = group.backend
         q, k, v = (x.to(group.device) for x in _full(1, 1024, 8, 2, 128, torch.bfloat16))
         for causal in (False, True):
@@ -271,10 +252,6 @@ def _child(tmpdir: str) -> dict:
         res["graph_equal"] = torch.equal(captured, ditron_ops.ulysses_attention(q, k, v, group,
                                                                                 causal=True))
         group.synchronize()
-        nvshmem_backend.finalize_nvshmem()
-    finally:
-        nvshmem_backend.finalize_nvshmem()
-        dist.destroy_process_group()
     return res
 
 
