@@ -154,6 +154,13 @@ class Group:
         """Ranks of this group sharing this rank's device (W in a virtual world, else 1)."""
         return 1
 
+    @property
+    def shared_address_space(self) -> bool:
+        """Whether every rank's kernels can read any tensor of every rank at the address its
+        owner sees (one process, one device: the virtual world). Elsewhere peers reach only
+        symmetric memory."""
+        return False
+
     def sm_share(self) -> int:
         """This rank's share of its GPU's SMs: kernels that wait on peers size their grids to
         it, so every rank's waiting programs are resident together."""

@@ -180,6 +180,10 @@ class VirtualGroup(Group):
         return self.world_size
 
     @property
+    def shared_address_space(self) -> bool:
+        return True  # the ranks are threads of one process on one device
+
+    @property
     def stream(self) -> Optional[torch.cuda.Stream]:
         return self.world.streams[self.rank]
 

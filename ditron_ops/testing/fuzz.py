@@ -444,6 +444,9 @@ def _run_ulysses_attention(group: Group, call: Call, ctx) -> Callable[[], None]:
 def _run_moe(group: Group, call: Call, ctx) -> Callable[[], None]:
     a, r = call.args, group.rank
     buf = ctx.buffer(call)
+    # both combine paths: in place (the virtual world's) and staged (every other backend's);
+    # the seed is the same on every rank, so the ranks agree
+    buf.combine_in_place = call.seed % 2 == 0
     count = a["tokens"][r]
     idx, weights = moe_checks.routing(group, count, buf.num_experts, buf.topk, a["routing"],
                                       call.seed, getattr(torch, a["idx_dtype"]))
