@@ -662,3 +662,43 @@ def test_buffer_exit_keeps_the_error_that_ended_the_block(monkeypatch):
         assert buf.sym is None and any("peer gone" in n for n in info.value.__notes__)
         return True
     assert ditron_ops.launch(body, 1) == [True]
+
+
+def test_unclosed_buffers_go_with_their_launch():
+    """A Buffer never closed — its rank raised, or it skipped the collective ``close`` because
+    a peer was gone (``combine_with_rank_1_missing``) — is dropped when its launch returns:
+    unregistered, its memory freed with nothing else holding it (they stayed registered for
+    the life of the process: the MoE Buffers seen leaking after faulty fuzz launches)."""
+    import gc
+    import weakref
+
+    from ditron_ops.moe import buffer as buffer_module
+
+    refs = []
+
+    def body(group, fail):
+        buf = _buffer(group)
+        refs.append(weakref.ref(buf))
+        if fail and group.rank == 0:
+            raise ValueError("rank 0 failed")
+        return mc.combine_with_rank_1_missing(group, buf, 3, F32, 6)
+
+    assert ditron_ops.launch(body, 2, args=(False,), timeout_s=1.0)[1] == "skipped"
+    with pytest.raises(ValueError, match="rank 0 failed"):
+        ditron_ops.launch(body, 2, args=(True,), timeout_s=1.0)
+    gc.collect()
+    assert len(refs) == 4 and all(ref() is None for ref in refs)
+    assert not [name for name in buffer_module._buffers if name.startswith("virtual")]
+
+
+def test_dropped_buffer_refuses_calls():
+    """``Buffer.drop`` (what a group ending with the Buffer open calls) leaves no usable
+    Buffer behind, and a later ``close`` does nothing."""
+    def body(group):
+        buf = _buffer(group)
+        buf.drop()
+        with pytest.raises(ValueError, match="no open Buffer"):
+            buf.dispatch(torch.zeros(1, 16), torch.zeros(1, 3, dtype=torch.int64))
+        buf.close()
+        return not group._owned
+    assert ditron_ops.launch(body, 2) == [True, True]

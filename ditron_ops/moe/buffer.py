@@ -267,6 +267,7 @@ class Buffer:
         self.name = f"{group.group_name}/moe{next(_ids)}"
         with _lock:
             _buffers[self.name] = self
+        group.own(self.name, self)  # dropped with the group if never closed (``drop``)
 
     # -- sizes --------------------------------------------------------------------------------------
     @staticmethod
@@ -457,14 +458,24 @@ class Buffer:
 
     def close(self) -> None:
         """Collective: free the symmetric memory (every rank, after its last call)."""
-        if self.sym is None:
+        sym = self.sym
+        if sym is None:
             return
+        self.drop()
+        self.group.free_symmetric(sym)
+
+    def drop(self) -> None:
+        """Forget this Buffer without the collective free (not collective): what its group
+        calls when it ends with the Buffer still open (``Group.drop_owned``: the launch
+        returned, e.g. after a rank failed, or NVSHMEM is finalized, which frees the symmetric
+        memory itself). Unregisters it and drops its plans and memory references; later calls
+        raise ``ValueError`` (no open Buffer of that name)."""
         with _lock:
             _buffers.pop(self.name, None)
+        self.group.disown(self.name)
         self.plans.clear()
-        self.views = None
-        sym, self.sym = self.sym, None
-        self.group.free_symmetric(sym)
+        self.views = self.scratch = None
+        self.sym = None
 
     def __enter__(self) -> "Buffer":
         return self
