@@ -60,7 +60,7 @@ def _report(name: str, ran: list, t0: float) -> None:
           "per program)")
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(565)
 def test_programs_match_references(fuzz_count):
     examples = fuzz_count("--fuzz-examples", 2000)
     ran, t0 = [], time.monotonic()
@@ -109,7 +109,10 @@ def test_faults_give_typed_errors_and_leave_no_memory(fuzz_count, kind):
 @pytest.mark.timeout(300)
 def test_delays_give_correct_results(fuzz_count):
     """A rank's stream sleeps 10^4, 10^6 or 2 x 10^7 cycles before one call (the others run
-    on): every call checked as in ``test_programs_match_references``."""
+    on): every call checked as in ``test_programs_match_references``. The virtual world's
+    launch gate synchronizes a rank's stream before its waiting launch, so the late rank is
+    late on the host when it meets its peers; device-side skew between waiting kernels (one
+    process per GPU, no gate) is not what this part exercises."""
     examples = fuzz_count("--fuzz-delay-examples", 200)
     ran, t0 = [], time.monotonic()
 
