@@ -31,8 +31,8 @@ for part in "$@"; do
       [ -n "${TESTS:-}" ] && files=$(for t in $TESTS; do echo tests/gpu/test_${t}_gpu.py; done)
       for f in $files; do
         echo "=== $f" >> "$OUT/tests.log"
-        # the fuzz file's 2000 programs take about 7-9 minutes: run its parts in separate calls
-        # (PYTEST_ARGS="-k programs", then "-k 'not programs'"); its own bound, its timings shown
+        # the fuzz file's 2000 programs take about 10 minutes: one call per part
+        # (PYTEST_ARGS="-k part0", "-k part1", "-k 'not programs'"); its own bound, its timings shown
         bound=240; extra=""; [ "$(basename "$f")" = test_fuzz_gpu.py ] && bound=570 extra="-rP --durations=0"
         timeout $bound python -m pytest -q $extra ${PYTEST_ARGS:-} "$f" > "$OUT/test.tmp" 2>&1
         rc=$?
