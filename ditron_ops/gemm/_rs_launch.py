@@ -4,6 +4,7 @@ one-shot)."""
 from __future__ import annotations
 
 import itertools
+from typing import Optional
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -35,18 +36,22 @@ def finish_programs(group: Group) -> int:
 
 
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows: list[int],
-          *, broadcast: bool, op: str, partials: torch.dtype = torch.float32) -> torch.Tensor:
+          *, broadcast: bool, op: str, partials: torch.dtype = torch.float32,
+          tensor_keys: Optional[tuple] = None) -> torch.Tensor:
     """One call: scattered partial GEMM with the reduction in its epilogue (its own start
     barrier), or start barrier + broadcast GEMM + finish (one-shot), into ``out``.
 
     ``rows[s]``: rows of the product owned by rank s (reduce-scatter). ``broadcast``: every rank
     receives every partial and reduces all rows (one-shot all-reduce; ``rows`` unused).
     ``partials``: dtype of the partial tiles in the slots (fp32, or the input dtype: see
-    ``LOWP_PARTIALS``); the sums are fp32 either way. Everything but the launches comes from
-    the call's plan.
+    ``LOWP_PARTIALS``); the sums are fp32 either way. ``tensor_keys``: ``(a, b)``'s
+    ``tensor_key``s when the caller has them (its validation key). Everything but the launches
+    comes from the call's plan.
     """
     group.check()
-    key = (op, broadcast, partials, tensor_key(a), tensor_key(b),
+    if tensor_keys is None:
+        tensor_keys = (tensor_key(a), tensor_key(b))
+    key = (op, broadcast, partials, *tensor_keys,
            None if broadcast else tuple(rows))  # out: made by the op, contiguous and aligned
     plan = group.plans.get(key, lambda previous=None: RsPlan(group, a, b, out, rows, broadcast, op,
                                                              partials, previous))
