@@ -648,13 +648,6 @@ def _rank_body(group: Group, program: Program, outcomes: dict) -> str:
     return "ok"
 
 
-def _detached(exc: BaseException) -> BaseException:
-    """``exc`` without its frames' locals (they hold the rank's tensors and Buffers, and a
-    traceback that ends in a frame holding the error is a reference cycle)."""
-    clear_frames(exc)
-    return exc
-
-
 def _survive(group: Group, rest: tuple, ctx: _Context, first: int):
     """Run the calls from the faulty one on, then one all_reduce that needs every rank;
     returns ``(error, seconds until it)``, or None when none came."""
@@ -664,8 +657,9 @@ def _survive(group: Group, rest: tuple, ctx: _Context, first: int):
             _noting(group, first + i, call, lambda: _RUN[call.op](group, call, ctx))
         all_reduce(torch.ones(1, device=group.device), group)
         group.synchronize()
-    except DitronError as exc:
-        return _detached(exc), time.monotonic() - t0
+    except DitronError as exc:  # its frames' locals (the rank's tensors, Buffers) go now
+        clear_frames(exc)
+        return exc, time.monotonic() - t0
     return None
 
 
@@ -688,7 +682,7 @@ def run_faulty_program(program: Program, timeout_s: float = 0.5, relaunch: bool 
     work), that the launch raised the injected error (``raise``) or returned (``skip``), and
     (``relaunch``) that a new launch of ``fault_free(program)`` then passes its checks.
     Returns ``{rank: (error, seconds)}`` of the survivors (errors without their frames'
-    locals, ``_detached``: nothing of the launch outlives it)."""
+    locals, ``errors.clear_frames``: nothing of the launch outlives it)."""
     fault, outcomes = program.fault, {}
     assert fault is not None and fault.kind in ("raise", "skip"), fault
     raised = ""

@@ -25,7 +25,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from ..attention.flash_decode import HEAD_DIMS  # (ulysses_attention's are the same)
-from ..gemm.gemm_rs import ALGORITHMS, IMPLS  # (all_reduce's algorithms are the same)
+from ..collectives.all_reduce import ALGORITHMS as ALL_REDUCE_ALGORITHMS
+from ..gemm.gemm_rs import ALGORITHMS, IMPLS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +90,10 @@ def draw_mismatch(draw, call, index: int, w: int, dtypes, sz, moe: dict) -> tupl
                       "deterministic": _mode(call)}
     elif op == "all_reduce":
         a["shape"] = tuple(a["shape"][:2]) + (sz.dim + 1,)
-        a["algorithm"] = draw(st.sampled_from(ALGORITHMS[1:]))  # explicit: the agreed value
+        explicit = ALL_REDUCE_ALGORITHMS[1:]  # not "auto": the agreed value is the named one
+        a["algorithm"] = draw(st.sampled_from(explicit))
         base, shape = dataclasses.replace(call, args=a), a["shape"]
-        other = [x for x in ALGORITHMS[1:] if x != a["algorithm"]][0]
+        other = [x for x in explicit if x != a["algorithm"]][0]
         fields = {"x.shape": (dict(shape=shape[:-1] + (shape[-1] + 1,)),
                               (shape, shape[:-1] + (shape[-1] + 1,))),
                   "algorithm": (dict(algorithm=other), (a["algorithm"], other)),
