@@ -7,7 +7,9 @@ multiples of 8: a bf16/fp16 row must be a multiple of 16 bytes for the TMA descr
 under ``MIN_GFLOP`` are drawn again (the issue's floor: smaller GEMMs are host and launch bound,
 and ``impl="auto"`` runs the fused ops only from 15 GFLOP). Each shape in bf16
 and fp16, ``a [M, K] @ w.t()`` with ``w [N, K]`` (a Linear weight), CUDA-graph replays of ours
-and cuBLAS in turns (``paired_graph_times``). Rows: ``case = "sweep <dtype>"`` per shape, a
+and cuBLAS in turns (``paired_graph_times``). Ours is ``matmul(a, b)``: the tiles the rule
+(``gemm._core_configs.select_config``) picks for the shape, named in the rows' ``config``
+column. Rows: ``case = "sweep <dtype>"`` per shape, a
 geo-mean row per dtype, and the registered model shapes at M = 8192 (``case = "models
 <dtype>"``), which must stay at their tuned speed.
 
@@ -24,7 +26,8 @@ import random
 
 import torch
 
-from ..gemm._core import GPU_CONFIGS, TileConfig, matmul
+from ..gemm._core import GPU_CONFIGS, TileConfig, matmul, program_budget
+from ..gemm._core_configs import select
 from ..runtime.virtual import launch
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
@@ -42,10 +45,12 @@ CANDIDATES = {**GPU_CONFIGS,
               "128x128x64/s4": TileConfig(128, 128, 64, 8, 8, 4),
               "128x128x64/s5/w4": TileConfig(128, 128, 64, 8, 4, 5),
               "64x256x64/s4": TileConfig(64, 256, 64, 8, 4, 4),
+              "64x128x64/s6": TileConfig(64, 128, 64, 8, 4, 6),
               "128x256x32/s6": TileConfig(128, 256, 32, 8, 8, 6),
               "256x128x64/s3": TileConfig(256, 128, 64, 8, 8, 3)}
 """Tile configurations ``--only configs`` measures: the tuned ones and smaller or other-shaped
-tiles for small N and M, and K that 64 does not divide."""
+tiles for small N and M, and K that 64 does not divide; every candidate of the rule
+(``gemm._core_configs.GPU_CANDIDATES``) among them."""
 
 
 def _draw(rng: random.Random, name: str) -> int:
@@ -118,9 +123,11 @@ def _measure(group, cfg: BenchConfig, case: str, m: int, n: int, k: int, dtype: 
     else:  # the interpreter: plumbing only
         ours = time_spmd(group, lambda: matmul(a, b), rounds=1, max_iters=1)
         base = time_spmd(group, lambda: torch.matmul(a, b), rounds=1, max_iters=1)
+    tiles = select(m, n, program_budget(group.device, None), group.device, deterministic=False)
     return Result("gemm_sweep", case, 1, dtype_name, "triton persistent TMA", ours, "cuBLAS torch.matmul",
                   base, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model,
-                  extra={"tflops": round(2 * m * n * k / ours / 1e6, 1), "rel_err": f"{err:.1e}"})
+                  extra={"tflops": round(2 * m * n * k / ours / 1e6, 1), "rel_err": f"{err:.1e}",
+                         "config": tiles.name})
 
 
 @register("gemm_sweep", help="GEMM core vs cuBLAS on 48 seeded shapes (M 128-16k, N 256-16k, K "

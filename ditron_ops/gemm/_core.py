@@ -1,9 +1,9 @@
-"""The persistent GEMM core shared by ag_gemm, gemm_rs and gemm_ar: tile configuration, TMA
-descriptors, grids and the launch of ``persistent_gemm_kernel`` (``matmul`` alone, or as
-ag_gemm's waiting consumer).
+"""The persistent GEMM core shared by ag_gemm, gemm_rs and gemm_ar: TMA descriptors, grids and
+the launch of ``persistent_gemm_kernel`` (``matmul`` alone, or as ag_gemm's waiting consumer).
 
-The tile configuration depends only on the dtype and the device kind, never on a rank's shapes,
-so every rank of a group uses the same one.
+The tile configuration is chosen per problem by ``_core_configs.select_config`` (a
+wave-quantization model over a few compiled candidates) while a call's plan is built; the
+configurations and the rule live in ``_core_configs`` and are re-exported here.
 """
 from __future__ import annotations
 
@@ -15,57 +15,18 @@ from typing import Optional
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ..deterministic import resolve_deterministic
 from ..runtime.group import Group, op_id, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
+from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, TileConfig, rule_configs,  # noqa: F401
+                            select_config, tail_tiles)
 from ._core_kernels import persistent_gemm_kernel
 
 
-@dataclasses.dataclass(frozen=True)
-class TileConfig:
-    """Tiles and schedule of the persistent GEMM (``persistent_gemm_kernel``; gemm_rs uses the tiles).
-
-    ``split_tail``: a partial last wave of at most half the grid runs as half-width tiles
-    (``SPLIT_TAIL``, ``tail_tiles``).
-    """
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int
-    num_warps: int
-    num_stages: int
-    split_tail: bool = False
-
-
-GPU_CONFIGS = {
-    "128x256x64/s3": TileConfig(128, 256, 64, 8, 8, 3),
-    "128x256x64/s4": TileConfig(128, 256, 64, 8, 8, 4),
-    "128x256x64/s3/tail": TileConfig(128, 256, 64, 8, 8, 3, split_tail=True),
-    "128x256x64/s4/tail": TileConfig(128, 256, 64, 8, 8, 4, split_tail=True),
-}
-"""Candidates the ``ag_gemm`` bench compares (``matmul(..., cfg=)``); ``GPU_CONFIG`` names the one
-every op uses (every rank the same). ``/tail`` (``split_tail``): the shapes that trailed most
-filled their last wave worst (8192x1792: 448 tiles = 3.4 waves of 132 SMs). Other tiles measured
-lower (128x128, 256x128: 0.89-0.93x cuBLAS). History: benchmarks/NOTES.md, GEMM core."""
-GPU_CONFIG = "128x256x64/s4/tail"
-"""s4/tail: the best P1 in every run that measured it (0.978-0.997x cuBLAS geo-mean, H200, bf16,
-model shapes at M=8192) and the lowest per-shape P2 in the last paired runs (at most 1.2%). It
-needs 229 KB of shared memory (s3: 180 KB), so fp32 products drop to 3 stages (``fit_stages``).
-Its weakest shape, 8192x1376x4096 (0.93x), is one cuBLAS runs with non-power-of-two tiles
-(160x192), out of Triton's reach; Hopper warp specialization is a no-op in Triton 3.6 for
-sm_90a. History: benchmarks/NOTES.md, GEMM core."""
-INTERPRETER_CONFIG = TileConfig(16, 16, 16, 4, 4, 1)
-"""Small tiles in the interpreter (its cost is per element of every block, masked or not); tests
-swap in variants (``split_tail`` with ``block_n=32``)."""
 INTERPRETER_PROGRAMS = 1
 """Consumer programs in the interpreter (it runs a grid's programs one after the other, so a
 waiting program must not need a later one; the fused path's producer runs first there)."""
-
-
-def tile_config(device: torch.device) -> TileConfig:
-    """``GPU_CONFIGS[GPU_CONFIG]`` on the GPU (Hopper: TMA + wgmma), ``INTERPRETER_CONFIG`` in
-    the interpreter. Rank-independent."""
-    return GPU_CONFIGS[GPU_CONFIG] if device.type == "cuda" else INTERPRETER_CONFIG
 
 
 def program_budget(device: torch.device, group: Optional[Group]) -> int:
@@ -81,14 +42,6 @@ def consumer_programs(device: torch.device, group: Optional[Group], tiles: int) 
     """Persistent GEMM grid: one program per tile up to ``program_budget``; pull mode gives
     ``pull_programs`` of them to the producer (see ``fused``)."""
     return max(1, min(tiles, program_budget(device, group)))
-
-
-def tail_tiles(tiles: int, programs: int, cfg: TileConfig) -> int:
-    """Tiles the consumer runs as half tiles (``split_tail``): a partial last wave of at most
-    half the grid (its halves then fit in one wave), else 0 (e.g. 448 tiles on 132 programs:
-    the last 52 as 104 halves, 3.5 waves instead of 4)."""
-    left = tiles % programs
-    return left if cfg.split_tail and 0 < 2 * left <= programs else 0
 
 
 def consumer_grid(device: torch.device, group: Optional[Group], tiles: int,
@@ -191,7 +144,8 @@ class CoreGemm:
     group : Group, optional
         The waiting consumer's group (``wait=True``); None for a plain GEMM.
     wait, sig, offsets, claim, record, m, programs, cfg
-        As the kernel takes them (``cfg`` default ``tile_config``).
+        As the kernel takes them (``cfg`` default: ``select_config`` for ``m`` x N on the
+        group's program budget, default mode).
     push : dict, optional
         ag_gemm's one-launch call instead of the plain consumer: ``kernel`` (its
         ``ag_gemm_push_kernel``), ``sig_table``, ``src`` (an example of the per-call source
@@ -207,8 +161,10 @@ class CoreGemm:
                  record: torch.Tensor, m: int, programs: Optional[int] = None,
                  cfg: Optional[TileConfig] = None, a_varies: bool = False,
                  push: Optional[dict] = None, b_pad: Optional[torch.Tensor] = None):
-        cfg = fit_stages(cfg or tile_config(out.device), out.device, b.element_size(),
-                         out.element_size())
+        if cfg is None:
+            cfg = select_config(m, b.shape[1], program_budget(out.device, group), out.device,
+                                deterministic=False)
+        cfg = fit_stages(cfg, out.device, b.element_size(), out.element_size())
         self.cfg = cfg
         self._b_pad = None
         if not _tma_ok(b) and not _tma_ok(b.t()):
@@ -272,7 +228,8 @@ def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor
                     record: torch.Tensor, m: int, programs: Optional[int] = None,
                     cfg: Optional[TileConfig] = None) -> torch.Tensor:
     """One launch of the persistent GEMM built for it (``wait=False``: a plain GEMM; the
-    waiting arguments are unused), for benches that drive the kernel directly."""
+    waiting arguments are unused), for benches that drive the kernel directly. ``cfg``: the
+    configuration ``a_desc``'s blocks were made for (default the rule's, as ``CoreGemm``)."""
     core = CoreGemm(a_desc, b, out, bias, group=group, wait=wait, sig=sig, offsets=offsets,
                     claim=claim, record=record, m=m, programs=programs, cfg=cfg)
     return core.run(None, b, out, bias)
@@ -292,10 +249,14 @@ def _dummies(device: torch.device) -> tuple:
 
 
 class _MatmulPlan:
-    """``matmul`` of one key: an ``a`` that no descriptor reads as it is goes through a padded
-    buffer of the plan (copied per call), then the bound core."""
+    """``matmul`` of one key: the tile configuration (``cfg``, else the rule's for the shapes
+    and mode), an ``a`` that no descriptor reads as it is through a padded buffer of the plan
+    (copied per call), then the bound core."""
 
-    def __init__(self, a, b, bias, out, cfg):
+    def __init__(self, a, b, bias, out, cfg, deterministic):
+        if cfg is None:
+            cfg = select_config(a.shape[0], b.shape[1], program_budget(a.device, None), a.device,
+                                deterministic=deterministic)
         self.a_pad = None if _tma_ok(a) else _padded_copy(a)
         a_ex = a if self.a_pad is None else self.a_pad
         a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
@@ -318,13 +279,37 @@ ranks (threads) must not share."""
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           out: Optional[torch.Tensor] = None, cfg: Optional[TileConfig] = None) -> torch.Tensor:
+           out: Optional[torch.Tensor] = None, cfg: Optional[TileConfig] = None, *,
+           deterministic: Optional[bool] = None) -> torch.Tensor:
     """Our persistent Triton GEMM alone (the ag_gemm consumer without waits): ``a @ b + bias``.
 
-    ``a [M, K]``, ``b [K, N]`` (any strides; ``w.t()`` works without a copy), fp16/bf16 on GPU.
-    The core the benchmarks compare with cuBLAS (``cfg``: a tile configuration other than
-    ``tile_config``'s, e.g. ``GPU_CONFIGS[name]``). Plans are cached per (shapes, strides,
-    dtypes, alignment, configuration); a new one during CUDA-graph capture raises.
+    Parameters
+    ----------
+    a, b : torch.Tensor
+        ``a [M, K]``, ``b [K, N]`` (any strides; ``w.t()`` works without a copy), fp16/bf16 on
+        GPU (fp16/fp32 in the interpreter).
+    bias : torch.Tensor, optional
+        ``[N]``, added in fp32 before rounding.
+    out : torch.Tensor, optional
+        ``[M, N]`` (any strides; fp32 keeps the products unrounded, as deterministic mode's
+        partial products are).
+    cfg : TileConfig, optional
+        A fixed tile configuration (benches: e.g. ``GPU_CONFIGS[name]``); default the rule's
+        (``select_config``) for M, N and the device's SMs.
+    deterministic : bool, optional
+        The rule picks only batch-invariant configurations (a row's bits do not depend on M);
+        default the ``ditron_ops.deterministic()`` mode.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``, or a new ``[M, N]`` tensor of ``a``'s dtype.
+
+    Notes
+    -----
+    The core the benchmarks compare with cuBLAS. Plans are cached per (shapes, strides, dtypes,
+    alignment, configuration, mode): a repeated call selects and compiles nothing; a new plan
+    during CUDA-graph capture raises.
     """
     m = a.shape[0]
     out = a.new_empty((m, b.shape[1])) if out is None else out
@@ -332,10 +317,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         return out
     if a.shape[1] == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
-    cfg = cfg or tile_config(a.device)
-    key = ("matmul", a.device, cfg, tensor_key(a), tensor_key(b), tensor_key(bias),
+    det = resolve_deterministic(deterministic)
+    key = ("matmul", a.device, cfg, det, tensor_key(a), tensor_key(b), tensor_key(bias),
            tensor_key(out))
     cache = getattr(_MATMUL_PLANS, "cache", None)
     if cache is None:
         cache = _MATMUL_PLANS.cache = PlanCache(None)
-    return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg)).run(a, b, bias, out)
+    return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg, det)).run(a, b, bias, out)

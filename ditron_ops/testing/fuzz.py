@@ -371,7 +371,7 @@ def _order_exact(x: torch.Tensor, w: torch.Tensor, group: Group) -> torch.Tensor
     """``Σ_r x_r @ w_r``: fp32 products of our GEMM summed in rank order, rounded once."""
     part = torch.zeros(x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
     if x.shape[1]:  # no K columns on this rank: its product is 0
-        matmul(x, w, out=part)
+        matmul(x, w, out=part, deterministic=True)
     return reference.rank_ordered_sum(reference.gather_tensors(part, group), x.dtype)
 
 
