@@ -12,8 +12,25 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("fuzz", "randomized op programs (tests/test_fuzz_sequences.py)")
-    group.addoption("--fuzz-examples", type=int, default=150,
-                    help="random programs to run (default 150, the CPU tier's count)")
-    group.addoption("--fuzz-fault-examples", type=int, default=20,
-                    help="random programs with an injected fault to run (default 20)")
+    # each tier has its own default count (tests/test_fuzz_sequences.py: CPU interpreter,
+    # tests/gpu/test_fuzz_gpu.py: H200); an option given applies to the tier that runs
+    group = parser.getgroup("fuzz", "randomized op programs (ditron_ops.testing.fuzz)")
+    group.addoption("--fuzz-examples", type=int, default=None,
+                    help="random programs to run (default: 150 on the CPU tier, 2000 on the GPU)")
+    group.addoption("--fuzz-fault-examples", type=int, default=None,
+                    help="programs where a rank raises before or skips a call, half each "
+                         "(default: 20 CPU, 40 GPU)")
+    group.addoption("--fuzz-mismatch-examples", type=int, default=None,
+                    help="programs where a rank disagrees in one call (default: 20 CPU, 100 GPU)")
+    group.addoption("--fuzz-delay-examples", type=int, default=None,
+                    help="GPU tier: programs where a rank's stream is late to a call (default 200)")
+
+
+@pytest.fixture
+def fuzz_count(request):
+    """``fuzz_count(option, default)``: the ``--fuzz-*`` option's value, or this tier's
+    ``default`` when the option was not given."""
+    def count(option: str, default: int) -> int:
+        value = request.config.getoption(option)
+        return default if value is None else value
+    return count

@@ -1,16 +1,21 @@
 """Randomized programs of every op on the CPU virtual world (interpreter), checked against the
-references, and the same generator with injected faults (``ditron_ops.testing.fuzz``).
+references, and the same generator with injected faults and with a rank that disagrees
+(``ditron_ops.testing.fuzz``).
 
-Examples per run: ``--fuzz-examples`` (default 150) and ``--fuzz-fault-examples`` (default
-20); derandomized, so CI draws the same programs every run. Failures that Hypothesis found
-are kept below as named regression tests of the shrunk program.
+Examples per run: ``--fuzz-examples`` (default 150), ``--fuzz-fault-examples`` (default 20)
+and ``--fuzz-mismatch-examples`` (default 20); derandomized, so CI draws the same programs
+every run. Failures that Hypothesis found are kept below as named regression tests of the
+shrunk program. The GPU tier runs the same generator at larger shapes
+(tests/gpu/test_fuzz_gpu.py).
 """
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
+from ditron_ops.moe import buffer as moe_buffer
+from ditron_ops.runtime.group import _registry as group_registry
 from ditron_ops.testing import fuzz
-from ditron_ops.testing.fuzz import Call, Program
+from ditron_ops.testing.fuzz import Call, Fault, Program
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
 F32 = torch.float32
@@ -24,8 +29,8 @@ def _settings(examples: int) -> settings:
 
 
 @pytest.mark.timeout(900)
-def test_random_programs_match_references(request):
-    examples = request.config.getoption("--fuzz-examples")
+def test_random_programs_match_references(fuzz_count):
+    examples = fuzz_count("--fuzz-examples", 150)
     ran = []
 
     @_settings(examples)
@@ -40,21 +45,53 @@ def test_random_programs_match_references(request):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", ["raise", "skip"])
-def test_injected_faults_give_typed_errors_and_the_next_launch_works(request, kind):
+def test_injected_faults_give_typed_errors_and_the_next_launch_works(fuzz_count, kind):
     """A rank raises before a call, or skips it and all later ones: every other rank gets a
     DitronError within the bound (``fuzz.FAULT_BOUND``), then a new launch works. Half the
     ``--fuzz-fault-examples`` each."""
-    examples = request.config.getoption("--fuzz-fault-examples") // 2
+    examples = fuzz_count("--fuzz-fault-examples", 20) // 2
     ran = []
 
     @_settings(examples)
     @given(program=fuzz.programs(faults=(kind,), max_calls=4))
     def run(program):
         fuzz.run_faulty_program(program)
+        # nothing of the faulty launch is left registered (the GPU tier checks its memory)
+        assert not [name for name in moe_buffer._buffers if name.startswith("virtual")]
+        assert not [name for name in group_registry if name.startswith("virtual")]
         ran.append(program)
 
     run()
     assert len(ran) >= examples
+
+
+@pytest.mark.timeout(600)
+def test_disagreeing_rank_gets_mismatch_error_on_every_rank_and_the_program_goes_on(fuzz_count):
+    """One rank changes the dtype, an agreed dim or a flag of one call: every rank gets
+    DitronMismatchError naming the op, the field and both values (checked per rank in
+    ``fuzz._disagree``), before anything is launched; the program's later calls then pass
+    their checks in the same launch."""
+    examples = fuzz_count("--fuzz-mismatch-examples", 20)
+    ran = []
+
+    @_settings(examples)
+    @given(program=fuzz.programs(mismatch=True, min_calls=1, max_calls=3))
+    def run(program):
+        assert fuzz.run_program(program) == ["ok"] * program.world_size
+        ran.append(program.mismatch)
+
+    run()
+    assert len(ran) >= examples
+
+
+def test_late_rank_gives_correct_results():
+    """A rank that is late to a call (its thread sleeps 20 ms in the interpreter, its stream
+    on a GPU) changes no result: the delay path of the runner (the GPU tier draws it)."""
+    calls = (Call("all_reduce", F32, "default", 4, dict(shape=(3,), layout="contiguous",
+                                                         algorithm="one_shot")),
+             _gemm("gemm_rs", "deterministic", [3, 2], shard_sizes=None))
+    program = Program(2, calls, MOE, Fault(1, 1, "delay", 2 * 10**7))
+    assert fuzz.run_program(program, timeout_s=2.0) == ["ok", "ok"]
 
 
 def _gemm(op: str, mode: str, k: list, **extra) -> Call:

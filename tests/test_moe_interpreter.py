@@ -18,18 +18,28 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpret
 F32, F16 = torch.float32, torch.float16
 
 
-def _buffer(group, experts_per_rank=3, max_tokens=6, hidden=16, topk=3, dtype=F32, **kw):
-    return Buffer(group, num_experts=experts_per_rank * group.world_size, max_tokens_per_rank=max_tokens,
-                  hidden=hidden, topk=topk, dtype=dtype, **kw)
+def _buffer(group, experts_per_rank=3, max_tokens=6, hidden=16, topk=3, dtype=F32, in_place=True, **kw):
+    """A Buffer; ``in_place=False``: its combines stage the expert outputs (the path of every
+    backend but the virtual world's); ``"mixed"``: odd ranks stage, even ones do not."""
+    buf = Buffer(group, num_experts=experts_per_rank * group.world_size, max_tokens_per_rank=max_tokens,
+                 hidden=hidden, topk=topk, dtype=dtype, **kw)
+    assert buf.combine_in_place  # a virtual world reads expert outputs in place by default
+    buf.combine_in_place = group.rank % 2 == 0 if in_place == "mixed" else in_place
+    return buf
 
 
+IN_PLACE = pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "staged"])
+WITH_MIXED = pytest.mark.parametrize("in_place", [True, False, "mixed"], ids=["in_place", "staged", "mixed"])
+
+
+@IN_PLACE
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_matches_reference_both_layouts_and_routings(world_size):
+def test_matches_reference_both_layouts_and_routings(world_size, in_place):
     """Deterministic dispatch (rows, counts, offsets, dest, sources, weights) and the combine of
     identity experts equal the all-to-all reference bit for bit; uneven token counts per rank
     (rank 2 sends none), fp16 and fp32, int32 and int64 ids, alignment 1 and 4."""
     def body(group):
-        with _buffer(group, dtype=F16 if group.world_size % 2 else F32) as buf:
+        with _buffer(group, dtype=F16 if group.world_size % 2 else F32, in_place=in_place) as buf:
             e = buf.num_experts
             count = 0 if group.rank == 2 else 6 - group.rank % 3
             for seed, (kind, layout, align) in enumerate([("random", "expert_padded", 1),
@@ -130,12 +140,14 @@ def test_run_to_run_delays_and_batch_invariance():
     assert ditron_ops.launch(body, 3) == [True] * 3
 
 
-def test_cached_handle_and_back_to_back_calls():
+@WITH_MIXED
+def test_cached_handle_and_back_to_back_calls(in_place):
     """30 calls on one Buffer: layouts, token counts, modes and cached-handle dispatches
     interleaved (epochs and staging parity never cleaned); every combine equals the local
-    expectation bit for bit, a cached dispatch equals a fresh one."""
+    expectation bit for bit, a cached dispatch equals a fresh one; combines in place, staged,
+    or each rank its own way (every rank tells its peers where its rows are)."""
     def body(group):
-        with _buffer(group, max_tokens=7) as buf:
+        with _buffer(group, max_tokens=7, in_place=in_place) as buf:
             prev = None  # (handle, x, idx, w, deterministic) of the last fresh dispatch
             for i in range(30):
                 if i % 5 == 4:
@@ -161,11 +173,12 @@ def test_cached_handle_and_back_to_back_calls():
     assert ditron_ops.launch(body, 3) == [True] * 3
 
 
-def test_combine_out_and_zero_copy_input():
+@IN_PLACE
+def test_combine_out_and_zero_copy_input(in_place):
     """``out=`` writes in place; expert outputs written into ``combine_input()`` (contiguous
     layout, alignment 1) are combined without a staging copy and give the same bits."""
     def body(group):
-        with _buffer(group) as buf:
+        with _buffer(group, in_place=in_place) as buf:
             idx, w = mc.routing(group, 5, buf.num_experts, 3, "random", 9)
             x = mc.tokens(group, 5, 16, F32, 9)
             d = buf.dispatch(x, idx, w, layout="expert_contig")
@@ -180,13 +193,14 @@ def test_combine_out_and_zero_copy_input():
     assert ditron_ops.launch(body, 2) == [True, True]
 
 
-def test_autograd_matches_formulas():
+@IN_PLACE
+def test_autograd_matches_formulas(in_place):
     """Gradients through dispatch (tokens and received weights) and a weighted combine, for
     both layouts and a cached-handle dispatch, against the closed forms (experts scale their
     rows by e + 1)."""
     def body(group):
         e_total, k = 3 * group.world_size, 3
-        with _buffer(group) as buf:
+        with _buffer(group, in_place=in_place) as buf:
             for layout in ("expert_padded", "expert_contig"):
                 idx, w0 = mc.routing(group, 5, e_total, k, "random", 21)
                 x = mc.tokens(group, 5, 16, F32, 21).requires_grad_()
@@ -370,7 +384,7 @@ torch.cuda.is_available = lambda: True   # ditron then builds triton.jit kernels
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from ditron_ops.moe import _kernels as K, _launch as L
+from ditron_ops.moe import _combine_kernels as C, _kernels as K, _launch as L
 T = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64", torch.uint8: "*u8"}
 def build(fn, ptrs, constexprs, **opts):
     warps = constexprs.pop("num_warps", 4)
@@ -389,12 +403,16 @@ for fp8 in (False, True):
                 offsets_ptr=i32, cstart_ptr=i32, idx32_ptr=i32, pos_ptr=i32, prefix_ptr=i32, count_ptr=i32,
                 bad_ptr=i64, scratch_ptr=i32, sig_ptr=i64, table_ptr=i64, cnt_sym=i32, sorted_sym=i32,
                 wst_sym=f32, xst_sym=st, sst_sym=f32, err_claim=i64, err_record=i64, moe_claim=i64, moe_record=i64)
-    k = build(K.dispatch_kernel, ptrs, dict(L.GPU_DISPATCH, FP8=fp8, VEC=L.vec(bf16, fp8), CH=L.GPU_CHUNK))
+    tiles = dict(L.GPU_DISPATCH, **L.dispatch_tiles(7168, 2, fp8, True))
+    k = build(K.dispatch_kernel, ptrs, dict(tiles, FP8=fp8, VEC=L.vec(bf16, fp8), CH=L.GPU_CHUNK))
     assert "div.full" not in k.asm["ptx"] and "div.approx" not in k.asm["ptx"], "fp8 scales need IEEE divisions"
 ptrs = dict(y_ptr=bf16, w_ptr=f32, dest_ptr=i32, out_ptr=bf16, counts_ptr=i32, offsets_ptr=i32, cstart_ptr=i32,
-            sig_ptr=i64, table_ptr=i64, yst_sym=bf16, err_claim=i64, err_record=i64)
-k = build(K.combine_kernel, ptrs, dict(L.GPU_COMBINE, VEC=8), enable_fp_fusion=False)
-assert "fma" not in k.asm["ptx"], "the combine must not fuse products into sums"
+            route_ptr=i64, sig_ptr=i64, table_ptr=i64, yst_sym=bf16, rowmap_sym=i32, err_claim=i64, err_record=i64)
+for in_place in (True, False):
+    k = build(C.combine_kernel, ptrs, dict(L.combine_tiles(7168, 2, 8, 4096, True), IN_PLACE=in_place, VEC=8),
+              enable_fp_fusion=False)
+    assert "fma" not in k.asm["ptx"], "the combine must not fuse products into sums"
+    assert "ld.global.cg.v4" in k.asm["ptx"], "the combine's row loads must be 16 bytes wide"
 print("COMPILED")
 """
 
@@ -439,7 +457,8 @@ def test_example_check_can_fail(monkeypatch):
 
 def test_bench_quick_writes_rows(tmp_path):
     """``python -m ditron_ops.bench moe --quick`` on CPU: every impl row with its bytes, GB/s,
-    copy-bandwidth fraction, programs, the deterministic cost, and exact identity combines."""
+    copy-bandwidth and traffic fractions, programs, the deterministic cost, and exact identity
+    combines (in place and staged); ``--only combine`` times the combines alone."""
     import csv
 
     from ditron_ops.bench.__main__ import main
@@ -447,27 +466,36 @@ def test_bench_quick_writes_rows(tmp_path):
     assert main(["moe", "--quick", "--dtype", "fp32", "--out", str(tmp_path)]) == 0
     rows = list(csv.DictReader(open(tmp_path / "moe-fp32-cpu-quick.csv")))
     assert [(r["case"], r["impl"]) for r in rows] == [
-        ("T=4 padded fp32", i) for i in ("dispatch det", "dispatch default", "dispatch cached", "combine")] + [
+        ("T=4 padded fp32", i) for i in ("dispatch det", "dispatch default", "dispatch cached", "combine",
+                                         "combine staged")] + [
         ("T=8 contig fp8", i) for i in ("dispatch det", "dispatch default", "dispatch cached", "combine",
-                                        "combine zero-copy")]
+                                        "combine staged", "combine zero-copy")]
     for r in rows:
         assert r["world_size"] == "2" and float(r["time_us"]) > 0 and float(r["baseline_us"]) > 0
         assert int(r["nbytes"]) > 0 and float(r["GB_s"]) >= 0 and float(r["copy_GB_s"]) > 0
+        assert float(r["traffic_frac"]) >= float(r["frac_copy"]) / 2
         assert r["programs"] == "1" and r["sms"] == "2"
         assert float(r["max_err"]) == 0.0 if "fp32" in r["case"] else float(r["max_err"]) < 0.5
     assert all(float(r["det_cost"]) > 0 for r in rows if r["impl"] == "dispatch default")
+    assert main(["moe", "--quick", "--dtype", "fp32", "--only", "combine", "--out", str(tmp_path / "only")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "only" / "moe-fp32-cpu-quick.csv")))
+    assert [(r["case"], r["impl"]) for r in rows] == [("T=4 padded fp32", "combine"), ("T=4 padded fp32", "combine staged")]
+    with pytest.raises(ValueError, match="--only takes"):
+        main(["moe", "--quick", "--dtype", "fp32", "--only", "combin", "--out", str(tmp_path / "bad")])
 
 
 def test_precompile_builds_every_combine_variant(monkeypatch):
     """``precompile``'s moe family makes the combine plan of every dtype (its own width and
-    fp32's), fp16 / fp32 here (the interpreter's bf16 math is wrong)."""
+    fp32's, in place and staged), fp16 / fp32 here (the interpreter's bf16 math is wrong)."""
     from ditron_ops.moe import _launch
 
     launched = []
     real = _launch.CombinePlan.__init__
     monkeypatch.setattr(_launch.CombinePlan, "__init__", lambda self, *a, **kw: launched.append(kw) or real(self, *a, **kw))
     _launch._precompile(torch.device("cpu"), (F16, F32))
-    assert [(kw["dtype"], kw["hidden"]) for kw in launched] == [(F16, 128), (F32, 8), (F32, 128), (F32, 8)]
+    assert [(kw["dtype"], kw["hidden"], kw["in_place"]) for kw in launched] == [
+        (dtype, width, in_place) for own in (F16, F32) for dtype, width in ((own, 128), (F32, 8))
+        for in_place in (True, False)]
 
 
 @contextlib.contextmanager
@@ -517,7 +545,8 @@ def _programs_as_threads():
         interp.GridExecutor.__call__ = original
 
 
-def test_several_programs_per_rank(monkeypatch):
+@IN_PLACE
+def test_several_programs_per_rank(monkeypatch, in_place):
     """Three concurrent programs per rank (the GPU's persistent grids): the work split, each
     program's table scratch, the done counters and the epoch publication give the reference's
     bits for both layouts, the default mode and a cached-handle dispatch."""
@@ -526,7 +555,7 @@ def test_several_programs_per_rank(monkeypatch):
     monkeypatch.setattr(buffer, "programs_per_rank", lambda group: 3)
 
     def body(group):
-        with _buffer(group, max_tokens=40) as buf:
+        with _buffer(group, max_tokens=40, in_place=in_place) as buf:
             assert buf.programs == 3
             for seed, (kind, layout, align) in enumerate([("random", "expert_padded", 1), ("skewed", "expert_contig", 4)]):
                 count = 40 - 9 * group.rank
@@ -542,6 +571,85 @@ def test_several_programs_per_rank(monkeypatch):
         assert ditron_ops.launch(body, 2) == [True, True]
 
 
+def test_tile_rules():
+    """Tile sizes are a rule over the shapes: the widest power-of-two column block that pads a
+    row by at most 1/8 (hidden 7168: 1024, not 2048 with a half-empty last step), about the
+    same bytes per dispatch step for bf16 and fp8 rows, at least 8 row loads in flight per
+    combine thread, and no tile past the token bound."""
+    from ditron_ops.moe._launch import combine_tiles, dispatch_tiles, hidden_block
+
+    assert [hidden_block(h, 2, 4096) for h in (7168, 4096, 5120, 2880, 136, 8)] == [1024, 2048, 1024, 1024, 16, 8]
+    assert hidden_block(7168, 1, 4096, floor=128) == 1024 and hidden_block(384, 1, 4096, floor=128) == 128
+    for h in (8, 24, 136, 2880, 4096, 5120, 7168, 7680):
+        bh = hidden_block(h, 2, 4096)
+        assert bh & (bh - 1) == 0 and 8 <= bh <= 2048 and (bh == 8 or (-(-h // bh) * bh - h) * 8 <= h), h
+    bf16, fp8 = dispatch_tiles(7168, 2, False, True), dispatch_tiles(7168, 2, True, True)
+    assert bf16["BLOCK_R"] * bf16["BLOCK_H"] * 2 == fp8["BLOCK_R"] * fp8["BLOCK_H"] == 32768
+    assert fp8["BLOCK_H"] % 128 == 0 and fp8["BLOCK_SH"] % 128 == 0 and fp8["BLOCK_SR"] * fp8["BLOCK_SH"] == 8192
+    t = combine_tiles(7168, 2, 8, 4096, True)
+    assert (t["BLOCK_T"], t["BLOCK_H"], t["KC"], t["num_warps"]) == (4, 1024, 8, 16)
+    assert t["BLOCK_T"] * t["BLOCK_H"] == 16 * 32 * 8  # one 16-byte load per thread per slot
+    t2 = combine_tiles(7168, 2, 2, 4096, True)  # k = 2: four loads per slot, still 8 in flight
+    assert t2["BLOCK_T"] * t2["BLOCK_H"] == 4 * 16 * 32 * 8 and t2["KC"] == 2
+    assert combine_tiles(64, 4, 8, 3, True)["BLOCK_T"] == 4 and combine_tiles(7168, 2, 20, 64, True)["KC"] == 8
+
+
+def _forced(rule, **over):
+    """A tile rule whose result is overridden (CPU tests of tilings the rules would not pick)."""
+    return lambda *a, **kw: {**rule(*a, **kw), **over}
+
+
+@WITH_MIXED
+@pytest.mark.parametrize("tiles", ["tails", "segments"])
+def test_combine_and_dispatch_tilings(monkeypatch, in_place, tiles):
+    """Tilings with partial steps: hidden not a multiple of the column blocks (combine sum,
+    staging copy, dispatch receive and fp8 quantization), token counts not multiples of the
+    token block, hidden split into segments (few tokens, many programs: three programs per
+    rank), one unit per routing step; ranks with T = 0, all -1 routing: every combine and
+    dispatch equals the reference bit for bit."""
+    from ditron_ops.moe import _launch, buffer
+
+    if tiles == "tails":
+        monkeypatch.setattr(_launch, "combine_tiles", _forced(
+            _launch.combine_tiles, BLOCK_T=4, BLOCK_H=16, UNITS=1, BLOCK_C=16, BLOCK_R=2, BLOCK_F=4,
+            BLOCK_S=2))
+        rule = _launch.dispatch_tiles  # fp8: whole 128-channel groups, 384 = 256 + a half step
+        monkeypatch.setattr(_launch, "dispatch_tiles", lambda hidden, x_elem, fp8, gpu: dict(
+            rule(hidden, x_elem, fp8, gpu), BLOCK_R=2, BLOCK_SR=2,
+            **(dict(BLOCK_H=256, BLOCK_SH=256) if fp8 else dict(BLOCK_H=16, BLOCK_SH=16))))
+    else:
+        monkeypatch.setattr(_launch, "combine_tiles", _forced(
+            _launch.combine_tiles, BLOCK_T=2, BLOCK_H=8, UNITS=2, SPREAD=64))
+        monkeypatch.setattr(buffer, "programs_per_rank", lambda group: 3)
+
+    def body(group):
+        with _buffer(group, max_tokens=7, hidden=40, in_place=in_place) as buf:
+            for seed, (kind, layout, align) in enumerate([("random", "expert_padded", 1), ("skewed", "expert_contig", 4),
+                                                          ("none", "expert_contig", 1), ("random", "expert_contig", 1)]):
+                count = (7, 5, 0)[(group.rank + seed) % 3]
+                idx, w = mc.routing(group, count, buf.num_experts, 3, kind, 40 + seed)
+                x = mc.tokens(group, count, 40, F32, 40 + seed)
+                mc.check_dispatch_combine(group, buf, x, idx, w if seed != 3 else None, layout, align)
+                d = buf.dispatch(x, idx, w, layout=layout, expert_alignment=align, deterministic=False)
+                y = (d.x * 3 - 1).reshape(-1, 40)
+                got = buf.combine(y.reshape(d.x.shape), d.handle)
+                used = d.handle.src_of_row >= 0
+                assert torch.equal(got, mc.identity_combine(x * 3 - 1, d.handle.dest, w)) or not used.any()
+                if layout == "expert_contig" and align == 1:  # zero copy: the same bits
+                    buf.combine_input()[:y.shape[0]].copy_(y)
+                    assert torch.equal(buf.combine(buf.combine_input()[:y.shape[0]], d.handle), got)
+        if tiles == "tails":
+            with _buffer(group, experts_per_rank=2, max_tokens=5, hidden=384, topk=2, dtype=F16, fp8=True,
+                         in_place=in_place) as buf:  # fp8 receive / quantization tails
+                idx, w = mc.routing(group, 5 - 2 * group.rank, buf.num_experts, 2, "random", 50)
+                x = mc.tokens(group, 5 - 2 * group.rank, 384, F16, 50)
+                mc.check_dispatch_combine(group, buf, x, idx, w, "expert_contig")
+        return True
+    run = _programs_as_threads() if tiles == "segments" else contextlib.nullcontext()
+    with run:
+        assert ditron_ops.launch(body, 2) == [True, True]
+
+
 def test_buffer_exit_keeps_the_error_that_ended_the_block(monkeypatch):
     """A block that raises keeps its own error when closing fails too (a note names it)."""
     def body(group):
@@ -554,3 +662,43 @@ def test_buffer_exit_keeps_the_error_that_ended_the_block(monkeypatch):
         assert buf.sym is None and any("peer gone" in n for n in info.value.__notes__)
         return True
     assert ditron_ops.launch(body, 1) == [True]
+
+
+def test_unclosed_buffers_go_with_their_launch():
+    """A Buffer never closed — its rank raised, or it skipped the collective ``close`` because
+    a peer was gone (``combine_with_rank_1_missing``) — is dropped when its launch returns:
+    unregistered, its memory freed with nothing else holding it (they stayed registered for
+    the life of the process: the MoE Buffers seen leaking after faulty fuzz launches)."""
+    import gc
+    import weakref
+
+    from ditron_ops.moe import buffer as buffer_module
+
+    refs = []
+
+    def body(group, fail):
+        buf = _buffer(group)
+        refs.append(weakref.ref(buf))
+        if fail and group.rank == 0:
+            raise ValueError("rank 0 failed")
+        return mc.combine_with_rank_1_missing(group, buf, 3, F32, 6)
+
+    assert ditron_ops.launch(body, 2, args=(False,), timeout_s=1.0)[1] == "skipped"
+    with pytest.raises(ValueError, match="rank 0 failed"):
+        ditron_ops.launch(body, 2, args=(True,), timeout_s=1.0)
+    gc.collect()
+    assert len(refs) == 4 and all(ref() is None for ref in refs)
+    assert not [name for name in buffer_module._buffers if name.startswith("virtual")]
+
+
+def test_dropped_buffer_refuses_calls():
+    """``Buffer.drop`` (what a group ending with the Buffer open calls) leaves no usable
+    Buffer behind, and a later ``close`` does nothing."""
+    def body(group):
+        buf = _buffer(group)
+        buf.drop()
+        with pytest.raises(ValueError, match="no open Buffer"):
+            buf.dispatch(torch.zeros(1, 16), torch.zeros(1, 3, dtype=torch.int64))
+        buf.close()
+        return not group._owned
+    assert ditron_ops.launch(body, 2) == [True, True]

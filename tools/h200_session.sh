@@ -6,6 +6,8 @@
 #   bash tools/h200_session.sh main       # python -m ditron_ops (main.log)
 #   bash tools/h200_session.sh overhead   # host cost per eager call: the bench and pytest-benchmark
 #   TESTS="moe ulysses" bash tools/h200_session.sh tests     # only tests/gpu/test_{moe,ulysses}_gpu.py
+#   TESTS=fuzz PYTEST_ARGS="-k programs" bash tools/h200_session.sh tests   # one part of a file
+#   bash tools/h200_session.sh soak       # tools/soak.py: 10^4 calls, W=4 (soak.log, CSV + JSON under $OUT/soak)
 #   bash tools/h200_session.sh bench:moe  # one bench (bench.log), CSV under $OUT/bench
 #   bash tools/h200_session.sh cache      # the Triton cache back as $OUT/tcache.tgz.NN (15 MB parts)
 #
@@ -29,7 +31,9 @@ for part in "$@"; do
       [ -n "${TESTS:-}" ] && files=$(for t in $TESTS; do echo tests/gpu/test_${t}_gpu.py; done)
       for f in $files; do
         echo "=== $f" >> "$OUT/tests.log"
-        timeout 240 python -m pytest -q "$f" >> "$OUT/tests.log" 2>&1
+        # the fuzz file runs 2000+ programs (about 6-8 minutes): its own bound, its timings shown
+        bound=240; extra=""; [ "$(basename "$f")" = test_fuzz_gpu.py ] && bound=540 extra="-rP --durations=0"
+        timeout $bound python -m pytest -q $extra ${PYTEST_ARGS:-} "$f" >> "$OUT/tests.log" 2>&1
         echo "$(basename "$f" .py): $(grep -E "passed|failed|error|skipped" "$OUT/tests.log" | tail -1)"
       done
       ;;
@@ -63,9 +67,10 @@ for part in "$@"; do
         > "$OUT/bench_$b.log" 2>&1; echo "bench $b: rc=$?"; tail -40 "$OUT/bench_$b.log" | cut -c1-160
       rm -f "$OUT"/bench/*.png
       ;;
+    soak) timeout 300 python tools/soak.py --out "$OUT/soak" ${COMMIT:+--commit "$COMMIT"} > "$OUT/soak.log" 2>&1; echo "soak: rc=$?"; tail -12 "$OUT/soak.log" ;;
     cache)
       tar czf - -C /tmp tcache | split -b 15m -d - "$OUT/tcache.tgz."; ls -la "$OUT"/tcache.tgz.*
       ;;
-    *) echo "unknown part: $part (tests, benches, main, overhead, bench:NAME, cache)"; exit 2 ;;
+    *) echo "unknown part: $part (tests, benches, main, overhead, bench:NAME, soak, cache)"; exit 2 ;;
   esac
 done

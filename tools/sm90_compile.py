@@ -3,7 +3,7 @@
 Reports registers, spills and shared memory per kernel variant, so kernel edits can be checked
 before a GPU session::
 
-    PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all] [flash_decode] [gemm]
+    PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all] [flash_decode] [gemm] [moe]
 
 How: the kernels are imported as compiled-mode ``triton.jit`` functions (``ditron_ops`` imported
 while ``torch.cuda.is_available`` answers True) and ``JITFunction.warmup`` runs against a
@@ -12,6 +12,7 @@ CPU tensors: only their dtype and 16-byte alignment reach the compiler.
 """
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 
@@ -238,9 +239,66 @@ def gemm(dtypes=("bf16",)) -> list[str]:
     return lines
 
 
+def moe() -> list[str]:
+    """The MoE kernels with the GPU tile rules (``moe._launch``) for DeepSeek-V3's layer (hidden
+    7168, top-8 of 256 experts; W = 8, 16 tokens a rank: the tiles do not depend on the token
+    count past 4) and a small one: every layout kernel, the dispatch (bf16 and fp8, fresh and
+    cached), the combine (in place and staged, its own dtype and the fp32 weight-gradient
+    rows). Checks what the kernels promise the references: no FMA in the combine, IEEE
+    divisions in the fp8 quantization."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ditron_ops.moe import _launch as L
+
+    L._gpu = lambda device: True  # GPU tile rules and programs for the CPU stand-in tensors
+    lines = []
+
+    def add(name, bound):
+        k = bound.fn.warmup(*bound.args, grid=bound.grid, **bound.kwargs)
+        ptx = k.asm["ptx"]
+        if bound.fn is L.combine_kernel:
+            assert "fma" not in ptx, "the combine must not fuse products into sums"
+        if bound.fn is L.dispatch_kernel and bound.kwargs.get("FP8"):
+            assert "div.full" not in ptx and "div.approx" not in ptx, "fp8 scales need IEEE divisions"
+        tiles = {n: v for n, v in bound.kwargs.items() if n.startswith(("BLOCK", "KC", "UNITS"))}
+        lines.append(report(name, k) + f" {tiles}")
+        print(lines[-1], flush=True)
+
+    for (world, experts, tokens, hidden, topk), dtype in (
+            ((8, 256, 16, 7168, 8), torch.bfloat16), ((2, 8, 16, 2048, 2), torch.float16)):
+        for fp8 in (False, True):
+            reg = L.Regions(world, experts, tokens, topk, hidden, dtype, fp8, world * tokens * topk)
+            local = torch.zeros(reg.nbytes, dtype=torch.uint8)
+            _, _, claim, record = L.one_rank_pad(torch.device("cpu"))
+            group = SimpleNamespace(device=torch.device("cpu"), rank=0, world_size=world,
+                                    timeout_us=lambda: 10**7, _error_tensors=lambda: (record, claim))
+            buf = SimpleNamespace(group=group, regions=reg, programs=L.MAX_PROGRAMS, views=reg.views(local),
+                                  sym=SimpleNamespace(local=local, ptr_table=L.pointer_table(local)),
+                                  claim=claim, record=record)
+            buf.scratch = L.Scratch(reg, buf.programs, group.device)
+            name = f"{str(dtype)[6:]} H={hidden} k={topk}"
+            for det, cached in ((True, False), (False, False), (False, True)):
+                plan = L.DispatchPlan(buf, x_dtype=dtype, idx_dtype=None if cached else torch.int64,
+                                      fp8=fp8, round_scale=False, det=det, has_w=True, cached=cached,
+                                      padded=False, alignment=1, rows=reg.capacity)
+                if fp8 or not cached:
+                    for bound in plan.layout:
+                        add(f"moe {bound.name} {name} det={det}", bound)
+                add(f"moe dispatch {name} fp8={fp8} det={det} cached={cached}", plan.kernel)
+            if not fp8:
+                for (y_dtype, width), in_place in itertools.product(
+                        ((dtype, hidden), (torch.float32, 8)), (True, False)):
+                    plan = L.CombinePlan(buf, dtype=y_dtype, hidden=width, has_w=True, in_place=in_place)
+                    add(f"moe combine {name} y={str(y_dtype)[6:]}x{width} in_place={in_place}",
+                        plan.kernel)
+    return lines
+
+
 if __name__ == "__main__":
     _compiled_mode()
     kinds = {"ulysses": ulysses, "all_to_all": all_to_all, "flash_decode": flash_decode,
-             "gemm": gemm}
+             "gemm": gemm, "moe": moe}
     for what in sys.argv[1:] or list(kinds):
         kinds[what]()

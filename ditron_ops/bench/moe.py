@@ -9,8 +9,12 @@ replaying CUDA graphs of back-to-back calls, every function in turns (``paired_g
     dispatch det / default    a fresh layout, deterministic and atomic placement (det_cost =
                               det / default on the default row)
     dispatch cached           with the layout of a previous dispatch (no layout kernels, no counts)
-    combine / zero-copy       weighted sum back to the tokens; zero-copy: expert outputs already
-                              in ``combine_input()`` (contig layout), so no staging copy
+    combine                   weighted sum back to the tokens, the virtual world's path: peers
+                              read each rank's expert outputs where they are (no copy)
+    combine staged            the path of every other backend: each rank first copies its
+                              outputs into its symmetric staging, peers read that
+    combine zero-copy         staged path with the outputs already in ``combine_input()``
+                              (contig layout), so no copy
     baseline                  the same exchange in torch with the layout precomputed: per source
                               rank ``index_select`` + ``index_copy_`` (dispatch; fp8: quantized
                               by torch first), ``index_select`` * weight + ``index_add_`` (combine)
@@ -19,8 +23,18 @@ Bytes moved per rank: dispatch, the received rows (``rows x H x elem``, + fp32 s
 combine, the expert-output rows its tokens read (``slots x H x 2``). ``GB_s`` = bytes / time;
 ``frac_copy`` compares it with ``copy_GB_s``, the bytes per second each rank copies with
 ``Tensor.copy_`` while all W ranks copy at once (each rank's share of the GPU, timed the same
-way). ``programs`` is CTAs per rank of the exchange kernels (each on its own SM; ``sms`` for all
-ranks). ``max_err``: identity experts' combine vs the local expectation (bitwise 0 for bf16).
+way). ``traffic_frac``: the memory traffic the call makes (every byte read or written: staging
+passes, remote reads, output writes) per second, over the copy's (2 x ``copy_GB_s``: a copy
+reads and writes each byte), i.e. how close the call runs to the memory bound whatever its
+passes; a staged combine moves 3 + 1/k bytes per counted byte against the copy's 2, so its
+``frac_copy`` cannot pass about 0.64, the in-place one's about 1.8. ``programs`` is CTAs per
+rank of the exchange kernels (each on its own SM; ``sms`` for all ranks). ``max_err``:
+identity experts' combine vs the local expectation (bitwise 0 for bf16).
+
+``--only`` narrows the run (comma list): ``dispatch`` / ``combine`` (the rows timed; a combine
+run leaves out the fp8 cases, whose combine is the bf16 one, unless ``fp8`` is named), and
+``padded`` / ``contig``, ``fp8`` / the dtype name (the cases), e.g. ``--only combine,contig``
+for an A/B of the throughput combine.
 """
 from __future__ import annotations
 
@@ -47,11 +61,40 @@ def _copy_bandwidth(group, cfg: BenchConfig) -> float:
 
 
 def _cases(cfg: BenchConfig):
-    """``(tokens, hidden, topk, experts, layout, fp8)`` per case."""
+    """``(tokens, hidden, topk, experts, layout, fp8)`` per case, narrowed by ``--only``."""
     if cfg.quick:
-        return [(4, 128, 2, 8, "expert_padded", False), (8, 128, 2, 8, "expert_contig", True)]
-    return [(t, 7168, 8, 256, layout, fp8) for t, layout in ((128, "expert_padded"), (4096, "expert_contig"))
-            for fp8 in (False, True)]
+        cases = [(4, 128, 2, 8, "expert_padded", False), (8, 128, 2, 8, "expert_contig", True)]
+    else:
+        cases = [(t, 7168, 8, 256, layout, fp8) for t, layout in ((128, "expert_padded"), (4096, "expert_contig"))
+                 for fp8 in (False, True)]
+    only = _only(cfg)
+    layouts = only & {"padded", "contig"}
+    precisions = only & {"fp8", cfg.dtype_name}
+    if not precisions and _families(cfg) == {"combine"}:
+        precisions = {cfg.dtype_name}  # an fp8 case's combine is the bf16 one
+    return [c for c in cases if (not layouts or c[4].split("_")[1] in layouts)
+            and (not precisions or ("fp8" if c[5] else cfg.dtype_name) in precisions)]
+
+
+def _only(cfg: BenchConfig) -> set:
+    known = {"dispatch", "combine", "padded", "contig", "fp8", cfg.dtype_name}
+    only = set(cfg.only)
+    if only - known:
+        raise ValueError(f"moe bench: --only takes {', '.join(sorted(known))}; got {', '.join(sorted(only - known))}")
+    return only
+
+
+def _families(cfg: BenchConfig) -> set:
+    return (_only(cfg) & {"dispatch", "combine"}) or {"dispatch", "combine"}
+
+
+def _combine_staged(buf: Buffer, y, handle):
+    """``buf.combine`` through the staging (what multi-process backends run), this call only."""
+    default, buf.combine_in_place = buf.combine_in_place, False
+    try:
+        return buf.combine(y, handle)
+    finally:
+        buf.combine_in_place = default
 
 
 def _torch_exchange(group, buf: Buffer, d, x, w, y, fp8: bool):
@@ -125,26 +168,42 @@ def _measure(group, cfg: BenchConfig, buf: Buffer, copy_gbs: float, tokens: int,
     d = buf.dispatch(x, idx, w, layout=layout, deterministic=True)
     y = d.x if not fp8 else (d.x.reshape(-1, hidden).float() * d.scales.reshape(-1, hidden // 128)
                               .repeat_interleave(128, 1)).to(dtype).reshape(d.x.shape)
-    out = buf.combine(y, d.handle)
-    err = float((out.float() - identity_combine(x, d.handle.dest, w).float()).abs().max())
+    want = identity_combine(x, d.handle.dest, w).float()
+    err = max(float((out.float() - want).abs().max()) for out in (buf.combine(y, d.handle),
+                                                                   _combine_staged(buf, y, d.handle)))
     zero_copy = layout == "expert_contig"
     stage = buf.combine_input()
     if zero_copy:
         stage.copy_(y)
     ref_dispatch, ref_combine = _torch_exchange(group, buf, d, x, w, y, fp8)
-    fns = {"dispatch det": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=True),
-           "dispatch default": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=False),
-           "dispatch cached": lambda: buf.dispatch(x, None, w, handle=d.handle),
-           "combine": lambda: buf.combine(y, d.handle)}
-    if zero_copy:
-        fns["combine zero-copy"] = lambda: buf.combine(stage, d.handle)
-    fns["torch dispatch"], fns["torch combine"] = ref_dispatch, ref_combine
+    families = _families(cfg)
+    fns = {}
+    if "dispatch" in families:
+        fns.update({"dispatch det": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=True),
+                    "dispatch default": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=False),
+                    "dispatch cached": lambda: buf.dispatch(x, None, w, handle=d.handle)})
+    if "combine" in families:
+        fns["combine"] = lambda: buf.combine(y, d.handle)
+        fns["combine staged"] = lambda: _combine_staged(buf, y, d.handle)
+        if zero_copy:
+            fns["combine zero-copy"] = lambda: _combine_staged(buf, stage, d.handle)
+    if "dispatch" in families:
+        fns["torch dispatch"] = ref_dispatch
+    if "combine" in families:
+        fns["torch combine"] = ref_combine
     times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
     received = int(d.counts.sum())
     slots = int((d.handle.dest >= 0).sum())
     elem = 1 if fp8 else x.element_size()
-    d_bytes = received * hidden * elem + (received * hidden // 128 * 4 if fp8 else 0)
+    scale_bytes = hidden // 128 * 4 if fp8 else 0
+    d_bytes = received * (hidden * elem + scale_bytes)
     c_bytes = slots * hidden * x.element_size()
+    # memory traffic per call: staging x (read + staged write) and the received rows (remote
+    # read + local write); combine reads + output writes, + the staging copy (read + write)
+    d_traffic = tokens * (hidden * x.element_size() + hidden * elem + scale_bytes) + 2 * d_bytes
+    c_traffic = c_bytes + tokens * hidden * x.element_size()
+    copy_traffic = 2 * received * hidden * x.element_size()
+    traffic = {"combine": c_traffic, "combine staged": c_traffic + copy_traffic, "combine zero-copy": c_traffic}
     label = f"T={tokens} {layout.split('_')[1]} {'fp8' if fp8 else cfg.dtype_name}"
     rows = []
     for impl in fns:
@@ -154,8 +213,11 @@ def _measure(group, cfg: BenchConfig, buf: Buffer, copy_gbs: float, tokens: int,
         nbytes = d_bytes if is_dispatch else c_bytes
         base = times["torch dispatch" if is_dispatch else "torch combine"]
         gbs = nbytes / times[impl] / 1e3
+        moved = d_traffic if is_dispatch else traffic[impl]
         extra = {"GB_s": round(gbs, 1), "copy_GB_s": round(copy_gbs, 1),
-                 "frac_copy": round(gbs / copy_gbs, 3), "torch_GB_s": round(nbytes / base / 1e3, 1),
+                 "frac_copy": round(gbs / copy_gbs, 3),
+                 "traffic_frac": round(moved / times[impl] / 1e3 / (2 * copy_gbs), 3),
+                 "torch_GB_s": round(nbytes / base / 1e3, 1),
                  "programs": buf.programs, "sms": buf.programs * world, "max_err": err}
         if impl == "dispatch default":
             extra["det_cost"] = round(times["dispatch det"] / times[impl], 3)

@@ -66,12 +66,14 @@ def _parse(r) -> tuple[dict[str, int], str]:
     """``({variable: value}, rest of the case label without them and the model names)``."""
     params, rest, models = {}, [], set(r.model.split(",")) if r.model else set()
     for tok in r.case.split():
+        if tok in models:  # model names first: "LLaMA-70B" is not 70 bytes
+            continue
         p, b = _PARAM.fullmatch(tok), _BYTES.fullmatch(tok)
         if p and not (p[1] == "W" and int(p[2]) == r.world_size):
             params[p[1]] = int(p[2])
         elif b:
             params["bytes"] = int(b[1]) * 1024 ** " KMGT".index(b[2] or " ")
-        elif tok not in models:
+        else:
             rest.append(tok)
     return params, " ".join(rest)
 
@@ -236,12 +238,16 @@ def _tick(x: float, var_bytes: bool) -> str:
     return f"{x // 1024}k" if x >= 1024 and x % 1024 == 0 else str(x)
 
 
+_W_COLOR = {1: 0, 2: 1, 4: 2, 8: 3, 3: 4, 5: 5, 6: 6, 7: 7}
+"""Color index per world size: the powers of two the benches use first, then the rest."""
+
+
 def _colors(names) -> dict[str, Any]:
     """``W=n`` series keep one color per world size across panels; others take the cycle."""
     out = {}
     for i, name in enumerate(names):
         w = re.fullmatch(r"W=(\d+)", name)
-        out[name] = f"C{int(math.log2(int(w[1]))) % 10}" if w else f"C{i % 10}"
+        out[name] = f"C{_W_COLOR.get(int(w[1]), int(w[1])) % 10}" if w else f"C{i % 10}"
     return out
 
 

@@ -1,4 +1,4 @@
-"""Kernels of the MoE token exchange: routing layout, dispatch and combine.
+"""Kernels of the MoE token exchange: routing layout and dispatch (the combine: ``_combine_kernels``).
 
 Terms (per rank r of W; E experts, EL = E / W of them on each rank, expert e on rank e // EL;
 k routing slots per token; an *entry* is one slot ``i = t * k + j`` of token t)::
@@ -33,18 +33,9 @@ epoch ``e + 2`` only after it waited, at ``e + 1``, for every peer's ready signa
 sends after its epoch-``e`` reads (stream order). A dispatch with a cached handle skips the
 layout: it stages, signals, waits, and gathers the rows its handle lists (``src_of_row``).
 
-One combine (rank r)::
-
-    stage y's kept rows in compact order into my y staging (skipped when y is the staging itself)
-    ready_c[r] += 1 on every rank; wait ready_c[s] >= epoch * P
-    out[t] = ((0 + w_t0 * y[dest_t0]) + w_t1 * y[dest_t1]) + ...   fp32, k order, one rounding
-    finish_c[r] += 1 on every rank; wait finish_c[s] >= epoch * P   (peers are done reading my
-    staging, so my caller may write it again: zero-copy combine inputs)
-
-Counts, offsets and every size are read and computed on the device; nothing here depends on a
-host value that changes per call except the token count. The combine's products are not fused
-into FMAs (``enable_fp_fusion=False``), so a torch reference of the same operations is bitwise
-equal.
+The combine kernel is in ``_combine_kernels``. Counts, offsets and every size are read and
+computed on the device; nothing here depends on a host value that changes per call except the
+token count.
 """
 from __future__ import annotations
 
@@ -223,31 +214,54 @@ def _copy_rows(dst_ptr, dst_rows, dst_stride, src_rows, keep, ncols, BLOCK_H: tl
 
 
 @dl.jit
+def _x_tile(x_ptr, step, steps, n_chunks, n_tokens, hidden, pid, nprog, BLOCK_R: tl.constexpr,
+            BLOCK_H: tl.constexpr):
+    """Step ``step`` of this program's walk over the token rows (row block, hidden chunk), as a
+    ``[BLOCK_R, BLOCK_H / 128, 128]`` tile in x's dtype (0 past the rows or the walk)."""
+    rows = (pid + (step // n_chunks) * nprog) * BLOCK_R + tl.arange(0, BLOCK_R)
+    NG: tl.constexpr = BLOCK_H // 128
+    col = (step % n_chunks) * BLOCK_H + tl.arange(0, NG)[None, :, None] * 128 + \
+        tl.arange(0, 128)[None, None, :]
+    m = ((rows < n_tokens) & (step < steps))[:, None, None] & (col < hidden)
+    return tl.load(x_ptr + rows.to(tl.int64)[:, None, None] * hidden + col, mask=m, other=0.0)
+
+
+@dl.jit
 def _stage_tokens(x_ptr, stage_x, stage_s, n_tokens, hidden, round_scale, pid, nprog,
                   FP8: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
     """This rank's token rows into its staging half; fp8: e4m3 per token and 128 channels with
-    fp32 scales ``max(amax, 1e-4) / 448`` (optionally rounded up to a power of two)."""
-    for t0 in range(pid * BLOCK_R, n_tokens, nprog * BLOCK_R):
-        rows = t0 + tl.arange(0, BLOCK_R)
-        r_ok = rows < n_tokens
-        base = rows.to(tl.int64) * hidden
-        if FP8:
-            NG: tl.constexpr = BLOCK_H // 128
-            groups = tl.arange(0, NG)
-            chan = tl.arange(0, 128)
-            for h0 in range(0, hidden, BLOCK_H):
-                col = h0 + groups[None, :, None] * 128 + chan[None, None, :]
-                m = r_ok[:, None, None] & (col < hidden)
-                v = tl.load(x_ptr + base[:, None, None] + col, mask=m, other=0.0).to(tl.float32)
-                # IEEE divisions (``/`` lowers to an approximate one on the GPU): torch's bits
-                scale = tl.div_rn(tl.maximum(tl.max(tl.abs(v), axis=2), 1e-4), 448.0)
-                scale = tl.where(round_scale != 0, _pow2_ceil(scale), scale)
-                q = tl.div_rn(v, tl.broadcast_to(scale[:, :, None], v.shape))
-                tl.store(stage_x + base[:, None, None] + col, _e4m3(q), mask=m)
-                g_ok = r_ok[:, None] & (h0 + groups[None, :] * 128 < hidden)
-                tl.store(stage_s + rows.to(tl.int64)[:, None] * (hidden // 128) + h0 // 128 + groups[None, :],
-                         scale, mask=g_ok)
-        else:
+    fp32 scales ``max(amax, 1e-4) / 448`` (optionally rounded up to a power of two), amax,
+    scale and codes of a tile from one load of it, the next tile's load in flight meanwhile."""
+    if FP8:
+        NG: tl.constexpr = BLOCK_H // 128
+        groups = tl.arange(0, NG)
+        n_chunks = tl.cdiv(hidden, BLOCK_H)
+        n_blocks = tl.cdiv(n_tokens, BLOCK_R)
+        steps = (tl.maximum(n_blocks - pid + nprog - 1, 0) // nprog) * n_chunks
+        nxt = _x_tile(x_ptr, tl.zeros((), tl.int32), steps, n_chunks, n_tokens, hidden, pid, nprog,
+                      BLOCK_R, BLOCK_H)
+        for step in range(0, steps):
+            cur = nxt  # the next step's load issued before this one's is waited for
+            nxt = _x_tile(x_ptr, step + 1, steps, n_chunks, n_tokens, hidden, pid, nprog, BLOCK_R,
+                          BLOCK_H)
+            v = cur.to(tl.float32)
+            rows = (pid + (step // n_chunks) * nprog) * BLOCK_R + tl.arange(0, BLOCK_R)
+            h0 = (step % n_chunks) * BLOCK_H
+            col = h0 + groups[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
+            m = (rows < n_tokens)[:, None, None] & (col < hidden)
+            # IEEE divisions (``/`` lowers to an approximate one on the GPU): torch's bits
+            scale = tl.div_rn(tl.maximum(tl.max(tl.abs(v), axis=2), 1e-4), 448.0)
+            scale = tl.where(round_scale != 0, _pow2_ceil(scale), scale)
+            q = tl.div_rn(v, tl.broadcast_to(scale[:, :, None], v.shape))
+            tl.store(stage_x + rows.to(tl.int64)[:, None, None] * hidden + col, _e4m3(q), mask=m)
+            g_ok = (rows < n_tokens)[:, None] & (h0 + groups[None, :] * 128 < hidden)
+            tl.store(stage_s + rows.to(tl.int64)[:, None] * (hidden // 128) + h0 // 128 + groups[None, :],
+                     scale, mask=g_ok)
+    else:
+        for t0 in range(pid * BLOCK_R, n_tokens, nprog * BLOCK_R):
+            rows = t0 + tl.arange(0, BLOCK_R)
+            r_ok = rows < n_tokens
+            base = rows.to(tl.int64) * hidden
             for h0 in range(0, hidden, BLOCK_H):
                 cols = h0 + tl.arange(0, BLOCK_H)
                 m = r_ok[:, None] & (cols < hidden)[None, :]
@@ -368,7 +382,8 @@ def dispatch_kernel(
         cnt_half, idx_half, x_half, s_half, scratch_words,
         cached, padded, alignment, has_w, det, round_scale, timeout_us, op_id,
         FP8: tl.constexpr, VEC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
-        BLOCK_I: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_E: tl.constexpr, CH: tl.constexpr):
+        BLOCK_SR: tl.constexpr, BLOCK_SH: tl.constexpr, BLOCK_I: tl.constexpr,
+        BLOCK_W: tl.constexpr, BLOCK_E: tl.constexpr, CH: tl.constexpr):
     """One dispatch of this rank (see the module docstring). ``cached``: the layout comes from
     a handle (``src_ptr`` = its ``src_of_row``, ``counts/offsets/cstart`` its tensors, read);
     else it is computed (those tensors and ``dest_ptr`` are written)."""
@@ -402,7 +417,7 @@ def dispatch_kernel(
             es = tl.maximum(e, 0)
             pos = _position(pos_ptr, prefix_ptr, ii, es, valid, E, det, CH)
             tl.store(my_sorted + tl.load(scr + es, mask=valid, other=0) + pos, ii, mask=valid)
-    _stage_tokens(x_ptr, my_x, my_s, n_tokens, hidden, round_scale, pid, nprog, FP8, BLOCK_R, BLOCK_H)
+    _stage_tokens(x_ptr, my_x, my_s, n_tokens, hidden, round_scale, pid, nprog, FP8, BLOCK_SR, BLOCK_SH)
     if has_w != 0:
         for i0 in range(pid * BLOCK_I, n_entries, nprog * BLOCK_I):
             ii = i0 + tl.arange(0, BLOCK_I)
@@ -520,15 +535,26 @@ def _receive_rows(out_x, out_s, out_w, src_ptr, row, keep, s, entry, table_ptr, 
                   xst_sym, sst_sym, wst_sym, parity, x_half, s_half, idx_half, hidden, topk, span,
                   has_w, store_src, FP8: tl.constexpr, BLOCK_H: tl.constexpr):
     """Rows ``row`` of the outputs from entries ``entry`` of source ranks ``s`` (their staging
-    of this epoch's parity): the token row (and fp8 scales), the weight, and (``store_src``) the
-    source as ``s * span + entry``."""
+    of this epoch's parity): the token row (fp8: with its scales, loaded in the same steps),
+    the weight, and (``store_src``) the source as ``s * span + entry``."""
     t = (entry // topk).to(tl.int64)
     x_rows = dl.peer_base(table_ptr, s, rank, xst_sym) + parity * x_half + t * hidden
-    _copy_rows(out_x, row, hidden, x_rows, keep, hidden, BLOCK_H)
+    dst_rows = out_x + row.to(tl.int64) * hidden
     if FP8:
+        NG: tl.constexpr = BLOCK_H // 128
         groups = hidden // 128
         s_rows = dl.peer_base(table_ptr, s, rank, sst_sym) + parity * s_half + t * groups
-        _copy_rows(out_s, row, groups, s_rows, keep, groups, BLOCK_H // 128)
+        dst_s = out_s + row.to(tl.int64) * groups
+    for h0 in range(0, hidden, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        m = keep[:, None] & (cols < hidden)[None, :]
+        v = tl.load(x_rows[:, None] + cols[None, :], mask=m, cache_modifier=".cg")
+        if FP8:
+            g = h0 // 128 + tl.arange(0, NG)
+            gm = keep[:, None] & (g < groups)[None, :]
+            sc = tl.load(s_rows[:, None] + g[None, :], mask=gm, cache_modifier=".cg")
+            tl.store(dst_s[:, None] + g[None, :], sc, mask=gm)
+        tl.store(dst_rows[:, None] + cols[None, :], v, mask=m)
     if has_w != 0:
         w = tl.load(dl.peer_base(table_ptr, s, rank, wst_sym) + parity * idx_half + entry, mask=keep,
                     other=0.0, cache_modifier=".cg")
@@ -571,82 +597,3 @@ def _layout_outputs(counts_ptr, offsets_ptr, cstart_ptr, my_cnt, t_n, t_cs, t_al
         cs = tl.load(t_cs + rank * EL + first)
         room = tl.maximum(tl.minimum(capacity - cs, tl.where(padded != 0, per_expert, capacity)), 0)
         _record(moe_claim, moe_record, _OVERFLOW, rank, rank * EL + first, n, room, epoch)
-
-
-# ---- combine -----------------------------------------------------------------------------------
-
-@dl.jit(do_not_specialize=(
-    "n_tokens", "copy_y", "rank", "world_size", "topk", "experts_local", "capacity", "hidden",
-    "y_stride", "stage_stride", "has_w", "timeout_us", "op_id"))
-def combine_kernel(y_ptr, w_ptr, dest_ptr, out_ptr, counts_ptr, offsets_ptr, cstart_ptr,
-                   n_tokens, copy_y,
-                   sig_ptr, table_ptr, yst_sym, err_claim, err_record,
-                   rank, world_size, topk, experts_local, capacity, hidden, y_stride, stage_stride,
-                   has_w, timeout_us, op_id,
-                   VEC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
-                   BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, KC: tl.constexpr):
-    """One combine of this rank (see the module docstring): ``out[t] = sum_j w[t, j] *
-    y_owner[dest[t, j]]`` in fp32, j in order, one rounding (absent weights: 1)."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    epoch = tl.load(sig_ptr + SIG_EPOCH_C, volatile=True).to(tl.int64) + 1
-    deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
-    hidden = hidden // VEC * VEC
-    y_stride = y_stride // VEC * VEC
-    stage_stride = stage_stride // VEC * VEC
-    EL = experts_local
-
-    # ---- my expert outputs into my staging, compact order (unless y is the staging) -----------
-    if copy_y != 0:
-        total = tl.minimum(tl.load(cstart_ptr + EL), capacity)
-        for f0 in range(pid * BLOCK_R, total, nprog * BLOCK_R):
-            f = f0 + tl.arange(0, BLOCK_R)
-            f_ok = f < total
-            row, keep = _compact_row(f, f_ok, cstart_ptr, counts_ptr, offsets_ptr, EL, BLOCK_E)
-            _copy_rows(yst_sym, f, stage_stride, y_ptr + row.to(tl.int64) * y_stride, keep, hidden, BLOCK_H)
-    for i in range(world_size):
-        peer = (rank + i) % world_size
-        dl.signal_add(dl.peer_base(table_ptr, peer, rank, sig_ptr) + SIG_READY_D + world_size + rank, 1)
-    ok = pid >= 0
-    for peer in range(world_size):
-        ok = ok & dl.wait_at_least(sig_ptr + SIG_READY_D + world_size + peer, epoch * nprog, deadline,
-                                   err_claim, err_record, op_id, rank, peer, epoch)
-
-    # ---- weighted sum of every token's rows, k order, fp32 -----------------------------------
-    if ok:
-        for t0 in range(pid * BLOCK_T, n_tokens, nprog * BLOCK_T):
-            tok = t0 + tl.arange(0, BLOCK_T)
-            t_ok = tok < n_tokens
-            for h0 in range(0, hidden, BLOCK_H):
-                cols = h0 + tl.arange(0, BLOCK_H)
-                c_ok = cols < hidden
-                acc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)
-                for j0 in range(0, topk, KC):
-                    # KC slots unrolled: their row loads are independent and issue together
-                    for jj in tl.static_range(KC):
-                        j = j0 + jj
-                        on = t_ok & (j < topk)
-                        dst = tl.load(dest_ptr + tok * topk + j, mask=on, other=-1)
-                        valid = dst >= 0
-                        safe = tl.maximum(dst, 0)
-                        rows = dl.peer_base(table_ptr, safe // capacity, rank, yst_sym) + \
-                            (safe % capacity).to(tl.int64) * stage_stride
-                        v = tl.load(rows[:, None] + cols[None, :], mask=valid[:, None] & c_ok[None, :],
-                                    other=0.0, cache_modifier=".cg").to(tl.float32)
-                        wt = tl.load(w_ptr + tok * topk + j, mask=valid & (has_w != 0), other=1.0)
-                        acc = tl.where(valid[:, None], acc + wt[:, None] * v, acc)
-                tl.store(out_ptr + tok.to(tl.int64)[:, None] * hidden + cols[None, :],
-                         acc.to(out_ptr.dtype.element_ty), mask=t_ok[:, None] & c_ok[None, :])
-
-    # ---- every rank has read my staging: my caller may overwrite it --------------------------
-    for i in range(world_size):
-        peer = (rank + i) % world_size
-        dl.signal_add(dl.peer_base(table_ptr, peer, rank, sig_ptr) + SIG_READY_D + 2 * world_size + rank, 1)
-    for peer in range(world_size):
-        dl.wait_at_least(sig_ptr + SIG_READY_D + 2 * world_size + peer, epoch * nprog, deadline,
-                         err_claim, err_record, op_id, rank, peer, epoch)
-    tl.debug_barrier()
-    finished = tl.atomic_add(sig_ptr + SIG_DONE_C, 1, sem="acq_rel", scope="gpu")
-    if finished == nprog - 1:
-        tl.store(sig_ptr + SIG_EPOCH_C, epoch)
-        tl.store(sig_ptr + SIG_DONE_C, 0)

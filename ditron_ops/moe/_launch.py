@@ -4,13 +4,18 @@ scratch, the per-call plans (bound kernel launches) and the precompile list.
 Symmetric allocation of one Buffer (offsets 256-byte aligned; W ranks, E experts, T = max tokens
 per rank, k = top-k, H = hidden, CAP = receive capacity in rows)::
 
-    signal   int64 [8 + 3W]        epochs, done counters, ready_d[W], ready_c[W], finish_c[W]
+    signal   int64 [8 + 3W]        epochs, done counters, in-place combine: y's offset and
+                                   stride; ready_d[W], ready_c[W], finish_c[W]
     counts   int32 [2][W][E + 4]   per parity: every source's counts and meta (pushed by it)
     sorted   int32 [2][T k]        per parity: this rank's entries in expert-major order
     weights  fp32  [2][T k]        per parity: this rank's routing weights
     tokens   bytes [2][T][H elem]  per parity: this rank's token rows (fp8 codes with fp8)
     scales   fp32  [2][T][H/128]   per parity (fp8 buffers only)
     y stage  bytes [CAP][row]      expert outputs in compact order, row = max(H elem, 4 k8) bytes
+    row map  int32 [CAP]           in-place combine: the row of y holding each compact row
+
+Private scratch (``Scratch``): the layout's per-entry and per-chunk words, each program's count
+tables, and the combine's routes (``int64 [T k]``: element offset of each entry's row).
 """
 from __future__ import annotations
 
@@ -23,8 +28,9 @@ from .. import _env
 from ..runtime.group import Group, op_id
 from ..runtime.launcher import BoundKernel
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
-from ._kernels import (META, SIG_HEAD, combine_kernel, dispatch_kernel, layout_atomic_kernel,
-                       layout_chunk_kernel, layout_scan_kernel)
+from ._combine_kernels import combine_kernel
+from ._kernels import (META, SIG_HEAD, dispatch_kernel, layout_atomic_kernel, layout_chunk_kernel,
+                       layout_scan_kernel)
 
 PURPOSE = "moe"
 MAX_PROGRAMS = 32
@@ -34,21 +40,98 @@ is left per rank for the layout kernels and small torch kernels queued in a grap
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
-# launch configurations (interpreter: small tiles, one program per rank)
-GPU_DISPATCH = dict(BLOCK_R=16, BLOCK_H=1024, BLOCK_I=512, BLOCK_W=8, BLOCK_E=256, num_warps=8)
-CPU_DISPATCH = dict(BLOCK_R=16, BLOCK_H=128, BLOCK_I=64, BLOCK_W=8, BLOCK_E=16, num_warps=4)
-GPU_COMBINE = dict(BLOCK_R=16, BLOCK_T=8, BLOCK_H=512, BLOCK_E=256, KC=8, num_warps=8)
-CPU_COMBINE = dict(BLOCK_R=16, BLOCK_T=16, BLOCK_H=128, BLOCK_E=16, KC=4, num_warps=4)
-"""Tiles: a copy moves BLOCK_R rows x BLOCK_H elements per step (16 bf16 rows x 1024 = 32 KB in
-flight per program, one program per SM); the combine reads KC slots of BLOCK_T tokens x BLOCK_H
-at once (8 x 8 x 512 bf16 = 64 KB). Not tuned on hardware yet: ``python -m ditron_ops.bench moe``
-reports GB/s against the copy bandwidth."""
+# launch configurations: fixed parts here, tile sizes from the rules below (``dispatch_tiles``,
+# ``combine_tiles``); the interpreter gets small tiles and one program per rank
+GPU_DISPATCH = dict(BLOCK_I=512, BLOCK_W=8, BLOCK_E=256, num_warps=8)
+CPU_DISPATCH = dict(BLOCK_I=64, BLOCK_W=8, BLOCK_E=16, num_warps=4)
 GPU_CHUNK, CPU_CHUNK = 128, 32
 """Entries per program of the layout kernels (the deterministic pass compares every pair of a
 chunk: CH^2 work per chunk)."""
 GPU_HIST_E, CPU_HIST_E = 64, 16
 GPU_SCAN, CPU_SCAN = (64, 32), (16, 16)
 """Layout scan tile: (chunks, experts) per step."""
+
+GPU_WARPS_COMBINE = 16
+"""Warps per combine program: with one program per SM, 16 warps that never wait for each
+other in the summing loop keep 16 x 32 x (up to 8 slots) row loads of 16 bytes in flight."""
+ROWS_IN_FLIGHT = 8
+"""Row loads of 16 bytes each combine thread keeps in flight per step (slots x repeats)."""
+SPREAD = 8
+"""Combine work units per program wanted: fewer token blocks than that split the hidden
+dimension into segments (balance at small token counts)."""
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def hidden_block(width: int, elem: int, max_bytes: int, floor: int = 0) -> int:
+    """Columns per kernel step over rows of ``width`` elements of ``elem`` bytes: the widest
+    power of two of at most ``max_bytes`` whose steps pad a row by at most 1/8 (hidden 7168:
+    1024, seven exact steps, rather than four of 2048 with the last half empty), at least 16
+    bytes and at least ``floor`` elements."""
+    low = max(16 // elem, floor, 1)
+    block = max(low, min(_pow2_ceil(width), _pow2_floor(max_bytes // elem)))
+    while block > low and (-(-width // block) * block - width) * 8 > width:
+        block //= 2
+    return block
+
+
+def _rows_for(bytes_per_step: int, row_bytes: int, most: int = 64) -> int:
+    """Rows per step so one step moves about ``bytes_per_step`` (a power of two, 1..most)."""
+    return max(1, min(most, _pow2_floor(max(1, bytes_per_step // row_bytes))))
+
+
+def dispatch_tiles(hidden: int, x_elem: int, fp8: bool, gpu: bool) -> dict:
+    """Tiles of the dispatch kernel, a rule over the row size (bytes per step, not a shape table):
+
+    * receive (``BLOCK_R`` rows x ``BLOCK_H`` staged elements, fp8 with the rows' scales in the
+      same step): about 32 KB per step on a GPU (8 warps: 128 bytes in flight per thread),
+      whatever the element size, so an fp8 row block costs the steps a bf16 one does, not twice;
+    * staging (``BLOCK_SR`` x ``BLOCK_SH``): a bf16 copy like the receive; fp8 quantization
+      8K values per step (32 fp32 registers a thread), whole 128-channel groups.
+    """
+    staged = 1 if fp8 else x_elem
+    step = 32768 if gpu else 4096
+    floor = 128 if fp8 else 0
+    bh = hidden_block(hidden, staged, 4096 if gpu else 512, floor)
+    tiles = dict(BLOCK_H=bh, BLOCK_R=_rows_for(step, bh * staged))
+    if fp8:
+        sh = hidden_block(hidden, x_elem, (4096 if gpu else 512) * x_elem, 128)
+        tiles.update(BLOCK_SH=sh, BLOCK_SR=_rows_for((8192 if gpu else 1024) * x_elem, sh * x_elem))
+    else:
+        tiles.update(BLOCK_SH=bh, BLOCK_SR=tiles["BLOCK_R"])
+    return tiles
+
+
+def combine_tiles(hidden: int, elem: int, topk: int, max_tokens: int, gpu: bool) -> dict:
+    """Tiles of the combine kernel, a rule over (row size, top-k, token bound):
+
+    * summing step: ``BLOCK_T`` tokens x ``BLOCK_H`` columns per slot, one 16-byte load per
+      thread per slot (repeated when k < ``ROWS_IN_FLIGHT``), slots loaded ``KC`` at a time
+      (at most 8: registers) before they are added in k order; ``BLOCK_H`` from
+      ``hidden_block`` (no mostly-empty last chunk), the rest of the tile in tokens;
+    * routes: ``UNITS`` units' entries per step of the routing pass (2048 lanes on a GPU);
+    * staging copy (multi-process backends): about 64 KB per step;
+    * row map (in place): ``BLOCK_F`` rows per step, expert search ``BLOCK_S`` wide.
+    """
+    vec = 16 // elem
+    kc = min(topk, ROWS_IN_FLIGHT)
+    lanes = 32 * GPU_WARPS_COMBINE if gpu else 64
+    tile = lanes * vec * max(1, ROWS_IN_FLIGHT // kc)
+    bh = hidden_block(hidden, elem, tile * elem)
+    bt = max(1, min(tile // bh, 64, _pow2_ceil(max_tokens)))
+    kp = _pow2_ceil(topk)
+    units = max(1, _pow2_floor((2048 if gpu else 256) // (bt * kp)))
+    bc = hidden_block(hidden, elem, 4096 if gpu else 512)
+    return dict(TOPK=topk, KP=kp, KC=kc, BLOCK_T=bt, BLOCK_H=bh, UNITS=units, SPREAD=SPREAD,
+                BLOCK_C=bc, BLOCK_R=_rows_for(65536 if gpu else 4096, bc * elem),
+                BLOCK_F=512 if gpu else 64, BLOCK_S=32 if gpu else 16,
+                num_warps=GPU_WARPS_COMBINE if gpu else 4)
 
 
 def _gpu(device: torch.device) -> bool:
@@ -113,7 +196,7 @@ class Regions:
         sizes = [("sig", self.sig_words * 8), ("counts", 2 * self.cnt_half * 4),
                  ("sorted", 2 * self.idx_half * 4), ("weights", 2 * self.idx_half * 4),
                  ("tokens", 2 * self.x_half_bytes), ("scales", 2 * self.s_half * 4),
-                 ("ystage", self.capacity * self.y_row_bytes)]
+                 ("ystage", self.capacity * self.y_row_bytes), ("rowmap", self.capacity * 4)]
         out, at = {}, 0
         for name, nbytes in sizes:
             out[name] = at
@@ -138,7 +221,8 @@ class Regions:
                 "weights": view("weights", 2 * self.idx_half * 4, torch.float32),
                 "tokens": local[off["tokens"]: off["tokens"] + 2 * self.x_half_bytes],
                 "scales": view("scales", 2 * self.s_half * 4, torch.float32),
-                "ystage": local[off["ystage"]: off["ystage"] + self.capacity * self.y_row_bytes]}
+                "ystage": local[off["ystage"]: off["ystage"] + self.capacity * self.y_row_bytes],
+                "rowmap": view("rowmap", self.capacity * 4, torch.int32)}
 
 
 class Scratch:
@@ -159,6 +243,7 @@ class Scratch:
         self.table_words = _align(4 * e + 3 * w * e + el + 2, 16)
         self.tables = torch.zeros(programs * self.table_words, dtype=torch.int32, device=device)
         self.dummy = torch.zeros(16, dtype=torch.float32, device=device)
+        self.route = torch.zeros(max(entries, 1), dtype=torch.int64, device=device)
 
 
 def programs_per_rank(group: Group) -> int:
@@ -179,6 +264,8 @@ class DispatchPlan:
         device = group.device
         gpu = _gpu(device)
         cfg = dict(GPU_DISPATCH if gpu else CPU_DISPATCH)
+        cfg.update(dispatch_tiles(reg.hidden, torch.empty((), dtype=x_dtype).element_size(), fp8, gpu))
+        self.tiles = cfg
         self.det, self.cached = det, cached
         entries = reg.max_tokens * reg.topk
         views = buf.views
@@ -236,14 +323,21 @@ class DispatchPlan:
 
 
 class CombinePlan:
-    """The bound combine launch of one (Buffer, y dtype, hidden, weights) variant."""
+    """The bound combine launch of one (Buffer, y dtype, hidden, weights, in place) variant.
 
-    def __init__(self, buf, *, dtype: torch.dtype, hidden: int, has_w: bool):
+    ``in_place``: peers read each rank's expert outputs where they are (``y`` itself, through
+    the row map), which needs every rank's kernels to address every rank's tensors (a virtual
+    world); else each rank first copies its outputs into its symmetric staging (unless ``y``
+    is that staging already, ``Buffer.combine_input``)."""
+
+    def __init__(self, buf, *, dtype: torch.dtype, hidden: int, has_w: bool, in_place: bool):
         group, reg, sc = buf.group, buf.regions, buf.scratch
         device = group.device
-        cfg = dict(GPU_COMBINE if _gpu(device) else CPU_COMBINE)
-        record, claim = group._error_tensors()
+        gpu = _gpu(device)
         elem = torch.empty((), dtype=dtype).element_size()
+        cfg = combine_tiles(hidden, elem, reg.topk, reg.max_tokens, gpu)
+        self.tiles, self.in_place = cfg, in_place
+        record, claim = group._error_tensors()
         self.stage = buf.views["ystage"].view(dtype)
         self.stage_stride = reg.y_row_bytes // elem
         y = torch.zeros(16, dtype=dtype, device=device)
@@ -251,14 +345,14 @@ class CombinePlan:
         fp_opts = {"enable_fp_fusion": False}  # products and sums rounded apart (bitwise reference)
         self.kernel = BoundKernel(
             combine_kernel, (buf.programs,),
-            (y, sc.dummy, i32, y, i32, i32, i32, 0, 1,
-             buf.views["sig"], buf.sym.ptr_table, self.stage, claim, record,
-             group.rank, group.world_size, reg.topk, reg.num_experts // group.world_size,
-             reg.capacity, hidden, hidden, self.stage_stride, int(has_w), group.timeout_us(),
+            (y, sc.dummy, i32, y, i32, i32, i32, 0, 1, hidden,
+             sc.route, buf.views["sig"], buf.sym.ptr_table, self.stage, buf.views["rowmap"],
+             claim, record, group.rank, group.world_size, reg.num_experts // group.world_size,
+             reg.capacity, hidden, self.stage_stride, int(has_w), group.timeout_us(),
              op_id("moe_combine")),
-            dict(VEC=vec(dtype, False), **cfg, **fp_opts),
+            dict(IN_PLACE=in_place, VEC=vec(dtype, False), **cfg, **fp_opts),
             vary=("y_ptr", "w_ptr", "dest_ptr", "out_ptr", "counts_ptr", "offsets_ptr",
-                  "cstart_ptr", "n_tokens", "copy_y"),
+                  "cstart_ptr", "n_tokens", "copy_y", "y_stride"),
             device=device)
 
 
@@ -286,7 +380,9 @@ class _OneRank:
 def _precompile(device: torch.device, dtypes: tuple) -> None:
     """Every variant's plan on a one-rank world (``runtime.precompile``): layouts (both index
     dtypes, both modes), dispatch (every dtype with and without fp8, fresh and cached),
-    combine (every dtype, in its own and in fp32)."""
+    combine (every dtype, in its own and in fp32, in place and staged). Tile sizes follow the
+    shapes (``dispatch_tiles``, ``combine_tiles``): a Buffer of other sizes compiles its own
+    variants when its plans are built (before any launch)."""
     for dtype in (d for d in DTYPES if d in dtypes):
         for fp8 in (False, True):
             buf = _OneRank(device, dtype, fp8)
@@ -297,8 +393,9 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
             DispatchPlan(buf, x_dtype=dtype, idx_dtype=None, fp8=fp8, round_scale=False,
                          det=False, has_w=True, cached=True, padded=False, alignment=1, rows=8)
             if not fp8:
-                for y_dtype, width in ((dtype, buf.regions.hidden), (torch.float32, 8)):
-                    CombinePlan(buf, dtype=y_dtype, hidden=width, has_w=True)
+                for (y_dtype, width), in_place in itertools.product(
+                        ((dtype, buf.regions.hidden), (torch.float32, 8)), (True, False)):
+                    CombinePlan(buf, dtype=y_dtype, hidden=width, has_w=True, in_place=in_place)
 
 
 register_precompile(PURPOSE, _precompile, ("moe_dispatch", "moe_combine"))

@@ -251,6 +251,12 @@ class Buffer:
         # every rank must wait for the same number of programs: agree on the smallest share
         self.programs = min(group.all_gather_object(programs_per_rank(group)))
         self.scratch = Scratch(regions, self.programs, group.device)
+        self.combine_in_place = group.shared_address_space
+        """Whether ``combine`` reads each rank's expert outputs where they are (default where
+        every rank's kernels address every rank's tensors: a virtual world) instead of copying
+        them into the symmetric staging first (every other backend; set False to run that path
+        in a virtual world, e.g. to measure it). Same results either way, per rank: each rank's
+        combine tells its peers where its rows are."""
         pin = group.device.type == "cuda"
         self.record = torch.zeros(8, dtype=torch.int64, pin_memory=pin)
         self._status = self.record.numpy()
@@ -261,6 +267,7 @@ class Buffer:
         self.name = f"{group.group_name}/moe{next(_ids)}"
         with _lock:
             _buffers[self.name] = self
+        group.own(self.name, self)  # dropped with the group if never closed (``drop``)
 
     # -- sizes --------------------------------------------------------------------------------------
     @staticmethod
@@ -268,7 +275,7 @@ class Buffer:
                   topk: int, dtype: torch.dtype = torch.bfloat16, fp8: bool = False,
                   max_recv_tokens: Optional[int] = None) -> int:
         """Symmetric bytes per rank a Buffer with these arguments allocates (private scratch:
-        about ``12 * T_max * k`` more bytes)."""
+        about ``20 * T_max * k`` more bytes)."""
         return _regions(world_size, num_experts, max_tokens_per_rank, hidden, topk, dtype, fp8,
                         max_recv_tokens).nbytes
 
@@ -277,7 +284,8 @@ class Buffer:
         """Device bytes this Buffer holds per rank (symmetric + scratch)."""
         sc = self.scratch
         return self.regions.nbytes + sum(t.numel() * t.element_size() for t in
-                                         (sc.idx32, sc.pos, sc.hist, sc.count, sc.bad, sc.tables))
+                                         (sc.idx32, sc.pos, sc.hist, sc.count, sc.bad, sc.tables,
+                                          sc.route))
 
     def rows(self, layout: str, expert_alignment: int = 1) -> int:
         """Received rows of ``layout`` (the outputs' first dimension, flattened)."""
@@ -365,7 +373,8 @@ class Buffer:
         y : torch.Tensor
             Expert outputs in the dispatch's layout (``MoEDispatch.x``'s shape), Buffer dtype
             (not fp8). Only rows holding received tokens are read. Passing ``combine_input()``
-            (layout ``expert_contig`` with alignment 1) skips the staging copy.
+            (layout ``expert_contig`` with alignment 1) skips the staging copy (a virtual world
+            makes none: peers read ``y`` in place, ``combine_in_place``).
         handle : MoEHandle
         topk_weights : torch.Tensor, optional
             ``fp32 [T, k]``; default: the dispatch's weights, else 1 (a plain sum).
@@ -408,8 +417,9 @@ class Buffer:
     def combine_input(self) -> torch.Tensor:
         """``[CAP, H]`` view of this rank's combine staging: expert outputs written here in the
         ``expert_contig`` layout with ``expert_alignment=1`` need no staging copy in
-        ``combine``. Overwritten by nothing but the caller (and ``combine``'s own staging copy
-        of other inputs); peers read it only during ``combine``."""
+        ``combine`` (in a virtual world no input needs one: ``combine_in_place``). Overwritten
+        by nothing but the caller (and ``combine``'s own staging copy of other inputs); peers
+        read it only during ``combine``."""
         stage = self.views["ystage"].view(self.dtype)
         stride = self.regions.y_row_bytes // stage.element_size()
         return stage.view(self.capacity, stride)[:, :self.hidden]
@@ -448,14 +458,24 @@ class Buffer:
 
     def close(self) -> None:
         """Collective: free the symmetric memory (every rank, after its last call)."""
-        if self.sym is None:
+        sym = self.sym
+        if sym is None:
             return
+        self.drop()
+        self.group.free_symmetric(sym)
+
+    def drop(self) -> None:
+        """Forget this Buffer without the collective free (not collective): what its group
+        calls when it ends with the Buffer still open (``Group.drop_owned``: the launch
+        returned, e.g. after a rank failed, or NVSHMEM is finalized, which frees the symmetric
+        memory itself). Unregisters it and drops its plans and memory references; later calls
+        raise ``ValueError`` (no open Buffer of that name)."""
         with _lock:
             _buffers.pop(self.name, None)
+        self.group.disown(self.name)
         self.plans.clear()
-        self.views = None
-        sym, self.sym = self.sym, None
-        self.group.free_symmetric(sym)
+        self.views = self.scratch = None
+        self.sym = None
 
     def __enter__(self) -> "Buffer":
         return self
@@ -628,16 +648,19 @@ class Buffer:
                       and y.stride() == stage.stride())
         y = _aligned(y) if copy_y else y
         topk_weights = _aligned(topk_weights)
-        key = ("moe_combine", y.dtype, hidden, topk_weights is not None)
+        in_place = self.combine_in_place
+        key = ("moe_combine", y.dtype, hidden, topk_weights is not None, in_place)
         plan = self.plans.get(key, lambda: CombinePlan(self, dtype=y.dtype, hidden=hidden,
-                                                       has_w=topk_weights is not None))
+                                                       has_w=topk_weights is not None,
+                                                       in_place=in_place))
         t = dest.shape[0]
         if out is None:
             out = torch.empty((t, hidden), dtype=y.dtype, device=group.device)
         self.combine_calls += 1
         with group.waiting_launch("moe_combine", self.combine_calls):
             plan.kernel.launch(y, self.scratch.dummy if topk_weights is None else topk_weights, dest,
-                               out, counts, offsets, cstart, t, int(copy_y))
+                               out, counts, offsets, cstart, t, int(copy_y),
+                               hidden if copy_y else stage.stride(0))
         if group.sync_check:
             group.synchronize()
         return out

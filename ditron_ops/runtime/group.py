@@ -103,6 +103,9 @@ class Group:
         self.group_name = group_name
         self.timeout_s = float(timeout_s) if timeout_s is not None else _env.default_timeout_s()
         self._workspaces: dict[str, Any] = {}
+        # objects that hold this group's memory outside its workspaces (MoE Buffers), by name:
+        # dropped with the group (``drop_owned``), so one never closed cannot outlive it
+        self._owned: dict[str, Any] = {}
         self.plans = PlanCache(self)
         self._validated: dict = {}  # call keys whose arguments passed the checks (``_validation.memo``)
         self._agreed: set = set()  # signatures all ranks agreed on (``agreement.agree``)
@@ -153,6 +156,13 @@ class Group:
     def ranks_per_device(self) -> int:
         """Ranks of this group sharing this rank's device (W in a virtual world, else 1)."""
         return 1
+
+    @property
+    def shared_address_space(self) -> bool:
+        """Whether every rank's kernels can read any tensor of every rank at the address its
+        owner sees (one process, one device: the virtual world). Elsewhere peers reach only
+        symmetric memory."""
+        return False
 
     def sm_share(self) -> int:
         """This rank's share of its GPU's SMs: kernels that wait on peers size their grids to
@@ -265,6 +275,24 @@ class Group:
         return max(1, min(int(self.timeout_s * 1e6), 2**31 - 1))
 
     # -- lifetime --------------------------------------------------------------------------------
+    def own(self, name: str, resource: Any) -> None:
+        """Register ``resource`` (it has a ``drop()`` method) as living no longer than this
+        group: ``drop_owned`` drops it when the group ends (a virtual world's launch returned,
+        or NVSHMEM is finalized). Its ``close`` calls ``disown``."""
+        self._owned[name] = resource
+
+    def disown(self, name: str) -> None:
+        self._owned.pop(name, None)
+
+    def drop_owned(self) -> None:
+        """Drop every resource still owned: not collective (the group's device work has
+        ended). Why: a resource the user never closed — a rank that raised, or skipped its
+        collective ``close`` because a peer was gone — stayed in its process-wide registry with
+        its device memory for the life of the process (MoE Buffers after faulty launches)."""
+        for resource in list(self._owned.values()):
+            resource.drop()
+        self._owned.clear()
+
     def _release_workspaces(self) -> None:
         self.plans.clear()  # plans view the workspaces
         for ws in list(self._workspaces.values()):

@@ -397,6 +397,7 @@ def finalize_nvshmem(group: Optional[NvshmemGroup] = None) -> None:
         try:
             with torch.cuda.device(owner.device):
                 torch.cuda.current_stream(owner.device).synchronize()
+                owner.drop_owned()  # unclosed MoE Buffers: their memory is in _live, freed below
                 owner._release_workspaces()
                 for buf in reversed(list(owner._live)):
                     owner._free_symmetric(buf)

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import threading
 import time
+import traceback
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -159,8 +160,10 @@ class VirtualWorld:
     def close(self) -> None:
         """Drop every rank's memory (after all ranks' device work has finished)."""
         for g in self.groups:
+            g.drop_owned()  # MoE Buffers a rank did not close (it failed, or a peer did)
             g.plans.clear()
             g._workspaces.clear()
+            g._failure = None  # (went to the caller; else a cycle: group -> error -> frames -> group)
         self._slots = [None] * self.world_size
 
 
@@ -178,6 +181,10 @@ class VirtualGroup(Group):
     @property
     def ranks_per_device(self) -> int:
         return self.world_size
+
+    @property
+    def shared_address_space(self) -> bool:
+        return True  # the ranks are threads of one process on one device
 
     @property
     def stream(self) -> Optional[torch.cuda.Stream]:
@@ -356,7 +363,25 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
     world.close()
     if any(e is not None for e in errors):
         rank, err = _root_cause(errors)
+        for other in errors:  # not reported: the tensors their frames hold go now
+            if other is not None and other is not err:
+                _clear_frames(other)
         if hasattr(err, "add_note"):
             err.add_note(f"(raised on virtual rank {rank} of {world_size})")
-        raise err
+        try:
+            raise err
+        finally:
+            # the traceback holds this frame and the ranks' frames, whose ``errors`` (a cell of
+            # ``body``) holds the traceback: a reference cycle that kept the failed ranks'
+            # tensors until Python's cycle collector ran (it runs on object counts, not bytes)
+            errors = err = None
     return results
+
+
+def _clear_frames(exc: BaseException) -> None:
+    """Drop the locals of every finished frame of ``exc``'s tracebacks (and its causes')."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__

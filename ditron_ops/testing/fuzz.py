@@ -17,19 +17,26 @@ them, every dtype of the device, default and deterministic mode (as an argument 
   bound of a dot product's rounding error, so cancelling sums do not fail).
 
 Every rank runs the same program; a call's per-rank data comes from its seed and the rank, so
-arguments that must agree do agree (the generator draws no disagreeing ranks yet). A rank runs
-its calls back to back (no host synchronization between them: the protocol's state lives in
-such sequences), then synchronizes once (a recorded device error is raised as itself, not seen
-as a wrong result), then checks every call.
+arguments that must agree do agree, except in the one call of a ``Mismatch``
+(``programs(mismatch=True)``, ``fuzz_mismatch``): one rank changes the dtype, an agreed
+dimension or a flag there, every rank must get ``DitronMismatchError`` naming the op, the field
+and both values, and the program goes on (its other calls are checked). A rank runs its calls
+back to back (no host synchronization between them: the protocol's state lives in such
+sequences), then synchronizes once (a recorded device error is raised as itself, not seen as a
+wrong result), then checks every call.
 
 A ``Fault`` makes one rank raise before a call, or skip it and every later one; the other ranks
 must then get a ``DitronError`` (``DitronTimeoutError``) within ``FAULT_BOUND`` waits
 (``run_faulty_program``). A hang is a failure: every wait is bounded by the launch's timeout.
+A ``delay`` fault makes one rank late to a call instead (its stream sleeps on a GPU): every
+result must still be right (``run_program``).
 
-Cost in the CPU interpreter (2 cores): a call takes 10-120 ms at W = 2, 40-450 ms at W = 4 and
-90 ms-1.3 s at W = 6 (ulysses_attention, flash_decode and the MoE exchange are the dearest);
-150 programs of W in 1..4 take about 2.5 minutes, hence ``programs()``'s default ``max_world=4``;
-``max_world=6`` (and ``dtypes=GPU_DTYPES``) on a GPU. Needs ``hypothesis`` (the dev extra).
+Sizes: ``CPU_SIZES`` (tiny) for the interpreter, ``GPU_SIZES`` (shapes across the kernels'
+tiles) with ``dtypes=GPU_DTYPES`` and ``max_world=6`` on a GPU. Cost in the CPU interpreter
+(2 cores): a call takes 10-120 ms at W = 2, 40-450 ms at W = 4 and 90 ms-1.3 s at W = 6
+(ulysses_attention, flash_decode and the MoE exchange are the dearest); 150 programs of W in
+1..4 take about 2.5 minutes, hence ``programs()``'s default ``max_world=4``. Needs
+``hypothesis`` (the dev extra).
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ import contextlib
 import dataclasses
 import math
 import time
+import traceback
 from typing import Any, Callable, Optional
 
 import torch
@@ -47,7 +55,7 @@ from ..attention.flash_decode import flash_decode
 from ..attention.ulysses import ulysses_attention
 from ..collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from ..deterministic import deterministic as deterministic_mode
-from ..errors import DitronError
+from ..errors import DitronError, DitronMismatchError
 from ..gemm.ag_gemm import ag_gemm
 from ..gemm.gemm_rs import gemm_ar, gemm_rs
 from ..gemm._core import matmul
@@ -57,6 +65,7 @@ from ..runtime.split import split_sizes
 from ..runtime.virtual import launch
 from . import moe_checks
 from .ag_gemm_checks import REL_TOL as GEMM_TOL
+from .fuzz_mismatch import Mismatch, draw_mismatch
 from .ulysses_checks import REL_TOL as ATTENTION_TOL
 
 CPU_DTYPES = (torch.float32, torch.float16)  # bf16 arithmetic is wrong in the interpreter
@@ -87,20 +96,25 @@ class Call:
 @dataclasses.dataclass(frozen=True)
 class Fault:
     """Rank ``rank`` raises (``kind="raise"``) before call ``call``, or returns there
-    (``"skip"``: that call and every later one are never made)."""
+    (``"skip"``: that call and every later one are never made), or is late to it
+    (``"delay"``: its stream sleeps ``cycles`` GPU clock cycles first, ``cycles`` ns of host
+    time in the interpreter; the program must still give correct results)."""
     rank: int
     call: int
     kind: str
+    cycles: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class Program:
     """``calls`` on a virtual world of ``world_size`` ranks; ``moe`` sizes its MoE Buffers
-    (``experts_per_rank``, ``max_tokens``, ``hidden``, ``topk``), one per (dtype, fp8)."""
+    (``experts_per_rank``, ``max_tokens``, ``hidden``, ``topk``), one per (dtype, fp8);
+    at most one of ``fault`` and ``mismatch`` (a rank that disagrees, ``fuzz_mismatch``)."""
     world_size: int
     calls: tuple
     moe: dict
     fault: Optional[Fault] = None
+    mismatch: Optional[Mismatch] = None
 
 
 class InjectedFault(Exception):
@@ -109,52 +123,91 @@ class InjectedFault(Exception):
 
 # -- strategies -------------------------------------------------------------------------------------
 
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Upper bounds of the drawn shapes (all lower bounds are 0 or 1). ``CPU_SIZES``: tiny,
+    for the interpreter; ``GPU_SIZES``: shapes that cross the GPU kernels' tiles with partial
+    ones (the GEMMs' 128 x 256 x 64 tiles: N to 320, K to 320, M to 400; flash_decode's
+    512-key deterministic chunks: 600 keys per rank), yet small enough for 2000 programs in
+    minutes. ``fd_dims``/``uly_dims``: head dims drawn (a repeated one weighs more)."""
+    rows: int = 6              # all_gather rows per rank
+    dim: int = 5               # a trailing dim of the collectives' inputs
+    rs_rows: int = 3           # reduce_scatter: up to rs_rows * W + 2 rows
+    a2a_dim: int = 4           # all_to_all dims (the scattered one: W x 1..a2a_mult)
+    a2a_mult: int = 3
+    gemm_n: int = 24           # N of every GEMM
+    ag_rows: int = 20          # ag_gemm M_r
+    ag_k: int = 24             # ag_gemm K
+    rs_m: int = 24             # gemm_rs / gemm_ar M
+    rs_k: int = 20             # gemm_rs / gemm_ar K_r
+    fd_b: int = 3              # flash_decode batch, keys per rank, KV heads, Hq / Hkv
+    fd_keys: int = 20
+    fd_hkv: int = 2
+    fd_group: int = 2
+    fd_dims: tuple = (64, 64, 64, 128)  # 128 costs twice as much in the interpreter
+    uly_b: int = 2             # ulysses batch and S_r
+    uly_s: int = 6
+    uly_dims: tuple = (64,)
+    moe_experts: int = 3       # MoE experts per rank, T_max, top-k, hidden (fp8: fp8_hidden)
+    moe_tokens: int = 6
+    moe_topk: int = 3
+    moe_hidden: tuple = (8, 16, 24)
+    fp8_hidden: int = 128
+
+
+CPU_SIZES = Sizes()
+GPU_SIZES = Sizes(rows=160, dim=48, rs_rows=40, a2a_dim=16, a2a_mult=8, gemm_n=320, ag_rows=200,
+                  ag_k=320, rs_m=400, rs_k=200, fd_b=4, fd_keys=600, fd_hkv=4, fd_group=4,
+                  fd_dims=(64, 128), uly_b=2, uly_s=96, uly_dims=(64, 128), moe_experts=4,
+                  moe_tokens=48, moe_topk=4, moe_hidden=(64, 256, 520), fp8_hidden=256)
+
+
 def _per_rank(w: int, values) -> st.SearchStrategy:
     return st.lists(values, min_size=w, max_size=w)
 
 
-def _rest(max_dims: int) -> st.SearchStrategy:
+def _rest(max_dims: int, sz: Sizes) -> st.SearchStrategy:
     """Trailing dims of a tensor (0 allowed: empty rows)."""
-    return st.lists(st.integers(0, 5), min_size=0, max_size=max_dims).map(tuple)
+    return st.lists(st.integers(0, sz.dim), min_size=0, max_size=max_dims).map(tuple)
 
 
-def _draw_all_gather(draw, w: int) -> dict:
-    rows = draw(_per_rank(w, st.integers(0, 6)))
+def _draw_all_gather(draw, w: int, sz: Sizes) -> dict:
+    rows = draw(_per_rank(w, st.integers(0, sz.rows)))
     even = draw(st.booleans())
     rows = [rows[0]] * w if even else rows
-    return dict(rows=rows, rest=draw(_rest(2)), layout=draw(st.sampled_from(LAYOUTS)),
+    return dict(rows=rows, rest=draw(_rest(2, sz)), layout=draw(st.sampled_from(LAYOUTS)),
                 pass_sizes=not even or draw(st.booleans()))
 
 
-def _draw_reduce_scatter(draw, w: int) -> dict:
-    return dict(rows=draw(st.integers(0, 3 * w + 2)), rest=draw(_rest(2)),
+def _draw_reduce_scatter(draw, w: int, sz: Sizes) -> dict:
+    return dict(rows=draw(st.integers(0, sz.rs_rows * w + 2)), rest=draw(_rest(2, sz)),
                 layout=draw(st.sampled_from(LAYOUTS)))
 
 
-def _draw_all_reduce(draw, w: int) -> dict:
-    return dict(shape=draw(_rest(3)), layout=draw(st.sampled_from(LAYOUTS)),
+def _draw_all_reduce(draw, w: int, sz: Sizes) -> dict:
+    return dict(shape=draw(_rest(3, sz)), layout=draw(st.sampled_from(LAYOUTS)),
                 algorithm=draw(st.sampled_from(("auto", "one_shot", "two_shot"))))
 
 
-def _draw_all_to_all(draw, w: int) -> dict:
-    shape = list(draw(st.lists(st.integers(1, 4), min_size=1, max_size=4)))
+def _draw_all_to_all(draw, w: int, sz: Sizes) -> dict:
+    shape = list(draw(st.lists(st.integers(1, sz.a2a_dim), min_size=1, max_size=4)))
     scatter = draw(st.integers(0, len(shape) - 1))
-    shape[scatter] = w * draw(st.integers(1, 3))
+    shape[scatter] = w * draw(st.integers(1, sz.a2a_mult))
     return dict(shape=tuple(shape), scatter_dim=scatter,
                 gather_dim=draw(st.integers(0, len(shape) - 1)), layout=draw(st.sampled_from(LAYOUTS)))
 
 
-def _draw_gemm_common(draw) -> dict:
-    return dict(n=draw(st.integers(0, 24)), a_layout=draw(st.sampled_from(LAYOUTS)),
+def _draw_gemm_common(draw, sz: Sizes) -> dict:
+    return dict(n=draw(st.integers(0, sz.gemm_n)), a_layout=draw(st.sampled_from(LAYOUTS)),
                 b_layout=draw(st.sampled_from(LAYOUTS)),
                 impl=draw(st.sampled_from(("auto", "fused", "baseline"))))
 
 
-def _draw_ag_gemm(draw, w: int) -> dict:
-    rows = draw(_per_rank(w, st.integers(0, 20)))
+def _draw_ag_gemm(draw, w: int, sz: Sizes) -> dict:
+    rows = draw(_per_rank(w, st.integers(0, sz.ag_rows)))
     even = draw(st.booleans())
-    return dict(_draw_gemm_common(draw), rows=[rows[0]] * w if even else rows,
-                pass_sizes=not even or draw(st.booleans()), k=draw(st.integers(0, 24)),
+    return dict(_draw_gemm_common(draw, sz), rows=[rows[0]] * w if even else rows,
+                pass_sizes=not even or draw(st.booleans()), k=draw(st.integers(0, sz.ag_k)),
                 bias=draw(st.booleans()), out=draw(st.booleans()),
                 return_gathered=draw(st.booleans()))
 
@@ -167,39 +220,42 @@ def _draw_shards(draw, m: int, w: int) -> Optional[list]:
     return [b - a for a, b in zip([0] + cuts, cuts + [m])]
 
 
-def _draw_gemm_rs(draw, w: int) -> dict:
-    m = draw(st.integers(0, 24))
-    return dict(_draw_gemm_common(draw), m=m, k=draw(_per_rank(w, st.integers(0, 20))),
+def _draw_gemm_rs(draw, w: int, sz: Sizes) -> dict:
+    m = draw(st.integers(0, sz.rs_m))
+    return dict(_draw_gemm_common(draw, sz), m=m, k=draw(_per_rank(w, st.integers(0, sz.rs_k))),
                 shard_sizes=_draw_shards(draw, m, w))
 
 
-def _draw_gemm_ar(draw, w: int) -> dict:
-    return dict(_draw_gemm_common(draw), m=draw(st.integers(0, 24)),
-                k=draw(_per_rank(w, st.integers(0, 20))),
+def _draw_gemm_ar(draw, w: int, sz: Sizes) -> dict:
+    return dict(_draw_gemm_common(draw, sz), m=draw(st.integers(0, sz.rs_m)),
+                k=draw(_per_rank(w, st.integers(0, sz.rs_k))),
                 algorithm=draw(st.sampled_from(("auto", "one_shot", "two_shot"))))
 
 
-def _draw_flash_decode(draw, w: int) -> dict:
-    b = draw(st.integers(1, 3))
-    s_max = draw(_per_rank(w, st.integers(0, 20)))
+def _draw_flash_decode(draw, w: int, sz: Sizes) -> dict:
+    b = draw(st.integers(1, sz.fd_b))
+    s_max = draw(_per_rank(w, st.integers(0, sz.fd_keys)))
     empty = draw(_per_rank(w, st.booleans()))  # ranks holding no keys at all
     lens = [[0 if empty[r] else draw(st.integers(0, s_max[r])) for _ in range(b)] for r in range(w)]
-    hkv = draw(st.integers(1, 2))
-    return dict(b=b, hkv=hkv, hq=hkv * draw(st.integers(1, 2)),
-                d=draw(st.sampled_from((64, 64, 64, 128))),  # 128 costs twice as much
+    hkv = draw(st.integers(1, sz.fd_hkv))
+    return dict(b=b, hkv=hkv, hq=hkv * draw(st.integers(1, sz.fd_group)),
+                d=draw(st.sampled_from(sz.fd_dims)),
                 s_max=s_max, lens=lens, layout=draw(st.sampled_from(ROW_LAYOUTS)),
                 lens_dtype=draw(st.sampled_from(("int32", "int64"))),
                 slice=draw(st.lists(st.integers(0, b - 1), min_size=1, max_size=b, unique=True)))
 
 
-def _draw_ulysses_attention(draw, w: int) -> dict:
+def _draw_ulysses_attention(draw, w: int, sz: Sizes) -> dict:
     hkv = draw(st.sampled_from([d for d in range(1, w + 1) if w % d == 0] + [2 * w]))
     hq = math.lcm(hkv, w) * draw(st.integers(1, 2))
-    return dict(b=draw(st.integers(1, 2)), s_r=draw(st.integers(1, 6)), hq=hq, hkv=hkv, d=64,
+    b, s_r = draw(st.integers(1, sz.uly_b)), draw(st.integers(1, sz.uly_s))
+    # one head dim draws nothing (the CPU tier's programs stay the ones it always drew)
+    d = sz.uly_dims[0] if len(sz.uly_dims) == 1 else draw(st.sampled_from(sz.uly_dims))
+    return dict(b=b, s_r=s_r, hq=hq, hkv=hkv, d=d,
                 causal=draw(st.booleans()), layout=draw(st.sampled_from(LAYOUTS)))
 
 
-def _draw_moe(draw, w: int, cfg: dict) -> dict:
+def _draw_moe(draw, w: int, sz: Sizes, cfg: dict) -> dict:
     layout = draw(st.sampled_from(("expert_padded", "expert_contig")))
     return dict(tokens=draw(_per_rank(w, st.integers(0, cfg["max_tokens"]))),
                 routing=draw(st.sampled_from(("random", "random", "skewed", "one_expert", "none"))),
@@ -214,29 +270,48 @@ _DRAW = {op: globals()[f"_draw_{op}"] for op in OPS}
 
 
 @st.composite
-def calls(draw, world_size: int, moe: dict, dtypes=CPU_DTYPES, ops=OPS) -> Call:
+def calls(draw, world_size: int, moe: dict, dtypes=CPU_DTYPES, ops=OPS,
+          sizes: Sizes = CPU_SIZES) -> Call:
     """One ``Call`` of an op in ``ops`` for a world of ``world_size`` ranks."""
     op = draw(st.sampled_from(ops))
-    args = _DRAW[op](draw, world_size, moe) if op == "moe" else _DRAW[op](draw, world_size)
+    args = (_DRAW[op](draw, world_size, sizes, moe) if op == "moe" else
+            _DRAW[op](draw, world_size, sizes))
     return Call(op, draw(st.sampled_from(dtypes)), draw(st.sampled_from(MODES)),
                 draw(st.integers(0, 2**16)), args)
 
 
+DELAY_CYCLES = (10**4, 10**6, 2 * 10**7)
+"""A late rank's sleep: about 5 us, 0.5 ms and 10 ms of an H200's clock. The wait bounds are
+seconds, so lateness must never turn into an error or a wrong result."""
+
+
 @st.composite
 def programs(draw, min_world: int = 1, max_world: int = 4, min_calls: int = 3, max_calls: int = 30,
-             dtypes=CPU_DTYPES, ops=OPS, faults: tuple = ()) -> Program:
-    """A ``Program`` (see the module docstring); ``faults``: the ``Fault`` kinds to draw one of
-    (``"raise"``, ``"skip"``; then W >= 2), none when empty."""
-    w = draw(st.integers(max(min_world, 2 if faults else 1), max_world))
-    moe = dict(experts_per_rank=draw(st.integers(1, 3)), max_tokens=draw(st.integers(1, 6)),
-               hidden=draw(st.sampled_from((8, 16, 24))))
-    moe["topk"] = draw(st.integers(1, min(3, moe["experts_per_rank"] * w)))
-    body = tuple(draw(st.lists(calls(w, moe, dtypes, ops), min_size=min_calls, max_size=max_calls)))
-    fault = None
+             dtypes=CPU_DTYPES, ops=OPS, faults: tuple = (), mismatch: bool = False,
+             sizes: Sizes = CPU_SIZES) -> Program:
+    """A ``Program`` (see the module docstring) of shapes bounded by ``sizes``. ``faults``:
+    the ``Fault`` kinds to draw one of (``"raise"``, ``"skip"``, ``"delay"``), none when
+    empty; ``mismatch``: one call where a rank disagrees (``fuzz_mismatch``; ``dtypes`` must
+    hold two dtypes). Either makes W >= 2. Both are drawn after the calls, so the programs
+    drawn without them stay the programs they were."""
+    assert not (faults and mismatch), "a fault or a mismatch, not both"
+    w = draw(st.integers(max(min_world, 2 if faults or mismatch else 1), max_world))
+    moe = dict(experts_per_rank=draw(st.integers(1, sizes.moe_experts)),
+               max_tokens=draw(st.integers(1, sizes.moe_tokens)),
+               hidden=draw(st.sampled_from(sizes.moe_hidden)), fp8_hidden=sizes.fp8_hidden)
+    moe["topk"] = draw(st.integers(1, min(sizes.moe_topk, moe["experts_per_rank"] * w)))
+    body = tuple(draw(st.lists(calls(w, moe, dtypes, ops, sizes), min_size=min_calls,
+                               max_size=max_calls)))
+    fault = disagree = None
     if faults:
-        fault = Fault(draw(st.integers(0, w - 1)), draw(st.integers(0, len(body) - 1)),
-                      draw(st.sampled_from(faults)))
-    return Program(w, body, moe, fault)
+        rank, at, kind = (draw(st.integers(0, w - 1)), draw(st.integers(0, len(body) - 1)),
+                          draw(st.sampled_from(faults)))
+        fault = Fault(rank, at, kind, draw(st.sampled_from(DELAY_CYCLES)) if kind == "delay" else 0)
+    if mismatch:
+        at = draw(st.integers(0, len(body) - 1))
+        marked, disagree = draw_mismatch(draw, body[at], at, w, dtypes, sizes, moe)
+        body = body[:at] + (marked,) + body[at + 1:]
+    return Program(w, body, moe, fault, disagree)
 
 
 # -- inputs ---------------------------------------------------------------------------------------
@@ -444,6 +519,9 @@ def _run_ulysses_attention(group: Group, call: Call, ctx) -> Callable[[], None]:
 def _run_moe(group: Group, call: Call, ctx) -> Callable[[], None]:
     a, r = call.args, group.rank
     buf = ctx.buffer(call)
+    # both combine paths: in place (the virtual world's) and staged (every other backend's);
+    # the seed is the same on every rank, so the ranks agree
+    buf.combine_in_place = call.seed % 2 == 0
     count = a["tokens"][r]
     idx, weights = moe_checks.routing(group, count, buf.num_experts, buf.topk, a["routing"],
                                       call.seed, getattr(torch, a["idx_dtype"]))
@@ -485,14 +563,16 @@ class _Context:
         self.group, self.cfg, self.buffers = group, program.moe, {}
 
     def buffer(self, call: Call) -> Buffer:
-        fp8 = call.args["fp8"]
-        key = (call.dtype, fp8)
+        """The Buffer of the call's (dtype, fp8), sized by the program, or by the call's
+        ``buffer`` overrides (a disagreeing rank's own Buffer, ``fuzz_mismatch``)."""
+        fp8, extra = call.args["fp8"], call.args.get("buffer", {})
+        key = (call.dtype, fp8, tuple(sorted(extra.items())))
         if key not in self.buffers:
-            c, w = self.cfg, self.group.world_size
+            c, w = {**self.cfg, **extra}, self.group.world_size
             self.buffers[key] = Buffer(self.group, num_experts=c["experts_per_rank"] * w,
                                        max_tokens_per_rank=c["max_tokens"],
-                                       hidden=128 if fp8 else c["hidden"], topk=c["topk"],
-                                       dtype=call.dtype, fp8=fp8)
+                                       hidden=c.get("fp8_hidden", 128) if fp8 else c["hidden"],
+                                       topk=c["topk"], dtype=call.dtype, fp8=fp8)
         return self.buffers[key]
 
     def close(self) -> None:
@@ -513,26 +593,71 @@ def _noting(group: Group, index: int, call: Call, fn: Callable[[], Any]) -> Any:
         raise
 
 
+def _delay(group: Group, cycles: int) -> None:
+    """Make this rank late: its stream sleeps (GPU), or its thread (the interpreter, whose
+    kernels run on the calling thread)."""
+    if group.device.type == "cuda":
+        torch.cuda._sleep(cycles)
+    else:
+        time.sleep(cycles * 1e-9)
+
+
+def _disagree(group: Group, mm: Mismatch, call: Call, ctx: "_Context") -> None:
+    """Make this rank's side of the disagreeing call: it must raise ``DitronMismatchError``
+    naming the op, the field, this rank's value and the named peer's (AssertionError if not)."""
+    mine = mm.variant if group.rank == mm.rank else call
+    try:
+        _RUN[mine.op](group, mine, ctx)
+    except DitronMismatchError as err:
+        def value(rank: int):
+            return mm.values[1] if rank == mm.rank else mm.values[0]
+        got = (err.op, err.field, err.mine, err.theirs)
+        want = (mm.op, mm.field, value(group.rank), value(err.peer))
+        assert got == want and err.peer != group.rank and err.rank == group.rank, \
+            f"rank {group.rank}: {err} ({got} != {want})"
+        assert err.peer == mm.rank or group.rank == mm.rank, f"peer {err.peer} of {mm}"
+        return
+    raise AssertionError(f"rank {group.rank}: no DitronMismatchError for {mm}")
+
+
 def _rank_body(group: Group, program: Program, outcomes: dict) -> str:
     """Run ``program`` on this rank: every call back to back (no host synchronization between
     them, where the protocol's state lives), then one ``synchronize`` (a recorded device error
-    is raised as itself, not seen as a wrong result), then every call's check. With a fault:
-    no checks; the survivors' outcomes go to ``outcomes`` (``_survive``)."""
-    ctx, fault, checks = _Context(group, program), program.fault, []
+    is raised as itself, not seen as a wrong result), then every call's check. A ``raise`` or
+    ``skip`` fault: no checks; the survivors' outcomes go to ``outcomes`` (``_survive``). A
+    mismatch: the disagreeing call must raise on every rank (``_disagree``), then the program
+    goes on and every other call is checked."""
+    ctx, fault, mm, checks = _Context(group, program), program.fault, program.mismatch, []
     for i, call in enumerate(program.calls):
-        if fault is not None and i == fault.call:
+        if fault is not None and i == fault.call and fault.kind != "delay":
             if group.rank == fault.rank:
                 if fault.kind == "raise":
                     raise InjectedFault(f"rank {group.rank} raised before call {i}")
                 return "skipped"
             outcomes[group.rank] = _survive(group, program.calls[i:], ctx, i)
             return "survived"
-        checks.append(_noting(group, i, call, lambda: _RUN[call.op](group, call, ctx)))
+        if fault is not None and i == fault.call and group.rank == fault.rank:
+            _delay(group, fault.cycles)
+        if mm is not None and i == mm.call:
+            _noting(group, i, call, lambda: _disagree(group, mm, call, ctx))
+            continue
+        checks.append((i, call, _noting(group, i, call, lambda: _RUN[call.op](group, call, ctx))))
     group.synchronize()
-    for i, (call, check) in enumerate(zip(program.calls, checks)):
+    for i, call, check in checks:
         _noting(group, i, call, check)
     ctx.close()
     return "ok"
+
+
+def _detached(exc: BaseException) -> BaseException:
+    """``exc`` without its frames' locals (they hold the rank's tensors and Buffers, and a
+    traceback that ends in a frame holding the error is a reference cycle)."""
+    chain, seen = exc, set()
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        traceback.clear_frames(chain.__traceback__)
+        chain = chain.__cause__ or chain.__context__
+    return exc
 
 
 def _survive(group: Group, rest: tuple, ctx: _Context, first: int):
@@ -545,35 +670,44 @@ def _survive(group: Group, rest: tuple, ctx: _Context, first: int):
         all_reduce(torch.ones(1, device=group.device), group)
         group.synchronize()
     except DitronError as exc:
-        return exc, time.monotonic() - t0
+        return _detached(exc), time.monotonic() - t0
     return None
 
 
 def run_program(program: Program, timeout_s: float = 10.0) -> list:
-    """Run ``program`` (no fault) in one ``launch``; every call checked (AssertionError).
-    Returns the ranks' results (``"ok"``)."""
+    """Run ``program`` (no fault but a ``delay``; a mismatch allowed) in one ``launch``; every
+    call checked (AssertionError). Returns the ranks' results (``"ok"``)."""
+    assert program.fault is None or program.fault.kind == "delay", program.fault
     return launch(_rank_body, program.world_size, args=(program, {}), timeout_s=timeout_s)
 
 
-def run_faulty_program(program: Program, timeout_s: float = 0.5) -> dict:
-    """Run ``program`` with its ``Fault``: assert that every other rank got a ``DitronError``
-    within ``FAULT_BOUND`` timeouts of the faulty call (+1 s of host work), that the launch
-    raised the injected error (``raise``) or returned (``skip``), and that a new launch of the
-    calls up to the faulty one then passes its checks. Returns ``{rank: (error, seconds)}`` of
-    the survivors."""
+def fault_free(program: Program) -> Program:
+    """The calls of ``program`` up to its faulty (or disagreeing) one, without the fault."""
+    last = program.fault.call if program.fault is not None else program.mismatch.call
+    return dataclasses.replace(program, calls=program.calls[:last + 1], fault=None, mismatch=None)
+
+
+def run_faulty_program(program: Program, timeout_s: float = 0.5, relaunch: bool = True) -> dict:
+    """Run ``program`` with its ``raise`` or ``skip`` ``Fault``: assert that every other rank
+    got a ``DitronError`` within ``FAULT_BOUND`` timeouts of the faulty call (+1 s of host
+    work), that the launch raised the injected error (``raise``) or returned (``skip``), and
+    (``relaunch``) that a new launch of ``fault_free(program)`` then passes its checks.
+    Returns ``{rank: (error, seconds)}`` of the survivors (errors without their frames'
+    locals, ``_detached``: nothing of the launch outlives it)."""
     fault, outcomes = program.fault, {}
+    assert fault is not None and fault.kind in ("raise", "skip"), fault
+    raised = ""
     try:
         launch(_rank_body, program.world_size, args=(program, outcomes), timeout_s=timeout_s)
-        raised = None
-    except InjectedFault as exc:
-        raised = exc
-    assert (raised is not None) == (fault.kind == "raise"), f"launch raised {raised!r} for {fault}"
+    except InjectedFault as exc:  # (kept as text: the exception's frames would hold this one)
+        raised = repr(exc)
+    assert bool(raised) == (fault.kind == "raise"), f"launch raised {raised or None} for {fault}"
     survivors = [r for r in range(program.world_size) if r != fault.rank]
     for r in survivors:
         got = outcomes.get(r)
         assert got is not None, f"rank {r} got no DitronError after {fault}"
         assert got[1] <= FAULT_BOUND * timeout_s + 1.0, \
             f"rank {r}: {type(got[0]).__name__} after {got[1]:.1f} s > bound ({got[0]})"
-    clean = dataclasses.replace(program, calls=program.calls[:fault.call + 1], fault=None)
-    assert run_program(clean) == ["ok"] * program.world_size
+    if relaunch:
+        assert run_program(fault_free(program)) == ["ok"] * program.world_size
     return {r: outcomes[r] for r in survivors}

@@ -25,14 +25,17 @@ def _settle(group):
     group.barrier()
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "staged"])
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
-def test_matches_reference(world_size):
+def test_matches_reference(world_size, in_place):
     """Deterministic dispatch + identity combine vs the reference, bitwise: both layouts,
     random and skewed routing, uneven token counts (one rank sends none), H = 1024, top-8 of
-    8 W experts, int32 and int64 ids, alignment 16."""
+    8 W experts, int32 and int64 ids, alignment 16; combines in place (the virtual world's
+    default) and staged (every other backend's path)."""
     def body(group):
         with Buffer(group, num_experts=8 * group.world_size, max_tokens_per_rank=96, hidden=1024, topk=8,
                     dtype=BF16) as buf:
+            buf.combine_in_place = in_place
             count = 0 if group.rank == 1 else 96 - 7 * group.rank
             for seed, (kind, layout, align) in enumerate([("random", "expert_padded", 1), ("skewed", "expert_contig", 16),
                                                           ("random", "expert_contig", 1)]):
@@ -85,12 +88,13 @@ def test_run_to_run_and_batch_invariance():
     assert ditron_ops.launch(body, 4) == [True] * 4
 
 
-def _graph(group, layout):
+def _graph(group, layout, in_place):
     """Capture dispatch + experts + combine once, after a per-rank device delay; replay 1000
     times: every replay's output equals the eager one (epochs and staging parity advance on the
     device; ranks arrive at different times)."""
     with Buffer(group, num_experts=8 * group.world_size, max_tokens_per_rank=128, hidden=1024, topk=8,
                 dtype=BF16) as buf:
+        buf.combine_in_place = in_place
         idx, w = mc.routing(group, 128, buf.num_experts, 8, "random", 9)
         x = mc.tokens(group, 128, 1024, BF16, 9)
 
@@ -118,21 +122,24 @@ def _graph(group, layout):
     return True
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "staged"])
 @pytest.mark.parametrize("layout", ["expert_padded", "expert_contig"])
 @pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_cuda_graph_replay_1000(world_size, layout):
-    assert ditron_ops.launch(_graph, world_size, args=(layout,)) == [True] * world_size
+def test_cuda_graph_replay_1000(world_size, layout, in_place):
+    assert ditron_ops.launch(_graph, world_size, args=(layout, in_place)) == [True] * world_size
 
 
 def test_ten_thousand_back_to_back_calls():
     """10^4 calls (dispatch + combine pairs, cached-handle dispatches, both layouts, both modes,
-    token counts 0..T_max) with no cleaning between them; every 50th combine checked bitwise."""
+    token counts 0..T_max, combines in place, staged or each rank its own way) with no
+    cleaning between them; every 50th combine checked bitwise."""
     def body(group):
         with Buffer(group, num_experts=32, max_tokens_per_rank=64, hidden=512, topk=4, dtype=BF16) as buf:
             pool = [(mc.routing(group, 64, 32, 4, "random", s), mc.tokens(group, 64, 512, BF16, s)) for s in range(16)]
             pending = torch.zeros((), dtype=torch.int64, device=group.device)
             handle = prev = None
             for i in range(5000):
+                buf.combine_in_place = (i + group.rank) % 3 != 0
                 count = (i * 13 + group.rank * 5) % 65
                 (idx, w), x = pool[i % 16]
                 idx, w, x = idx[:count], w[:count], x[:count]

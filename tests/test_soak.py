@@ -1,0 +1,69 @@
+"""The soak (``tools/soak.py``, ``ditron_ops.testing.soak``) in the CPU interpreter: a quick run
+of every op family passes and writes its CSV and JSON; a wrong result and memory growth after
+every shape was seen make it fail."""
+import csv
+import json
+
+import pytest
+import torch
+
+from ditron_ops.testing import soak
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
+
+
+@pytest.mark.timeout(120)
+def test_quick_soak_every_family_passes(tmp_path, capsys):
+    assert soak.main(["--calls", "40", "--world-size", "2", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "soak_summary.json").read_text())
+    assert summary["wrong"] == 0 and summary["calls"] >= 40
+    assert summary["families"] == sorted(soak.FAMILIES)
+    assert summary["cycles"] > summary["seen_after_cycle"] == soak.VARIANTS
+    rows = list(csv.DictReader(open(tmp_path / "soak_cycles.csv")))
+    assert len(rows) == summary["cycles"] and int(rows[-1]["calls"]) == summary["calls"]
+    assert "soak: PASS" in capsys.readouterr().out
+
+
+def test_wrong_result_and_stale_output_fail(tmp_path, monkeypatch):
+    """An all_reduce that returns its first output again (stale: the cycles alternate input
+    sets), and an all_gather whose output is off by one, are counted; the run exits 1."""
+    real, gather, first = soak.all_reduce, soak.all_gather, {}
+
+    def stale(x, group, **kw):
+        return first.setdefault(group.rank, real(x, group, **kw))
+
+    monkeypatch.setattr(soak, "all_reduce", stale)
+    assert soak.main(["--calls", "4", "--world-size", "2", "--only", "all_reduce",
+                      "--out", str(tmp_path)]) == 1
+    summary = json.loads((tmp_path / "soak_summary.json").read_text())
+    assert summary["wrong"] > 0 and all("all_reduce" in name for name in summary["wrong_by_case"])
+    monkeypatch.setattr(soak, "all_gather", lambda x, group, **kw: gather(x, group, **kw) + 1)
+    assert soak.main(["--calls", "3", "--world-size", "2", "--only", "all_gather",
+                      "--out", str(tmp_path)]) == 1
+
+
+def test_memory_growth_after_every_shape_was_seen(tmp_path, monkeypatch, capsys):
+    """Allocated bytes that still grow after cycle ``VARIANTS`` fail the run (the records are
+    faked here: a CPU has no device allocator); ``analyze`` finds the last growth."""
+    records = iter([(100, 150), (120, 170), (120, 160), (130, 180)])
+    monkeypatch.setattr(soak, "_record_memory", lambda group, high: next(records))
+    assert soak.main(["--calls", "4", "--world-size", "2", "--only", "all_to_all",
+                      "--out", str(tmp_path)]) == 1
+    summary = json.loads((tmp_path / "soak_summary.json").read_text())
+    assert summary["wrong"] == 0 and summary["memory_grew_after_seen"]
+    assert summary["memory_stops_growing_after_cycle"] == 4 and summary["high_water_bytes"] == 180
+    assert "GREW after every shape was seen" in capsys.readouterr().out
+    assert soak.analyze([100, 120, 120, 110, 120], seen=2) == (2, False)
+    assert soak.analyze([100, 100, 100], seen=2) == (1, False)
+    assert soak.analyze([100, 120, 120, 121], seen=2) == (4, True)
+    assert soak.analyze([100, 90, 95, 100, 101], seen=2) == (5, True)
+
+
+def test_an_op_that_raises_exits_2(tmp_path, monkeypatch):
+    def broken(*args, **kw):
+        raise RuntimeError("broken op")
+
+    monkeypatch.setattr(soak, "all_to_all", broken)
+    assert soak.main(["--calls", "3", "--world-size", "2", "--only", "all_to_all",
+                      "--out", str(tmp_path)]) == 2
+    assert "broken op" in json.loads((tmp_path / "soak_summary.json").read_text())["error"]
