@@ -23,6 +23,19 @@ the 128x256 tiles (benchmarks/NOTES.md, GEMM core).
 Deterministic mode picks only candidates whose rows were measured bitwise equal to the 128x256
 tiles' rows (``Candidate.deterministic``): BLOCK_K = 64 and the MMA's K order fixed, a row's
 result does not depend on the M-side tiling (all 240 rows of ``tools/invariant_configs.py``).
+
+Split-K (``select_split``; the default mode's plain ``matmul`` only, never deterministic mode,
+whose K order per element is fixed, and never the fused ops' waiting kernels): where a
+candidate's tiles are fewer than the program budget (under one wave) and K is long, the K loop
+is cut into S slices of whole ``BLOCK_K`` steps, one program per (tile, slice) writing fp32
+partials, then one reduce kernel sums them in slice order. Its time, in microseconds::
+
+    time(c, S) = SPLIT_STEP_US x [waves of tiles x S] x area(c) / efficiency(c) x ceil(steps / S)
+                 + S x M x N x 8 bytes / PARTIAL_BYTES_PER_S + SPLIT_LAUNCH_US
+
+(``time(c, 1)`` is the tile rule's time x steps x ``STEP_US``: an S = 1 choice is always
+``select``'s). The constants are guesses until ``bench gemm_sweep --only splitk`` measures S in
+{1, 2, 4, 8} (``tools/gemm_rule_fit.py --splitk`` fits them on its CSV).
 """
 from __future__ import annotations
 
@@ -195,3 +208,119 @@ def select_config(m: int, n: int, programs: int, device: torch.device, *,
     M, N, the device and the mode), so a repeated call does not select again.
     """
     return select(m, n, programs, device, deterministic=deterministic).cfg
+
+
+# -- split-K ---------------------------------------------------------------------------------
+
+STEP_US = 0.66
+"""One ``BLOCK_K = 64`` step of a 128x256 tile at efficiency 1, microseconds, unsplit under one
+wave: the median of measured time / (``predicted_time`` x K steps) over the candidates' 39 rows
+with fewer tiles than SMs in the H200 sweep data (0.45-0.85; ``tools/gemm_rule_fit.py``
+prints it). Only its ratio to the costs below matters."""
+SPLIT_STEP_US = 0.73
+"""The same step with K split: the median over the candidates' 105 rows of one wave or more
+(a split fills the SMs, which then share the memory and the power; a guess until measured)."""
+PARTIAL_BYTES_PER_S = 3.5e12
+"""Rate of the fp32 partials' traffic (each written once by the split GEMM and read once by the
+reduce: ``S x M x N x 8`` bytes), bytes/s: about the H200's HBM bandwidth (4.8 TB/s peak) at
+copy efficiency; partials that stay in the 50 MB L2 go faster (a guess until measured)."""
+SPLIT_LAUNCH_US = 3.0
+"""The reduce kernel's launch and its tail (one more kernel per call), microseconds (a guess)."""
+MAX_SPLIT = 8
+"""Most K slices the rule picks (what ``bench gemm_sweep --only splitk`` measures: 1, 2, 4, 8)."""
+MIN_SLICE_STEPS = 4
+"""Fewest ``BLOCK_K`` steps per slice: a shorter K loop does not fill the 4-6 stage pipeline."""
+
+
+def slices(k: int, block_k: int, split: int) -> tuple[int, int]:
+    """``(slices, steps)`` of cutting ``ceil(k / block_k)`` K steps into ``split`` slices of
+    ``steps = ceil(total / split)`` steps each (every slice but the last a whole number of
+    ``block_k``), without empty slices: ``slices <= split`` (e.g. 9 steps in 4: 3 x 3)."""
+    total = max(1, -(-k // block_k))
+    steps = -(-total // max(1, split))
+    return -(-total // steps), steps
+
+
+def split_time_us(c: Candidate, m: int, n: int, k: int, programs: int, split: int) -> float:
+    """The model's time of ``c`` with K in ``split`` slices (module docstring), microseconds;
+    ``split = 1`` is ``predicted_time`` x K steps x ``STEP_US`` (no partials, no reduce)."""
+    cfg = c.cfg
+    used, steps = slices(k, cfg.block_k, split)
+    if used == 1:
+        return predicted_time(c, m, n, programs) * steps * STEP_US
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    full, _ = waves(tiles * used, max(1, programs), dataclasses.replace(cfg, split_tail=False))
+    area = cfg.block_m * cfg.block_n / (128 * 256)
+    return (full * area / c.efficiency * steps * SPLIT_STEP_US
+            + used * m * n * 8 / PARTIAL_BYTES_PER_S * 1e6 + SPLIT_LAUNCH_US)
+
+
+def _shortlist(m: int, device: torch.device, deterministic: bool) -> tuple[Candidate, ...]:
+    """``select``'s candidates for ``m`` (only the shortest tiles when memory-bound)."""
+    cands = candidates(device, deterministic)
+    if m <= max(c.cfg.block_m for c in cands):
+        shortest = min(c.cfg.block_m for c in cands)
+        cands = tuple(c for c in cands if c.cfg.block_m == shortest)
+    return cands
+
+
+def split_options(m: int, n: int, k: int, programs: int, device: torch.device, *,
+                  deterministic: bool) -> list[tuple[Candidate, int]]:
+    """The split ``(candidate, slices)`` the rule weighs against ``select``'s unsplit choice:
+    none in deterministic mode; else, for each of ``select``'s candidates with fewer tiles than
+    ``programs`` (under one wave), every count of 2 to ``MAX_SPLIT`` slices (as ``slices``
+    leaves it, each once) of at least ``MIN_SLICE_STEPS`` steps a slice."""
+    if deterministic:  # batch invariance: one K order per element, never split (DESIGN.md §7)
+        return []
+    out = []
+    for c in _shortlist(m, device, False):
+        if -(-m // c.cfg.block_m) * -(-n // c.cfg.block_n) >= programs:
+            continue
+        seen = {1}
+        for s in range(2, MAX_SPLIT + 1):
+            used, steps = slices(k, c.cfg.block_k, s)
+            if used not in seen and steps >= MIN_SLICE_STEPS:
+                seen.add(used)
+                out.append((c, used))
+    return out
+
+
+def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
+                 deterministic: bool, split: int | None = None) -> tuple[Candidate, int]:
+    """Tiles and K slices for the plain ``matmul`` (``[m, k] @ [k, n]`` on ``programs``):
+    ``select``'s candidate unsplit, unless a split option (``split_options``) has a strictly
+    smaller ``split_time_us``. A pure function of its arguments.
+
+    Parameters
+    ----------
+    m, n, k : int
+        The product's shape (K enters here, unlike ``select_config``: only the plain GEMM
+        splits, where no other rank must agree on the tiles).
+    programs : int
+        The program budget (``_core.program_budget``); the interpreter's 1 never splits.
+    device : torch.device
+    deterministic : bool
+        True: always ``(select(...), 1)``.
+    split : int, optional
+        Slices forced (benches, tests: ``matmul(..., split_k=)``; default mode only): the
+        candidate of least time at that count, returned with the slices ``slices`` leaves;
+        1 is ``select``'s.
+
+    Returns
+    -------
+    tuple of (Candidate, int)
+        The candidate and the slices to run (1: the unsplit persistent GEMM).
+    """
+    first = select(m, n, programs, device, deterministic=deterministic)
+    if deterministic or split == 1:
+        return first, 1
+    if split is not None:
+        best = min(_shortlist(m, device, False),
+                   key=lambda c: split_time_us(c, m, n, k, programs, split))
+        return best, slices(k, best.cfg.block_k, split)[0]
+    best, best_t = (first, 1), split_time_us(first, m, n, k, programs, 1)
+    for c, s in split_options(m, n, k, programs, device, deterministic=False):
+        t = split_time_us(c, m, n, k, programs, s)
+        if t < best_t:  # (the unsplit choice on a tie)
+            best, best_t = (c, s), t
+    return best
