@@ -1,6 +1,8 @@
 """Exceptions raised by ditron_ops."""
 from __future__ import annotations
 
+import traceback
+
 
 class DitronError(RuntimeError):
     """Base class of ditron_ops runtime errors (bad input raises TypeError/ValueError instead)."""
@@ -85,3 +87,12 @@ class DitronMismatchError(DitronSizeMismatchError):
 
 def _show(value) -> str:
     return str(value).replace("torch.", "")
+
+
+def clear_frames(exc: BaseException) -> None:
+    """Drop the locals of every finished frame of ``exc``'s tracebacks (and its causes')."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__

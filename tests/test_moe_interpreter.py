@@ -667,8 +667,7 @@ def test_buffer_exit_keeps_the_error_that_ended_the_block(monkeypatch):
 def test_unclosed_buffers_go_with_their_launch():
     """A Buffer never closed — its rank raised, or it skipped the collective ``close`` because
     a peer was gone (``combine_with_rank_1_missing``) — is dropped when its launch returns:
-    unregistered, its memory freed with nothing else holding it (they stayed registered for
-    the life of the process: the MoE Buffers seen leaking after faulty fuzz launches)."""
+    unregistered, its memory freed with nothing else holding it."""
     import gc
     import weakref
 
@@ -689,6 +688,30 @@ def test_unclosed_buffers_go_with_their_launch():
     gc.collect()
     assert len(refs) == 4 and all(ref() is None for ref in refs)
     assert not [name for name in buffer_module._buffers if name.startswith("virtual")]
+
+
+def test_buffers_go_with_their_launch_without_the_cycle_collector():
+    """Nothing but reference counting frees a failed launch's Buffers: no error raised by
+    ``check`` keeps its frame (and the caller's tensors) in a cycle; with the collector off,
+    as it is between its runs."""
+    import gc
+    import weakref
+
+    refs = []
+
+    def body(group):
+        buf = _buffer(group)
+        refs.append(weakref.ref(buf))
+        return mc.combine_with_rank_1_missing(group, buf, 3, F32, 6)
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert ditron_ops.launch(body, 2, timeout_s=1.0)[1] == "skipped"
+        alive = [ref() is not None for ref in refs]
+    finally:
+        gc.enable()
+    assert len(refs) == 2 and not any(alive), alive
 
 
 def test_dropped_buffer_refuses_calls():

@@ -86,8 +86,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if kv_lens.device.type == "cpu" and not torch.compiler.is_compiling():
         _check_lens(group, kv_lens, k_cache.shape[1])  # on the host: free (device: the kernel's)
-    if direct(q, k_cache, v_cache, kv_lens):
-        return _impl(q, k_cache, v_cache, kv_lens, group.group_name, scale, flag)
+    if direct(q, k_cache, v_cache, kv_lens):  # the plan key reuses the memo key's tensor keys
+        return _impl(q, k_cache, v_cache, kv_lens, group.group_name, scale, flag,
+                     tensor_keys=None if key is None else key[1:5])
     return torch.ops.ditron.flash_decode(q, k_cache, v_cache, kv_lens, group.group_name, scale, flag)
 
 
@@ -236,7 +237,8 @@ def _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world
     return args, dict(D=d, FINAL=world_size == 1, **cfg), (-(-b * hq // cfg["BLOCK_P"]),)
 
 
-def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic):
+def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic,
+          tensor_keys=None):
     group = resolve_group(group_name)
     b, hq, d = q.shape
     out = q.new_empty((b, hq, d))
@@ -251,8 +253,9 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
                          (*group._error_tensors()[::-1], group.rank))
         return _merge_over_process_group(group, o_part, lse_part, kv_lens, plan, b, hq,
                                           d).to(q.dtype)
-    key = ("flash_decode", deterministic, softmax_scale, tensor_key(q), tensor_key(k_cache),
-           tensor_key(v_cache), tensor_key(kv_lens))  # out: made here, contiguous and aligned
+    if tensor_keys is None:  # (q, k_cache, v_cache, kv_lens)
+        tensor_keys = (tensor_key(q), tensor_key(k_cache), tensor_key(v_cache), tensor_key(kv_lens))
+    key = ("flash_decode", deterministic, softmax_scale, *tensor_keys)  # out: made here
     plan = group.plans.get(key, lambda previous=None: _DecodePlan(
         group, q, k_cache, v_cache, kv_lens, out, softmax_scale, deterministic, previous))
     return plan.run(q, k_cache, v_cache, kv_lens, out)

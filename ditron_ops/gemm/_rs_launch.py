@@ -4,6 +4,7 @@ one-shot)."""
 from __future__ import annotations
 
 import itertools
+from typing import Optional
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -36,7 +37,7 @@ def finish_programs(group: Group) -> int:
 
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows: list[int],
           *, broadcast: bool, op: str, partials: torch.dtype = torch.float32,
-          deterministic: bool = True) -> torch.Tensor:
+          deterministic: bool = True, tensor_keys: Optional[tuple] = None) -> torch.Tensor:
     """One call: scattered partial GEMM with the reduction in its epilogue (its own start
     barrier), or start barrier + broadcast GEMM + finish (one-shot), into ``out``.
 
@@ -44,11 +45,14 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     receives every partial and reduces all rows (one-shot all-reduce; ``rows`` unused).
     ``partials``: dtype of the partial tiles in the slots (fp32, or the input dtype: see
     ``LOWP_PARTIALS``); the sums are fp32 either way. ``deterministic``: the tiles are picked
-    among the batch-invariant configurations only (``select_config``). Everything but the
-    launches comes from the call's plan.
+    among the batch-invariant configurations only (``select_config``). ``tensor_keys``:
+    ``(a, b)``'s ``tensor_key``s when the caller has them (its validation key). Everything but
+    the launches comes from the call's plan.
     """
     group.check()
-    key = (op, broadcast, partials, deterministic, tensor_key(a), tensor_key(b),
+    if tensor_keys is None:
+        tensor_keys = (tensor_key(a), tensor_key(b))
+    key = (op, broadcast, partials, deterministic, *tensor_keys,
            None if broadcast else tuple(rows))  # out: made by the op, contiguous and aligned
     plan = group.plans.get(key, lambda previous=None: RsPlan(group, a, b, out, rows, broadcast, op,
                                                              partials, previous, deterministic))

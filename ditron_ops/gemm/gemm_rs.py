@@ -118,9 +118,11 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
                                  ("deterministic", flag)))
         return rows
 
-    rows = memo(group, call_key("gemm_rs", a, b, impl, shard_sizes, flag), validate)
-    if direct(a, b):
-        return _gemm_rs_impl(a, b, group.group_name, rows, flag, impl)
+    key = call_key("gemm_rs", a, b, impl, shard_sizes, flag)
+    rows = memo(group, key, validate)
+    if direct(a, b):  # the plan key reuses the memo key's tensor keys (a, b)
+        return _gemm_rs_impl(a, b, group.group_name, rows, flag, impl,
+                             tensor_keys=None if key is None else key[1:3])
     with autograd_scope(a, b):
         return torch.ops.ditron.gemm_rs(a, b, group.group_name, rows, flag, impl)
 
@@ -227,7 +229,7 @@ def _nonempty_k(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return a.new_zeros(a.shape[0], 8), b.new_zeros(8, b.shape[1])
 
 
-def _gemm_rs_impl(a, b, group_name, shard_sizes, deterministic, impl):
+def _gemm_rs_impl(a, b, group_name, shard_sizes, deterministic, impl, tensor_keys=None):
     group = resolve_group(group_name)
     rows = list(shard_sizes)
     out = a.new_empty((rows[group.rank], b.shape[1]))
@@ -235,9 +237,12 @@ def _gemm_rs_impl(a, b, group_name, shard_sizes, deterministic, impl):
         return out
     flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
     if _fused_wanted(group, impl, deterministic, "gemm_rs", flops):
-        a, b = _nonempty_k(a, b)
+        if a.shape[1] == 0:
+            a, b = _nonempty_k(a, b)
+            tensor_keys = None
         return _rs_launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs",
-                             partials=_partials(a, deterministic), deterministic=deterministic)
+                                partials=_partials(a, deterministic), deterministic=deterministic,
+                                tensor_keys=tensor_keys)
     return reduce_rows(_partial(a, b, deterministic), group, rows, out, deterministic)
 
 

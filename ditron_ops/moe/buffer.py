@@ -262,6 +262,7 @@ class Buffer:
         self._status = self.record.numpy()
         self.claim = torch.zeros(1, dtype=torch.int64, device=group.device)
         self._failure: Optional[BaseException] = None
+        self._held_y: Optional[torch.Tensor] = None  # run_combine's in-place input
         self.plans = PlanCache(group)  # plans view this Buffer's memory: they go with it
         self.dispatch_calls = self.combine_calls = 0
         self.name = f"{group.group_name}/moe{next(_ids)}"
@@ -454,15 +455,20 @@ class Buffer:
                 f"ditron moe_dispatch: rank {src} passed {a} tokens, more than max_tokens_per_rank "
                 f"= {b} (dispatch {epoch}; that rank sent nothing)")
         self._failure = err
-        raise err
+        try:
+            raise err
+        finally:
+            del err  # this frame (in err's traceback) must not hold err: no cycle keeps the caller's tensors
 
     def close(self) -> None:
         """Collective: free the symmetric memory (every rank, after its last call)."""
         sym = self.sym
         if sym is None:
             return
-        self.drop()
-        self.group.free_symmetric(sym)
+        try:
+            self.group.free_symmetric(sym)  # synchronizes first: no kernel still uses the scratch
+        finally:
+            self.drop()
 
     def drop(self) -> None:
         """Forget this Buffer without the collective free (not collective): what its group
@@ -476,6 +482,8 @@ class Buffer:
         self.plans.clear()
         self.views = self.scratch = None
         self.sym = None
+        self._failure = None  # its traceback holds the frames (and tensors) of the failed call
+        self._held_y = None
 
     def __enter__(self) -> "Buffer":
         return self
@@ -661,6 +669,9 @@ class Buffer:
             plan.kernel.launch(y, self.scratch.dummy if topk_weights is None else topk_weights, dest,
                                out, counts, offsets, cstart, t, int(copy_y),
                                hidden if copy_y else stage.stride(0))
+        # peers read y in place until their kernels end: held until the next combine or the
+        # drop (after the device sync), so an owner whose waits expired cannot free it under them
+        self._held_y = y.detach() if in_place else None
         if group.sync_check:
             group.synchronize()
         return out

@@ -216,7 +216,10 @@ class Group:
         else:
             err = DitronTimeoutError(name, values[ERR_RANK], values[ERR_PEER], values[ERR_EPOCH])
         self._failure = err
-        raise err
+        try:
+            raise err
+        finally:
+            del err  # this frame (in err's traceback) must not hold err: no cycle keeps the caller's tensors
 
     def waiting_launch(self, op: str = "?", epoch: int = -1):
         """Context manager around the launch of a kernel that waits on peers.
@@ -286,12 +289,18 @@ class Group:
 
     def drop_owned(self) -> None:
         """Drop every resource still owned: not collective (the group's device work has
-        ended). Why: a resource the user never closed — a rank that raised, or skipped its
-        collective ``close`` because a peer was gone — stayed in its process-wide registry with
-        its device memory for the life of the process (MoE Buffers after faulty launches)."""
-        for resource in list(self._owned.values()):
-            resource.drop()
-        self._owned.clear()
+        ended): a resource a failed rank never closed would otherwise stay in its process-wide
+        registry, with its device memory, for the life of the process. The first error of a
+        drop is raised after every resource was dropped."""
+        owned, self._owned = list(self._owned.values()), {}
+        first = None
+        for resource in owned:
+            try:
+                resource.drop()
+            except Exception as exc:  # noqa: BLE001 - the others are dropped too, then raised
+                first = first or exc
+        if first is not None:
+            raise first
 
     def _release_workspaces(self) -> None:
         self.plans.clear()  # plans view the workspaces

@@ -17,13 +17,12 @@ import contextlib
 import itertools
 import threading
 import time
-import traceback
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from .. import _env
-from ..errors import DitronTimeoutError
+from ..errors import DitronTimeoutError, clear_frames
 from . import compiler
 from .group import (NULL_CONTEXT, Group, SymmetricBuffer, register_group, unregister_group,
                     using_group)
@@ -358,14 +357,16 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
         t.start()
     for t in threads:
         t.join()
-    if world.device.type == "cuda":
-        torch.cuda.synchronize(world.device)  # kernels of failed ranks end by their deadline
-    world.close()
+    try:
+        if world.device.type == "cuda":
+            torch.cuda.synchronize(world.device)  # kernels of failed ranks end by their deadline
+    finally:
+        world.close()
     if any(e is not None for e in errors):
         rank, err = _root_cause(errors)
         for other in errors:  # not reported: the tensors their frames hold go now
             if other is not None and other is not err:
-                _clear_frames(other)
+                clear_frames(other)
         if hasattr(err, "add_note"):
             err.add_note(f"(raised on virtual rank {rank} of {world_size})")
         try:
@@ -376,12 +377,3 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
             # tensors until Python's cycle collector ran (it runs on object counts, not bytes)
             errors = err = None
     return results
-
-
-def _clear_frames(exc: BaseException) -> None:
-    """Drop the locals of every finished frame of ``exc``'s tracebacks (and its causes')."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)
-        exc = exc.__cause__ or exc.__context__

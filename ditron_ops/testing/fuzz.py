@@ -44,7 +44,6 @@ import contextlib
 import dataclasses
 import math
 import time
-import traceback
 from typing import Any, Callable, Optional
 
 import torch
@@ -55,7 +54,7 @@ from ..attention.flash_decode import flash_decode
 from ..attention.ulysses import ulysses_attention
 from ..collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from ..deterministic import deterministic as deterministic_mode
-from ..errors import DitronError, DitronMismatchError
+from ..errors import DitronError, DitronMismatchError, clear_frames
 from ..gemm.ag_gemm import ag_gemm
 from ..gemm.gemm_rs import gemm_ar, gemm_rs
 from ..gemm._core import matmul
@@ -656,11 +655,7 @@ def _rank_body(group: Group, program: Program, outcomes: dict) -> str:
 def _detached(exc: BaseException) -> BaseException:
     """``exc`` without its frames' locals (they hold the rank's tensors and Buffers, and a
     traceback that ends in a frame holding the error is a reference cycle)."""
-    chain, seen = exc, set()
-    while chain is not None and id(chain) not in seen:
-        seen.add(id(chain))
-        traceback.clear_frames(chain.__traceback__)
-        chain = chain.__cause__ or chain.__context__
+    clear_frames(exc)
     return exc
 
 

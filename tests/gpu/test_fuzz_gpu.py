@@ -5,8 +5,9 @@ of W in 1..6 with the compiled kernels, bf16 and fp16, shapes across the kernels
 One test function per part, so each can be run and timed alone (``-k programs``, ``-k
 faults``, ``-k delays``, ``-k mismatch``); the counts are options (tests/conftest.py):
 
-- ``programs``: ``--fuzz-examples`` (default 2000) programs of 3-10 calls, every result
-  checked against the references (bitwise where promised);
+- ``programs``: ``--fuzz-examples`` (default 2000) programs of 3-10 calls in ``PROGRAM_PARTS``
+  tests (``-k part0``, ``-k part1``: one device call each), every result checked against the
+  references (bitwise where promised);
 - ``faults``: ``--fuzz-fault-examples`` (default 40, half each) programs where a rank raises
   before a call or skips it: every other rank gets a DitronError within the bound, a new
   launch then works, and ``torch.cuda.memory_allocated()`` is back to its level before the
@@ -25,7 +26,7 @@ import time
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 
 from ditron_ops.testing import fuzz
 
@@ -60,19 +61,27 @@ def _report(name: str, ran: list, t0: float) -> None:
           "per program)")
 
 
-@pytest.mark.timeout(480)
-def test_programs_match_references(fuzz_count):
-    examples = fuzz_count("--fuzz-examples", 2000)
+PROGRAM_PARTS = 2
+"""``--fuzz-examples`` programs run as this many tests of their own seeds (each about 250-300 s
+on the H200 at 1000 programs): one device call of at most 10 minutes holds one part."""
+
+
+@pytest.mark.timeout(565)
+@pytest.mark.parametrize("part", [f"part{i}" for i in range(PROGRAM_PARTS)])
+def test_programs_match_references(fuzz_count, part):
+    examples = -(-fuzz_count("--fuzz-examples", 2000) // PROGRAM_PARTS)
     ran, t0 = [], time.monotonic()
 
-    @_settings(examples)
+    # each part its own fixed seed (derandomize would draw the same programs in every part)
+    @seed(20261202 + int(part[4:]))
+    @settings(_settings(examples), derandomize=False)
     @given(program=fuzz.programs(min_calls=3, max_calls=10, **GPU))
     def run(program):
         assert fuzz.run_program(program) == ["ok"] * program.world_size
         ran.append(program)
 
     run()
-    _report("programs", ran, t0)
+    _report(f"programs ({part})", ran, t0)
     assert len(ran) >= examples
 
 
@@ -109,7 +118,10 @@ def test_faults_give_typed_errors_and_leave_no_memory(fuzz_count, kind):
 @pytest.mark.timeout(300)
 def test_delays_give_correct_results(fuzz_count):
     """A rank's stream sleeps 10^4, 10^6 or 2 x 10^7 cycles before one call (the others run
-    on): every call checked as in ``test_programs_match_references``."""
+    on): every call checked as in ``test_programs_match_references``. The virtual world's
+    launch gate synchronizes a rank's stream before its waiting launch, so the late rank is
+    late on the host when it meets its peers; device-side skew between waiting kernels (one
+    process per GPU, no gate) is not what this part exercises."""
     examples = fuzz_count("--fuzz-delay-examples", 200)
     ran, t0 = [], time.monotonic()
 
