@@ -61,6 +61,24 @@ def _report(name: str, ran: list, t0: float) -> None:
           "per program)")
 
 
+def _run_checked(name: str, strategy, examples: int, seeded=None) -> None:
+    """``examples`` programs of ``strategy``, each run in one launch with every call checked
+    (derandomized, or with the fixed seed ``seeded`` applies), then their count and time."""
+    ran, t0 = [], time.monotonic()
+
+    def run(program):
+        assert fuzz.run_program(program) == ["ok"] * program.world_size
+        ran.append(program)
+
+    test = given(program=strategy)(run)
+    test = settings(_settings(examples), derandomize=seeded is None)(test)
+    if seeded is not None:
+        test = seeded(test)
+    test()
+    _report(name, ran, t0)
+    assert len(ran) >= examples
+
+
 PROGRAM_PARTS = 2
 """``--fuzz-examples`` programs run as this many tests of their own seeds (each about 250-300 s
 on the H200 at 1000 programs): one device call of at most 10 minutes holds one part."""
@@ -70,19 +88,9 @@ on the H200 at 1000 programs): one device call of at most 10 minutes holds one p
 @pytest.mark.parametrize("part", [f"part{i}" for i in range(PROGRAM_PARTS)])
 def test_programs_match_references(fuzz_count, part):
     examples = -(-fuzz_count("--fuzz-examples", 2000) // PROGRAM_PARTS)
-    ran, t0 = [], time.monotonic()
-
     # each part its own fixed seed (derandomize would draw the same programs in every part)
-    @seed(20261202 + int(part[4:]))
-    @settings(_settings(examples), derandomize=False)
-    @given(program=fuzz.programs(min_calls=3, max_calls=10, **GPU))
-    def run(program):
-        assert fuzz.run_program(program) == ["ok"] * program.world_size
-        ran.append(program)
-
-    run()
-    _report(f"programs ({part})", ran, t0)
-    assert len(ran) >= examples
+    _run_checked(f"programs ({part})", fuzz.programs(min_calls=3, max_calls=10, **GPU), examples,
+                 seed(20261202 + int(part[4:])))
 
 
 @pytest.mark.timeout(300)
@@ -123,30 +131,10 @@ def test_delays_give_correct_results(fuzz_count):
     late on the host when it meets its peers; device-side skew between waiting kernels (one
     process per GPU, no gate) is not what this part exercises."""
     examples = fuzz_count("--fuzz-delay-examples", 200)
-    ran, t0 = [], time.monotonic()
-
-    @_settings(examples)
-    @given(program=fuzz.programs(faults=("delay",), min_calls=2, max_calls=8, **GPU))
-    def run(program):
-        assert fuzz.run_program(program) == ["ok"] * program.world_size
-        ran.append(program)
-
-    run()
-    _report("delays", ran, t0)
-    assert len(ran) >= examples
+    _run_checked("delays", fuzz.programs(faults=("delay",), min_calls=2, max_calls=8, **GPU), examples)
 
 
 @pytest.mark.timeout(300)
 def test_mismatch_raises_on_every_rank_and_the_program_goes_on(fuzz_count):
     examples = fuzz_count("--fuzz-mismatch-examples", 100)
-    ran, t0 = [], time.monotonic()
-
-    @_settings(examples)
-    @given(program=fuzz.programs(mismatch=True, min_calls=1, max_calls=6, **GPU))
-    def run(program):
-        assert fuzz.run_program(program) == ["ok"] * program.world_size
-        ran.append(program)
-
-    run()
-    _report("mismatch", ran, t0)
-    assert len(ran) >= examples
+    _run_checked("mismatch", fuzz.programs(mismatch=True, min_calls=1, max_calls=6, **GPU), examples)
