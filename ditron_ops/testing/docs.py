@@ -55,11 +55,18 @@ def check_plain_output(out: str, gpu: bool) -> None:
 
 
 def run_torchrun_blocks(readme: Path, workdir: Path, procs: int, timeout: float = 600) -> list[str]:
-    """Run each ``# needs: torchrun`` block under ``torchrun --nproc-per-node procs``; stdouts."""
+    """Run each ``# needs: torchrun`` block under ``torchrun --nproc-per-node procs``; per
+    block, the ranks' stdouts one after the other in rank order (torchrun writes each rank's
+    to its own file: on one shared pipe, unbuffered ranks' lines interleave mid-line)."""
     outs = []
     for i, block in enumerate(readme_blocks(readme)[1]):
         script = workdir / f"readme_torchrun_{i}.py"
         script.write_text(block)
-        outs.append(_run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node", str(procs), str(script)], readme.parent, timeout))
+        logs = workdir / f"readme_torchrun_{i}_logs"
+        _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+              str(procs), "--log-dir", str(logs), "--redirects", "1", str(script)],
+             readme.parent, timeout)
+        files = sorted(logs.glob("**/stdout.log"), key=lambda f: int(f.parent.name))
+        assert len(files) == procs, f"torchrun wrote {len(files)} stdout logs for {procs} ranks"
+        outs.append("".join(f.read_text() for f in files))
     return outs
