@@ -173,6 +173,7 @@ def test_gemm_sweep_quick_writes_rows(tmp_path):
     rows = list(csv.DictReader(open(next(tmp_path.glob("gemm_sweep-*.csv")))))
     sweep = [r for r in rows if r["shape"] != "geo-mean"]
     assert len(sweep) == 3 and all(r["case"] == "sweep fp16" and float(r["rel_err"]) < 1e-2 for r in sweep)
+    assert all(r["split_k"] == "1" for r in sweep)  # the K slices the rule ran (the interpreter: 1)
 
 
 def test_overhead_quick_pairs_rounds(tmp_path):

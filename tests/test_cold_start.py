@@ -247,6 +247,9 @@ def test_precompile_families_cover_every_op_and_bind_to_their_kernels(monkeypatc
     monkeypatch.setattr(compiler, "prepare", bind)
     for fn, _ in precompile_module._registry.values():
         fn(torch.device("cpu"), tuple(precompile_module.DTYPE_NAMES.values()))
-    assert made["push_combine_kernel"] == 18 and made["persistent_gemm_kernel"] == 20
+    from ditron_ops.gemm._core_configs import rule_configs
+
+    configs = len(rule_configs(torch.device("cpu")))  # every tile configuration the rule can pick
+    assert made["push_combine_kernel"] == 18 and made["persistent_gemm_kernel"] == 20 * configs
     assert {"gemm_rs_kernel", "split_kv_kernel", "ulysses_attention_kernel", "all_to_all_kernel",
             "dispatch_kernel", "combine_kernel", "start_barrier_kernel"} <= set(made)

@@ -67,3 +67,28 @@ def test_an_op_that_raises_exits_2(tmp_path, monkeypatch):
     assert soak.main(["--calls", "3", "--world-size", "2", "--only", "all_to_all",
                       "--out", str(tmp_path)]) == 2
     assert "broken op" in json.loads((tmp_path / "soak_summary.json").read_text())["error"]
+
+
+def test_order_exact_references_use_the_batch_invariant_tiles(monkeypatch):
+    """Deterministic gemm_rs / gemm_ar run batch-invariant tilings only, so the soak's and the
+    fuzz programs' order-exact references must too: default mode's rule may pick another
+    tiling (H200: 128x128/w4 for the soak's 2048 x 1024 case), whose bits may differ."""
+    import ditron_ops
+    from ditron_ops.testing import fuzz
+
+    modes = []
+    for mod in (soak, fuzz):
+        real = mod.matmul
+
+        def spy(*args, real=real, **kw):
+            modes.append(kw.get("deterministic"))
+            return real(*args, **kw)
+
+        monkeypatch.setattr(mod, "matmul", spy)
+
+    def body(group):
+        a, b = torch.randn(40, 8), torch.randn(8, 16)
+        return [torch.equal(soak._order_exact(a, b, group), fuzz._order_exact(a, b, group))]
+
+    assert ditron_ops.launch(body, 1) == [[True]]
+    assert modes == [True, True]

@@ -9,6 +9,8 @@
 #   TESTS=fuzz PYTEST_ARGS="-k programs" bash tools/h200_session.sh tests   # one part of a file
 #   bash tools/h200_session.sh soak       # tools/soak.py: 10^4 calls, W=4 (soak.log, CSV + JSON under $OUT/soak)
 #   bash tools/h200_session.sh bench:moe  # one bench (bench.log), CSV under $OUT/bench
+#   bash tools/h200_session.sh splitk     # split-K calibration: gemm_sweep --only splitk (CSV under
+#                                         # $OUT/splitk), then tools/gemm_rule_fit.py --splitk on it
 #   bash tools/h200_session.sh cache      # the Triton cache back as $OUT/tcache.tgz.NN (15 MB parts)
 #
 # nvshmem4py is installed from .whl when the call carries it (../shared/tools/gpu-wheels.sh
@@ -72,10 +74,19 @@ for part in "$@"; do
         > "$OUT/bench_$b.log" 2>&1; echo "bench $b: rc=$?"; tail -40 "$OUT/bench_$b.log" | cut -c1-160
       rm -f "$OUT"/bench/*.png
       ;;
+    splitk)
+      timeout 540 python -m ditron_ops.bench gemm_sweep --only splitk --out "$OUT/splitk" \
+        ${COMMIT:+--commit "$COMMIT"} > "$OUT/splitk.log" 2>&1
+      echo "bench gemm_sweep --only splitk: rc=$?"; grep -E "^splitk " "$OUT/splitk.log" | cut -c1-170
+      rm -f "$OUT"/splitk/*.png
+      python tools/gemm_rule_fit.py --splitk "$OUT/splitk/gemm_sweep-bf16-cuda.csv" \
+        > "$OUT/splitk_fit.log" 2>&1
+      sed -n '/^split-K calibration/,$p' "$OUT/splitk_fit.log" | grep -E "fitted|constants:"
+      ;;
     soak) timeout 300 python tools/soak.py --out "$OUT/soak" ${COMMIT:+--commit "$COMMIT"} > "$OUT/soak.log" 2>&1; echo "soak: rc=$?"; tail -12 "$OUT/soak.log" ;;
     cache)
       tar czf - -C /tmp tcache | split -b 15m -d - "$OUT/tcache.tgz."; ls -la "$OUT"/tcache.tgz.*
       ;;
-    *) echo "unknown part: $part (tests, benches, main, overhead, bench:NAME, soak, cache)"; exit 2 ;;
+    *) echo "unknown part: $part (tests, benches, main, overhead, bench:NAME, splitk, soak, cache)"; exit 2 ;;
   esac
 done

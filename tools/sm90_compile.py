@@ -3,7 +3,8 @@
 Reports registers, spills and shared memory per kernel variant, so kernel edits can be checked
 before a GPU session::
 
-    PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all] [flash_decode] [moe]
+    PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all] [flash_decode] [gemm] [moe]
+    PYTHONPATH=. python tools/sm90_compile.py splitk   # gemm's split-K variants only
 
 How: the kernels are imported as compiled-mode ``triton.jit`` functions (``ditron_ops`` imported
 while ``torch.cuda.is_available`` answers True) and ``JITFunction.warmup`` runs against a
@@ -72,7 +73,9 @@ def report(name, kernel) -> str:
     md = kernel.metadata
     return (f"{name}: regs {regs[-1] if regs else '?'}, spill stores "
             f"{spills[-1] if spills else '?'} B, shared {md.shared} B, warps {md.num_warps}, "
-            f"stages {md.num_stages}")
+            f"stages {md.num_stages}"
+            + (f", global scratch {md.global_scratch_size} B"
+               if getattr(md, "global_scratch_size", 0) else ""))
 
 
 def ulysses() -> list[str]:
@@ -176,6 +179,85 @@ def flash_decode() -> list[str]:
     return lines
 
 
+SHARED_LIMIT = 232448
+"""The H200's shared memory per block (opt-in), bytes: a variant above it cannot launch."""
+
+
+def gemm(dtypes=("bf16",), only=None) -> list[str]:
+    """Every GEMM-core variant of every tile configuration the rule can pick
+    (``_core_configs.rule_configs`` on the GPU): the ``ag_gemm`` and ``gemm_rs`` families'
+    precompile lists (persistent GEMM with and without waits, fp32 products with the stages
+    ``fit_stages`` leaves on the H200, the one-launch push call, the reduce-scatter, broadcast
+    and finish kernels), plus the TMA-store variants of the persistent kernels, fp32 products
+    included (the precompile lists made on a CPU have none); and ``matmul``'s split-K family
+    (``_core._precompile``: the split GEMM per configuration, dtype and B layout, with its fp32
+    TMA store of the partials added here, and the reduce into each dtype and fp32). A line ends
+    in ``OVER`` when its shared memory exceeds the H200's ``SHARED_LIMIT``."""
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from ditron_ops.gemm import _ag_launch, _core, _core_configs, _rs_launch
+    from ditron_ops.runtime import compiler
+    from ditron_ops.runtime.precompile import DTYPE_NAMES
+
+    cpu = torch.device("cpu")
+    _core_configs.INTERPRETER_CANDIDATES = _core_configs.GPU_CANDIDATES  # the GPU's list on a CPU
+    fit = _core.fit_stages
+    _core._shared_memory_limit = lambda index: SHARED_LIMIT
+    _core.fit_stages = lambda cfg, device, i, o: fit(cfg, torch.device("cuda", 0), i, o)
+    made = []
+    compiler.prepare = made.append  # every BoundKernel the lists make, not compiled
+    wanted = tuple(DTYPE_NAMES[d] for d in dtypes)
+    _ag_launch._precompile(cpu, wanted)
+    _rs_launch._precompile(cpu, wanted)
+    _core._precompile(cpu, wanted)
+    for k in list(made):  # the split GEMM's TMA store of its fp32 partials (P_TMA), as on a GPU
+        if k.name == "splitk_gemm_kernel" and not k.kwargs["P_TMA"]:
+            parts, args = k.args[3], list(k.args)
+            args[2] = TensorDescriptor(parts, list(parts.shape), [parts.shape[1], 1],
+                                       [k.kwargs["BLOCK_M"], k.kwargs["BLOCK_N"] // 2])
+            made.remove(k)
+            made.append(type("K", (), dict(fn=k.fn, args=args, grid=k.grid, name=k.name,
+                                           kwargs=dict(k.kwargs, P_TMA=True)))())
+    for k in list(made):  # the persistent kernels' TMA store (C_TMA) variants
+        if k.name in ("persistent_gemm_kernel", "ag_gemm_push_kernel") and not k.kwargs["C_TMA"]:
+            out = torch.empty(64, 64, dtype=k.args[4].dtype)
+            half = [k.kwargs["BLOCK_M"], k.kwargs["BLOCK_N"] // 2]
+            args = list(k.args)
+            args[3], args[4] = TensorDescriptor(out, [64, 64], [64, 1], half), out
+            made.append(type("K", (), dict(fn=k.fn, args=args, grid=k.grid, name=k.name,
+                                           kwargs=dict(k.kwargs, C_TMA=True)))())
+    lines, seen = [], set()
+    for k in made:
+        if only is not None and k.name not in only:
+            continue
+        kw = {n: v for n, v in sorted(k.kwargs.items())}
+        dts = tuple(str(a.dtype) for a in k.args if isinstance(a, torch.Tensor))
+        key = (k.name, tuple(kw.items()), dts)
+        if key in seen:
+            continue
+        seen.add(key)
+        t0 = time.time()
+        compiled = k.fn.warmup(*k.args, grid=k.grid, **k.kwargs)
+        tiles = (f"{kw.get('BLOCK_M')}x{kw.get('BLOCK_N')}x{kw.get('BLOCK_K')}"
+                 if "BLOCK_M" in kw else "")
+        flags = " ".join(f"{n}={int(v)}" for n, v in kw.items()
+                         if n in ("B_KN", "C_TMA", "WAIT", "ALIGNED", "SPLIT_TAIL", "P_TMA"))
+        line = report(f"{k.name} {tiles} {flags} {dts[0] if dts else ''}", compiled)
+        over = compiled.metadata.shared > SHARED_LIMIT
+        lines.append(line + f" ({time.time() - t0:.1f} s)" + (" OVER" if over else ""))
+        print(lines[-1], flush=True)
+    over = [ln for ln in lines if ln.endswith("OVER")]
+    print(f"gemm: {len(lines)} variants, {len(over)} over {SHARED_LIMIT} B of shared memory",
+          flush=True)
+    return lines
+
+
+def splitk() -> list[str]:
+    """Only ``gemm``'s split-K variants (``splitk_gemm_kernel``, ``splitk_reduce_kernel``)."""
+    return gemm(only=("splitk_gemm_kernel", "splitk_reduce_kernel"))
+
+
 def moe() -> list[str]:
     """The MoE kernels with the GPU tile rules (``moe._launch``) for DeepSeek-V3's layer (hidden
     7168, top-8 of 256 experts; W = 8, 16 tokens a rank: the tiles do not depend on the token
@@ -235,6 +317,7 @@ def moe() -> list[str]:
 
 if __name__ == "__main__":
     _compiled_mode()
-    kinds = {"ulysses": ulysses, "all_to_all": all_to_all, "flash_decode": flash_decode, "moe": moe}
-    for what in sys.argv[1:] or list(kinds):
+    kinds = {"ulysses": ulysses, "all_to_all": all_to_all, "flash_decode": flash_decode,
+             "gemm": gemm, "splitk": splitk, "moe": moe}
+    for what in sys.argv[1:] or [k for k in kinds if k != "splitk"]:  # (gemm covers it)
         kinds[what]()

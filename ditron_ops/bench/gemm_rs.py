@@ -2,9 +2,10 @@
 
 Cases (one run, one GPU)::
 
-    invariant   our fixed-configuration GEMM (the deterministic path's core; fp32 products as the
-                fused kernels make them) vs cuBLAS (bf16 out) for M in {1, 16, 128, 1024, 8192}
-                on the GEMM-RS local shapes [M, N/8] @ [N/8, K]
+    invariant   our batch-invariant GEMM (``matmul(deterministic=True)``: the deterministic
+                path's core with the rule's tiles for the shape; fp32 products as the fused
+                kernels make them) vs cuBLAS (bf16 out) for M in {1, 16, 64, 128, 1024, 8192}
+                on the GEMM-RS local shapes [M, N/8] @ [N/8, K]; ``config`` names the tiles
     present     gemm_rs fused at W=1 (start barrier, count out, flags, reduction in the epilogue)
                 vs our plain GEMM of the same shape: the fused path's own overhead
 
@@ -23,12 +24,14 @@ from __future__ import annotations
 import torch
 
 from ..gemm.gemm_rs import gemm_ar, gemm_rs
-from ..gemm._core import matmul
+from ..gemm._core import matmul, program_budget
+from ..gemm._core_configs import select
 from ..runtime.virtual import launch
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
 
-_MS = (1, 16, 128, 1024, 8192)
+_MS = (1, 16, 64, 128, 1024, 8192)
+"""M of the ``invariant`` rows: decode sizes (issue 20's targets at 1, 16 and 64) to prefill."""
 
 
 def _shapes(quick: bool) -> dict[tuple[int, int], str]:
@@ -56,11 +59,14 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
         for m in ((8, 64) if cfg.quick else _MS):
             a, b = _inputs(m, k, n, cfg.dtype, group.device)
             f32 = torch.empty(m, n, dtype=torch.float32, device=group.device)
-            times = paired_graph_times(group, {"ours": lambda: matmul(a, b, out=f32), "cublas": lambda: a @ b},
+            times = paired_graph_times(group, {"ours": lambda: matmul(a, b, out=f32, deterministic=True),
+                                               "cublas": lambda: a @ b},
                                        rounds=cfg.rounds, target_ms=cfg.target_ms)
             t_ours, t_cublas = times["ours"], times["cublas"]
+            tiles = select(m, n, program_budget(group.device, None), group.device, deterministic=True)
             r = Result("gemm_rs", f"invariant M={m}", 1, cfg.dtype_name, "batch-invariant GEMM (fp32 out)",
-                       t_ours, "cuBLAS a @ b", t_cublas, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models)
+                       t_ours, "cuBLAS a @ b", t_cublas, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
+                       extra={"config": tiles.name})
             inv.append(r)
             out.append(r)
     out.append(geo_mean_row(inv, "invariant"))
@@ -82,9 +88,9 @@ def present(group, cfg: BenchConfig, out: list[Result]) -> None:
         m = 64 if cfg.quick else DEFAULT_M
         a, b = _inputs(m, k, n, cfg.dtype, group.device)
         times = paired_graph_times(group, {
-            "plain": lambda: matmul(a, b),
+            "plain": lambda: matmul(a, b, deterministic=True),  # (the fused call's tiles)
             "fused": lambda: gemm_rs(a, b, group, deterministic=True, impl="fused"),
-            "plain again": lambda: matmul(a, b)},
+            "plain again": lambda: matmul(a, b, deterministic=True)},
             rounds=cfg.rounds * PRESENT_ROUNDS_FACTOR, target_ms=cfg.target_ms)
         t_plain, t_fused = times["plain"], times["fused"]
         r = Result("gemm_rs", "present W=1", 1, cfg.dtype_name, "gemm_rs fused", t_fused,

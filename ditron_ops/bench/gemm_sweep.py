@@ -7,7 +7,9 @@ multiples of 8: a bf16/fp16 row must be a multiple of 16 bytes for the TMA descr
 under ``MIN_GFLOP`` are drawn again (the issue's floor: smaller GEMMs are host and launch bound,
 and ``impl="auto"`` runs the fused ops only from 15 GFLOP). Each shape in bf16
 and fp16, ``a [M, K] @ w.t()`` with ``w [N, K]`` (a Linear weight), CUDA-graph replays of ours
-and cuBLAS in turns (``paired_graph_times``). Rows: ``case = "sweep <dtype>"`` per shape, a
+and cuBLAS in turns (``paired_graph_times``). Ours is ``matmul(a, b)``: the tiles and K
+slices the rule (``gemm._core_configs.select_split``) picks for the shape, named in the rows'
+``config`` and ``split_k`` (1: unsplit) columns. Rows: ``case = "sweep <dtype>"`` per shape, a
 geo-mean row per dtype, and the registered model shapes at M = 8192 (``case = "models
 <dtype>"``), which must stay at their tuned speed.
 
@@ -15,7 +17,15 @@ Targets (issue 20): geo-mean >= 0.97x, no shape below 0.85x, model shapes >= 0.9
 ``--only configs``: instead, bf16 only, every tile configuration of ``CANDIDATES`` on every
 sweep shape (``case = "configs bf16"``, ``impl`` = the configuration): the data a shape-aware
 rule is fitted to and checked against.
-``--quick`` (CPU, the interpreter): three tiny fp16 shapes, to test the plumbing.
+``--only splitk``: instead, bf16 only, the split-K calibration (``splitk_shapes``: the sweep
+shapes where some candidate has fewer tiles than the SMs): every such candidate with K forced
+into S in ``SPLITS`` slices (and the rule's own choice), paired with cuBLAS (``case = "splitk
+bf16"``, ``impl = "<config> S=<slices>"``; columns ``config``, ``split_k`` (the slices run),
+``tiles``, ``pred_us`` (the model's time, ``_core_configs.split_time_us``), ``rule`` (1 on the
+rule's choice), ``rel_err``): what ``tools/gemm_rule_fit.py --splitk`` fits the split-K
+constants to. Write it apart from the sweep (``--out``): both are ``gemm_sweep-bf16-cuda.csv``.
+``--quick`` (CPU, the interpreter): three tiny fp16 shapes, to test the plumbing (``--only
+splitk``: two, forced splits).
 """
 from __future__ import annotations
 
@@ -24,7 +34,8 @@ import random
 
 import torch
 
-from ..gemm._core import GPU_CONFIGS, TileConfig, matmul
+from ..gemm import _core_configs as rules
+from ..gemm._core import GPU_CONFIGS, TileConfig, matmul, matmul_split, program_budget
 from ..runtime.virtual import launch
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
@@ -42,10 +53,14 @@ CANDIDATES = {**GPU_CONFIGS,
               "128x128x64/s4": TileConfig(128, 128, 64, 8, 8, 4),
               "128x128x64/s5/w4": TileConfig(128, 128, 64, 8, 4, 5),
               "64x256x64/s4": TileConfig(64, 256, 64, 8, 4, 4),
+              "64x128x64/s6": TileConfig(64, 128, 64, 8, 4, 6),
               "128x256x32/s6": TileConfig(128, 256, 32, 8, 8, 6),
               "256x128x64/s3": TileConfig(256, 128, 64, 8, 8, 3)}
 """Tile configurations ``--only configs`` measures: the tuned ones and smaller or other-shaped
-tiles for small N and M, and K that 64 does not divide."""
+tiles for small N and M, and K that 64 does not divide; every candidate of the rule
+(``gemm._core_configs.GPU_CANDIDATES``) among them."""
+SPLITS = (1, 2, 4, 8)
+"""K slices ``--only splitk`` forces on every candidate under one wave (``rules.MAX_SPLIT``)."""
 
 
 def _draw(rng: random.Random, name: str) -> int:
@@ -105,22 +120,77 @@ def _configs(group, cfg: BenchConfig, m: int, n: int, k: int) -> list[Result]:
             for name in fns if name != "cublas"]
 
 
+def splitk_shapes(programs: int, device: torch.device,
+                  shapes: list[tuple[int, int, int]] | None = None) -> list[tuple[int, int, int]]:
+    """The sweep shapes (or ``shapes``) where the split rule weighs a split on ``programs``:
+    some candidate of ``select``'s has fewer tiles than ``programs`` (17 of the 48 at 132)."""
+    return [s for s in (sweep_shapes() if shapes is None else shapes)
+            if rules.split_options(*s, programs, device, deterministic=False)]
+
+
+def _splitk(group, cfg: BenchConfig, m: int, n: int, k: int, dtype: torch.dtype,
+            dtype_name: str) -> list[Result]:
+    """One shape of ``--only splitk``: every candidate the rule would split (and its unsplit
+    choice) at each of ``SPLITS`` (as ``rules.slices`` leaves them) plus the rule's own
+    choice, in one paired run with cuBLAS; each checked against the fp32 product."""
+    a, b = _inputs(group, m, n, k, dtype)
+    device, budget = group.device, program_budget(group.device, None)
+    first = rules.select(m, n, budget, device, deterministic=False)
+    chosen, rule_s = rules.select_split(m, n, k, budget, device, deterministic=False)
+    cands = [first] + [c for c, _ in rules.split_options(m, n, k, budget, device,
+                                                         deterministic=False)]
+    runs = {}  # impl name -> (candidate, slices)
+    for c in dict.fromkeys(cands):
+        for s in SPLITS if cfg.device.type == "cuda" else SPLITS[:3]:
+            used = rules.slices(k, c.cfg.block_k, s)[0]
+            runs.setdefault(f"{c.name} S={used}", (c, used))
+    runs.setdefault(f"{chosen.name} S={rule_s}", (chosen, rule_s))
+    ref = torch.matmul(a.float(), b.float())
+    fns, errs = {"cublas": lambda: torch.matmul(a, b)}, {}
+    for name, (c, s) in runs.items():
+        fns[name] = lambda c=c, s=s: matmul(a, b, cfg=c.cfg, split_k=s, deterministic=False)
+        got = fns[name]().float()
+        errs[name] = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+    times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
+    rows = []
+    for name, (c, s) in runs.items():
+        tiles = -(-m // c.cfg.block_m) * -(-n // c.cfg.block_n)
+        pred = rules.split_time_us(c, m, n, k, budget, s)
+        rows.append(Result("gemm_sweep", f"splitk {dtype_name}", 1, dtype_name, name,
+                           times[name], "cuBLAS torch.matmul", times["cublas"],
+                           shape=f"{m}x{n}x{k}", m=m, n=n, k=k,
+                           extra={"tflops": round(2 * m * n * k / times[name] / 1e6, 1),
+                                  "rel_err": f"{errs[name]:.1e}", "config": c.name,
+                                  "split_k": s, "tiles": tiles, "pred_us": round(pred, 2),
+                                  "rule": int((c, s) == (chosen, rule_s))}))
+    best = min(rows, key=lambda r: r.time_us)
+    rule = next(r for r in rows if r.extra["rule"])
+    print(f"splitk {m}x{n}x{k}: rule {rule.impl} {rule.time_us:.1f} us (model "
+          f"{rule.extra['pred_us']}), best {best.impl} {best.time_us:.1f} us, cuBLAS "
+          f"{times['cublas']:.1f} us", flush=True)
+    return rows
+
+
 def _measure(group, cfg: BenchConfig, case: str, m: int, n: int, k: int, dtype: torch.dtype,
              dtype_name: str, model: str = "") -> Result:
     a, b = _inputs(group, m, n, k, dtype)
     ref = torch.matmul(a.float(), b.float())  # rel_err against fp32 on every device
-    got = matmul(a, b)
+    got = matmul(a, b, deterministic=False)  # (the default mode, whatever the context)
     err = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
     if group.device.type == "cuda":
-        times = paired_graph_times(group, {"cublas": lambda: torch.matmul(a, b), "ours": lambda: matmul(a, b)},
+        times = paired_graph_times(group, {"cublas": lambda: torch.matmul(a, b),
+                                           "ours": lambda: matmul(a, b, deterministic=False)},
                                    rounds=cfg.rounds, target_ms=cfg.target_ms)
         ours, base = times["ours"], times["cublas"]
     else:  # the interpreter: plumbing only
-        ours = time_spmd(group, lambda: matmul(a, b), rounds=1, max_iters=1)
+        ours = time_spmd(group, lambda: matmul(a, b, deterministic=False), rounds=1, max_iters=1)
         base = time_spmd(group, lambda: torch.matmul(a, b), rounds=1, max_iters=1)
+    tiles, _ = rules.select_split(m, n, k, program_budget(group.device, None), group.device,
+                                  deterministic=False)
     return Result("gemm_sweep", case, 1, dtype_name, "triton persistent TMA", ours, "cuBLAS torch.matmul",
                   base, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model,
-                  extra={"tflops": round(2 * m * n * k / ours / 1e6, 1), "rel_err": f"{err:.1e}"})
+                  extra={"tflops": round(2 * m * n * k / ours / 1e6, 1), "rel_err": f"{err:.1e}",
+                         "config": tiles.name, "split_k": matmul_split(a, b)})
 
 
 @register("gemm_sweep", help="GEMM core vs cuBLAS on 48 seeded shapes (M 128-16k, N 256-16k, K "
@@ -133,6 +203,14 @@ def run(cfg: BenchConfig) -> list[Result]:
     out: list[Result] = []
 
     def body(group):
+        if "splitk" in cfg.only:
+            todo = (splitk_shapes(program_budget(group.device, None), group.device) if gpu
+                    else [(40, 48, 200), (33, 80, 136)])  # (the interpreter: no waves; forced)
+            print(f"splitk: {len(todo)} shapes", flush=True)
+            name, dtype = ("bf16", torch.bfloat16) if gpu else ("fp16", torch.float16)
+            for m, n, k in todo:
+                out.extend(_splitk(group, cfg, m, n, k, dtype, name))
+            return
         if "configs" in cfg.only:
             if not gpu:
                 raise SystemExit("ditron.bench gemm_sweep --only configs: needs a CUDA GPU")

@@ -16,7 +16,7 @@ from ..runtime.precompile import one_rank_pad, pointer_table, register_precompil
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import tensor_key
 from ._ag_kernels import ag_gemm_push_kernel, ag_publish_kernel, ag_pull_kernel
-from ._core import CoreGemm, consumer_programs, tile_config
+from ._core import CoreGemm, consumer_programs, program_budget, rule_configs, select_config
 
 PURPOSE = "ag_gemm"
 PRODUCERS = ("copy", "pull", "push")
@@ -91,8 +91,13 @@ class AgGemmPlan:
         # the side stream's raw handles (the group's): copy and pull producers only
         self.side = group.side_stream() if self.gpu and producer != "push" else None
         self.ws = ws = group.workspace(PURPOSE)
-        cfg = tile_config(a.device)
         m, k = sum(shard_sizes), a.shape[1]
+        # the rule's tiles for the gathered product on the programs the consumer may use (pull
+        # mode: the share less the pull kernel's); every rank gathers the same M, N, K
+        budget = program_budget(a.device, group)
+        if producer == "pull" and a.is_cuda:
+            budget = max(1, group.sm_share() - pull_programs(group))
+        self.cfg = cfg = select_config(m, b.shape[1], budget, a.device, deterministic=False)
         w, rank = group.world_size, group.rank
         elem = a.element_size()
         pitch = k_pitch(k, elem)
@@ -148,11 +153,10 @@ class AgGemmPlan:
                 vary=("src_ptr",), device=a.device)
             if a.is_cuda:  # the pull programs must be resident beside the GEMM's
                 tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
-                programs = max(1, min(consumer_programs(a.device, group, tiles),
-                                      group.sm_share() - pull_programs(group)))
+                programs = max(1, min(consumer_programs(a.device, group, tiles), budget))
         self.core = CoreGemm(a_desc, b, out, bias, group=group, wait=True, sig=sig,
                              offsets=offsets, claim=claim, record=record, m=m, programs=programs,
-                             push=push, b_pad=previous.core._b_pad if previous else None)
+                             cfg=cfg, push=push, b_pad=previous.core._b_pad if previous else None)
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the views are of a freed buffer."""
@@ -217,40 +221,49 @@ class AgGemmPlan:
 
 
 def _precompile(device: torch.device, dtypes: tuple) -> None:
-    """Every variant as one-rank launches (``runtime.precompile``): the consumer (dtype x B
-    layout x C store x wait, and fp32 products for gemm_rs's references and baselines), the
-    start barrier and publish, the one-launch push call, the pull producer."""
-    cfg = tile_config(device)
+    """Every variant as one-rank launches (``runtime.precompile``): per tile configuration the
+    rule can pick (``rule_configs``), the consumer (dtype x B layout x C store x wait, and fp32
+    products for gemm_rs's references and baselines) and the one-launch push call; then the
+    start barrier and publish, the pull producer."""
     sig, sig_table, claim, record = one_rank_pad(device)
     offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
-    programs = 2 if cfg.split_tail else 1  # split_tail: two programs on the one tile
-    for dtype in (d for d in (torch.float16, torch.bfloat16) if d in dtypes):
+    wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
+    for cfg, dtype in itertools.product(rule_configs(device), wanted):
+        _precompile_consumer(device, cfg, dtype, sig, sig_table, claim, record, offsets)
+    for dtype in wanted:
         a = torch.ones(64, 64, dtype=dtype, device=device)
-        a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
-        layouts = (a.clone(), a.clone().t())
-        for b, wait, c_tma in itertools.product(layouts, (False, True), (False, True)):
-            out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
-            CoreGemm(a_desc, b, out, None, group=None, wait=wait, sig=sig, offsets=offsets,
-                     claim=claim, record=record, m=64, programs=programs)
-        for b in layouts:
-            out = torch.empty(64, 64, dtype=torch.float32, device=device)
-            CoreGemm(a_desc, b, out, None, group=None, wait=False, sig=sig, offsets=offsets,
-                     claim=claim, record=record, m=64, programs=1)
         buf = torch.zeros(64 * 64, dtype=dtype, device=device)
-        buf_desc = TensorDescriptor(buf, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
-        push = dict(kernel=ag_gemm_push_kernel, sig_table=sig_table, src=a, buf=buf,
-                    buf_table=pointer_table(buf), pitch=64, src_varies=True,
-                    copy_block=_PUSH_BLOCK)
-        for b, c_tma in itertools.product(layouts, (False, True)):
-            out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
-            CoreGemm(buf_desc, b, out, None, group=None, wait=True, sig=sig, offsets=offsets,
-                     claim=claim, record=record, m=64, programs=programs, push=push)
         BoundKernel(ag_pull_kernel, (1,), (a, buf, pointer_table(buf), sig, sig_table, offsets,
                                            claim, record, 0, 1, 64, 10**6, 0),
                     dict(BLOCK=_PULL_BLOCK, VEC=8, num_warps=_PULL_WARPS), device=device)
     BoundKernel(start_barrier_kernel, (1,), (sig, sig_table, claim, record, 0, 1, 64, 10**6, 0),
                 {}, device=device)
     BoundKernel(ag_publish_kernel, (1,), (sig, sig_table, 0, 0, 1), {}, device=device)
+
+
+def _precompile_consumer(device, cfg, dtype, sig, sig_table, claim, record, offsets) -> None:
+    """``_precompile``'s variants of one tile configuration and dtype."""
+    programs = 2 if cfg.split_tail else 1  # split_tail: two programs on the one tile
+    a = torch.ones(64, 64, dtype=dtype, device=device)
+    a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
+    layouts = (a.clone(), a.clone().t())
+    for b, wait, c_tma in itertools.product(layouts, (False, True), (False, True)):
+        out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
+        CoreGemm(a_desc, b, out, None, group=None, wait=wait, sig=sig, offsets=offsets,
+                 claim=claim, record=record, m=64, programs=programs, cfg=cfg)
+    for b in layouts:
+        out = torch.empty(64, 64, dtype=torch.float32, device=device)
+        CoreGemm(a_desc, b, out, None, group=None, wait=False, sig=sig, offsets=offsets,
+                 claim=claim, record=record, m=64, programs=1, cfg=cfg)
+    buf = torch.zeros(64 * 64, dtype=dtype, device=device)
+    buf_desc = TensorDescriptor(buf, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
+    push = dict(kernel=ag_gemm_push_kernel, sig_table=sig_table, src=a, buf=buf,
+                buf_table=pointer_table(buf), pitch=64, src_varies=True,
+                copy_block=_PUSH_BLOCK)
+    for b, c_tma in itertools.product(layouts, (False, True)):
+        out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
+        CoreGemm(buf_desc, b, out, None, group=None, wait=True, sig=sig, offsets=offsets,
+                 claim=claim, record=record, m=64, programs=programs, cfg=cfg, push=push)
 
 
 register_precompile(PURPOSE, _precompile, ("ag_gemm",))

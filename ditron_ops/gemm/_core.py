@@ -1,71 +1,44 @@
-"""The persistent GEMM core shared by ag_gemm, gemm_rs and gemm_ar: tile configuration, TMA
-descriptors, grids and the launch of ``persistent_gemm_kernel`` (``matmul`` alone, or as
-ag_gemm's waiting consumer).
+"""The persistent GEMM core shared by ag_gemm, gemm_rs and gemm_ar: TMA descriptors, grids and
+the launch of ``persistent_gemm_kernel`` (``matmul`` alone, or as ag_gemm's waiting consumer).
 
-The tile configuration depends only on the dtype and the device kind, never on a rank's shapes,
-so every rank of a group uses the same one.
+The tile configuration is chosen per problem by ``_core_configs.select_config`` (a
+wave-quantization model over a few compiled candidates) while a call's plan is built; the
+configurations and the rule live in ``_core_configs`` and are re-exported here.
+
+Split-K (``SplitKGemm``): the default mode's plain ``matmul`` only, where the same model
+(``select_split``) predicts that K in S slices beats the unsplit tiles (fewer tiles than a wave,
+long K)::
+
+    splitk_gemm_kernel:   (tile, slice) units  -> fp32 partials  P [S, M_pad, N_pad]  (the plan's)
+    splitk_reduce_kernel: P_0 + P_1 + ... (+ bias), in slice order -> out (its dtype)
+
+Deterministic mode never splits (its K order per element is fixed: batch invariance), and the
+fused ops (ag_gemm's consumer, gemm_rs / gemm_ar) keep the unsplit kernels.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import threading
 from typing import Optional
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ..deterministic import resolve_deterministic
 from ..runtime.group import Group, op_id, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
-from ._core_kernels import persistent_gemm_kernel
+from ..runtime.precompile import register_precompile
+from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, TileConfig, rule_configs,  # noqa: F401
+                            select_config, select_split, slices, tail_tiles)
+from ._core_kernels import persistent_gemm_kernel, splitk_gemm_kernel, splitk_reduce_kernel
 
 
-@dataclasses.dataclass(frozen=True)
-class TileConfig:
-    """Tiles and schedule of the persistent GEMM (``persistent_gemm_kernel``; gemm_rs uses the tiles).
-
-    ``split_tail``: a partial last wave of at most half the grid runs as half-width tiles
-    (``SPLIT_TAIL``, ``tail_tiles``).
-    """
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int
-    num_warps: int
-    num_stages: int
-    split_tail: bool = False
-
-
-GPU_CONFIGS = {
-    "128x256x64/s3": TileConfig(128, 256, 64, 8, 8, 3),
-    "128x256x64/s4": TileConfig(128, 256, 64, 8, 8, 4),
-    "128x256x64/s3/tail": TileConfig(128, 256, 64, 8, 8, 3, split_tail=True),
-    "128x256x64/s4/tail": TileConfig(128, 256, 64, 8, 8, 4, split_tail=True),
-}
-"""Candidates the ``ag_gemm`` bench compares (``matmul(..., cfg=)``); ``GPU_CONFIG`` names the one
-every op uses (every rank the same). ``/tail`` (``split_tail``): the shapes that trailed most
-filled their last wave worst (8192x1792: 448 tiles = 3.4 waves of 132 SMs). Other tiles measured
-lower (128x128, 256x128: 0.89-0.93x cuBLAS). History: benchmarks/NOTES.md, GEMM core."""
-GPU_CONFIG = "128x256x64/s4/tail"
-"""s4/tail: the best P1 in every run that measured it (0.978-0.997x cuBLAS geo-mean, H200, bf16,
-model shapes at M=8192) and the lowest per-shape P2 in the last paired runs (at most 1.2%). It
-needs 229 KB of shared memory (s3: 180 KB), so fp32 products drop to 3 stages (``fit_stages``).
-Its weakest shape, 8192x1376x4096 (0.93x), is one cuBLAS runs with non-power-of-two tiles
-(160x192), out of Triton's reach; Hopper warp specialization is a no-op in Triton 3.6 for
-sm_90a. History: benchmarks/NOTES.md, GEMM core."""
-INTERPRETER_CONFIG = TileConfig(16, 16, 16, 4, 4, 1)
-"""Small tiles in the interpreter (its cost is per element of every block, masked or not); tests
-swap in variants (``split_tail`` with ``block_n=32``)."""
 INTERPRETER_PROGRAMS = 1
 """Consumer programs in the interpreter (it runs a grid's programs one after the other, so a
 waiting program must not need a later one; the fused path's producer runs first there)."""
-
-
-def tile_config(device: torch.device) -> TileConfig:
-    """``GPU_CONFIGS[GPU_CONFIG]`` on the GPU (Hopper: TMA + wgmma), ``INTERPRETER_CONFIG`` in
-    the interpreter. Rank-independent."""
-    return GPU_CONFIGS[GPU_CONFIG] if device.type == "cuda" else INTERPRETER_CONFIG
 
 
 def program_budget(device: torch.device, group: Optional[Group]) -> int:
@@ -81,14 +54,6 @@ def consumer_programs(device: torch.device, group: Optional[Group], tiles: int) 
     """Persistent GEMM grid: one program per tile up to ``program_budget``; pull mode gives
     ``pull_programs`` of them to the producer (see ``fused``)."""
     return max(1, min(tiles, program_budget(device, group)))
-
-
-def tail_tiles(tiles: int, programs: int, cfg: TileConfig) -> int:
-    """Tiles the consumer runs as half tiles (``split_tail``): a partial last wave of at most
-    half the grid (its halves then fit in one wave), else 0 (e.g. 448 tiles on 132 programs:
-    the last 52 as 104 halves, 3.5 waves instead of 4)."""
-    left = tiles % programs
-    return left if cfg.split_tail and 0 < 2 * left <= programs else 0
 
 
 def consumer_grid(device: torch.device, group: Optional[Group], tiles: int,
@@ -191,7 +156,8 @@ class CoreGemm:
     group : Group, optional
         The waiting consumer's group (``wait=True``); None for a plain GEMM.
     wait, sig, offsets, claim, record, m, programs, cfg
-        As the kernel takes them (``cfg`` default ``tile_config``).
+        As the kernel takes them (``cfg`` default: ``select_config`` for ``m`` x N on the
+        group's program budget, default mode).
     push : dict, optional
         ag_gemm's one-launch call instead of the plain consumer: ``kernel`` (its
         ``ag_gemm_push_kernel``), ``sig_table``, ``src`` (an example of the per-call source
@@ -207,8 +173,10 @@ class CoreGemm:
                  record: torch.Tensor, m: int, programs: Optional[int] = None,
                  cfg: Optional[TileConfig] = None, a_varies: bool = False,
                  push: Optional[dict] = None, b_pad: Optional[torch.Tensor] = None):
-        cfg = fit_stages(cfg or tile_config(out.device), out.device, b.element_size(),
-                         out.element_size())
+        if cfg is None:
+            cfg = select_config(m, b.shape[1], program_budget(out.device, group), out.device,
+                                deterministic=False)
+        cfg = fit_stages(cfg, out.device, b.element_size(), out.element_size())
         self.cfg = cfg
         self._b_pad = None
         if not _tma_ok(b) and not _tma_ok(b.t()):
@@ -266,13 +234,98 @@ class CoreGemm:
         return out
 
 
+REDUCE_BLOCKS = {"cuda": (32, 128, 4), "cpu": (16, 32, 4)}
+"""``splitk_reduce_kernel``'s ``(BLOCK_R, BLOCK_C, num_warps)`` per device type: on the GPU 4096
+fp32 per slice and program, 16-byte loads along rows (800x768: 150 programs); small blocks in
+the interpreter, whose cost is per element of a block."""
+
+
+class SplitKGemm:
+    """``out = A @ b (+ bias)`` with K cut into slices, bound once for a plan (default-mode
+    ``matmul`` only): ``splitk_gemm_kernel`` writes every (tile, slice) unit's fp32 product into
+    the plan's workspace ``parts``, ``splitk_reduce_kernel`` sums the slices in order, adds the
+    bias and rounds once into ``out``.
+
+    Parameters
+    ----------
+    a_desc : TensorDescriptor
+        Over an example of the per-call ``a [m, K]`` (``a_varies``) or the plan's padded copy,
+        in ``[cfg.block_m, cfg.block_k]`` blocks.
+    b, out, bias : torch.Tensor
+        As ``CoreGemm`` takes them (``out`` any strides and dtype; ``bias [N]`` or None).
+    m : int
+    cfg : TileConfig
+        The tiles (``split_tail`` is ignored: every unit is a whole tile; the stages are fitted
+        to an fp32 TMA store).
+    split : int
+        The K slices asked for; ``slices`` may leave fewer (``self.slices``, at least 2).
+    a_varies : bool
+    b_pad : torch.Tensor, optional
+
+    Notes
+    -----
+    ``parts`` is ``[slices * rows, cols]`` fp32, ``rows`` and ``cols`` M and N padded to whole
+    tiles: ``slices x rows x cols x 4`` bytes (800x768x10760 in 6 slices of 128x256 tiles:
+    15 MB). The persistent grid is ``min(units, program_budget)``; nothing waits.
+    """
+
+    def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
+                 bias: Optional[torch.Tensor], *, m: int, cfg: TileConfig, split: int,
+                 a_varies: bool, b_pad: Optional[torch.Tensor] = None):
+        device = out.device
+        cfg = fit_stages(dataclasses.replace(cfg, split_tail=False), device, b.element_size(), 4)
+        self.cfg = cfg
+        self._b_pad = None
+        if not _tma_ok(b) and not _tma_ok(b.t()):
+            self._b_pad = b_pad if b_pad is not None else _padded_copy(b)
+            b = self._b_pad
+        b_desc, b_kn = b_descriptor(b, cfg)
+        n, k = b.shape[1], b.shape[0]
+        self.slices, steps = slices(k, cfg.block_k, split)
+        assert self.slices > 1, (k, split)
+        tiles_m, tiles_n = -(-m // cfg.block_m), -(-n // cfg.block_n)
+        rows, cols = tiles_m * cfg.block_m, tiles_n * cfg.block_n
+        self.parts = torch.empty(self.slices * rows, cols, dtype=torch.float32, device=device)
+        p_desc = (TensorDescriptor(self.parts, list(self.parts.shape), [cols, 1],
+                                   [cfg.block_m, cfg.block_n // 2]) if out.is_cuda else None)
+        units = tiles_m * tiles_n * self.slices
+        self._a_varies, self._b_varies = a_varies, self._b_pad is None
+        vary = (("a_desc",) if a_varies else ()) + (("b_desc",) if self._b_varies else ())
+        self.gemm = BoundKernel(
+            splitk_gemm_kernel, (min(units, program_budget(device, None)),),
+            (a_desc, b_desc, p_desc, self.parts, m, n, k, rows, self.slices, steps),
+            dict(B_KN=b_kn, P_TMA=p_desc is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                 BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
+                 num_stages=cfg.num_stages), vary=vary, device=device)
+        block_r, block_c, warps = REDUCE_BLOCKS["cuda" if out.is_cuda else "cpu"]
+        self.reduce = BoundKernel(
+            splitk_reduce_kernel, (-(-m // block_r) * -(-n // block_c),),
+            (self.parts, out, bias if bias is not None else out, m, n, self.slices, rows * cols,
+             cols, out.stride(0), out.stride(1), int(bias is not None)),
+            dict(BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps),
+            vary=("c_ptr", "bias_ptr"), device=device)
+
+    def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
+            bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """Both launches on the current stream (``a`` only when it varies, else None)."""
+        values = [a] if self._a_varies else []
+        if self._b_varies:
+            values.append(b)
+        else:
+            self._b_pad.copy_(b)
+        self.gemm.launch(*values)
+        self.reduce.launch(out, bias if bias is not None else out)
+        return out
+
+
 def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
                     bias: Optional[torch.Tensor], *, group: Optional[Group], wait: bool,
                     sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
                     record: torch.Tensor, m: int, programs: Optional[int] = None,
                     cfg: Optional[TileConfig] = None) -> torch.Tensor:
     """One launch of the persistent GEMM built for it (``wait=False``: a plain GEMM; the
-    waiting arguments are unused), for benches that drive the kernel directly."""
+    waiting arguments are unused), for benches that drive the kernel directly. ``cfg``: the
+    configuration ``a_desc``'s blocks were made for (default the rule's, as ``CoreGemm``)."""
     core = CoreGemm(a_desc, b, out, bias, group=group, wait=wait, sig=sig, offsets=offsets,
                     claim=claim, record=record, m=m, programs=programs, cfg=cfg)
     return core.run(None, b, out, bias)
@@ -292,14 +345,30 @@ def _dummies(device: torch.device) -> tuple:
 
 
 class _MatmulPlan:
-    """``matmul`` of one key: an ``a`` that no descriptor reads as it is goes through a padded
-    buffer of the plan (copied per call), then the bound core."""
+    """``matmul`` of one key: the tile configuration and K slices (``cfg`` and ``split_k``,
+    else the rule's for the shapes and mode: ``select_split``), an ``a`` that no descriptor
+    reads as it is through a padded buffer of the plan (copied per call), then the bound core
+    (``CoreGemm``, or ``SplitKGemm`` when K is split; ``self.split``: the slices, 1 unsplit)."""
 
-    def __init__(self, a, b, bias, out, cfg):
+    def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None):
+        m, k, n = a.shape[0], a.shape[1], b.shape[1]
+        split = 1
+        if cfg is None:
+            chosen, split = select_split(m, n, k, program_budget(a.device, None), a.device,
+                                         deterministic=deterministic, split=split_k)
+            cfg = chosen.cfg
+        elif split_k is not None and split_k > 1:  # a fixed configuration, split as asked
+            split = slices(k, cfg.block_k, split_k)[0]
         self.a_pad = None if _tma_ok(a) else _padded_copy(a)
         a_ex = a if self.a_pad is None else self.a_pad
         a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
                                   [cfg.block_m, cfg.block_k])
+        if split > 1:
+            self.core = SplitKGemm(a_desc, b, out, bias, m=m, cfg=cfg, split=split,
+                                   a_varies=self.a_pad is None)
+            self.split = self.core.slices
+            return
+        self.split = 1
         sig, offsets, claim, record = _dummies(a.device)
         self.core = CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig,
                              offsets=offsets, claim=claim, record=record, m=a.shape[0], cfg=cfg,
@@ -318,24 +387,93 @@ ranks (threads) must not share."""
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           out: Optional[torch.Tensor] = None, cfg: Optional[TileConfig] = None) -> torch.Tensor:
+           out: Optional[torch.Tensor] = None, cfg: Optional[TileConfig] = None, *,
+           deterministic: Optional[bool] = None, split_k: Optional[int] = None) -> torch.Tensor:
     """Our persistent Triton GEMM alone (the ag_gemm consumer without waits): ``a @ b + bias``.
 
-    ``a [M, K]``, ``b [K, N]`` (any strides; ``w.t()`` works without a copy), fp16/bf16 on GPU.
-    The core the benchmarks compare with cuBLAS (``cfg``: a tile configuration other than
-    ``tile_config``'s, e.g. ``GPU_CONFIGS[name]``). Plans are cached per (shapes, strides,
-    dtypes, alignment, configuration); a new one during CUDA-graph capture raises.
+    Parameters
+    ----------
+    a, b : torch.Tensor
+        ``a [M, K]``, ``b [K, N]`` (any strides; ``w.t()`` works without a copy), fp16/bf16 on
+        GPU (fp16/fp32 in the interpreter).
+    bias : torch.Tensor, optional
+        ``[N]``, added in fp32 before rounding.
+    out : torch.Tensor, optional
+        ``[M, N]`` (any strides; fp32 keeps the products unrounded, as deterministic mode's
+        partial products are).
+    cfg : TileConfig, optional
+        A fixed tile configuration (benches: e.g. ``GPU_CONFIGS[name]``), unsplit unless
+        ``split_k`` says; default the rule's (``select_split``) for M, N, K and the device's
+        SMs.
+    deterministic : bool, optional
+        The rule picks only batch-invariant configurations (a row's bits do not depend on M)
+        and never splits K; default the ``ditron_ops.deterministic()`` mode.
+    split_k : int, optional
+        K slices forced (benches and tests; default mode only): 1 runs the unsplit GEMM, S > 1
+        fp32 partials of S slices summed in slice order (fewer when K has fewer ``BLOCK_K``
+        steps to share). Default the rule's: a split only where the model predicts one faster
+        (fewer tiles than the SMs, long K).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``, or a new ``[M, N]`` tensor of ``a``'s dtype.
+
+    Notes
+    -----
+    The core the benchmarks compare with cuBLAS. Plans are cached per (shapes, strides, dtypes,
+    alignment, configuration, mode, split): a repeated call selects and compiles nothing; a new
+    plan during CUDA-graph capture raises. A split plan owns its fp32 partials (``SplitKGemm``);
+    its result differs from the unsplit one by fp32 rounding (the same bits run to run).
     """
+    if split_k is not None and (not isinstance(split_k, int) or split_k < 1):
+        raise ValueError(f"ditron.matmul: split_k must be a positive int, got {split_k!r}")
     m = a.shape[0]
     out = a.new_empty((m, b.shape[1])) if out is None else out
     if m == 0 or b.shape[1] == 0:
         return out
     if a.shape[1] == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
-    cfg = cfg or tile_config(a.device)
-    key = ("matmul", a.device, cfg, tensor_key(a), tensor_key(b), tensor_key(bias),
-           tensor_key(out))
+    det = resolve_deterministic(deterministic)
+    if det and split_k is not None and split_k > 1:
+        raise ValueError(f"ditron.matmul: split_k={split_k} in deterministic mode; it never "
+                         "splits K (a fixed K order per element keeps rows batch invariant)")
+    key = ("matmul", a.device, cfg, det, split_k, tensor_key(a), tensor_key(b),
+           tensor_key(bias), tensor_key(out))
+    return _plan(key, a, b, bias, out, cfg, det, split_k).run(a, b, bias, out)
+
+
+def _plan(key, a, b, bias, out, cfg, det, split_k) -> _MatmulPlan:
+    """This thread's plan of ``key`` (built on a miss)."""
     cache = getattr(_MATMUL_PLANS, "cache", None)
     if cache is None:
         cache = _MATMUL_PLANS.cache = PlanCache(None)
-    return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg)).run(a, b, bias, out)
+    return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg, det, split_k))
+
+
+def matmul_split(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
+                 deterministic: Optional[bool] = None) -> int:
+    """The K slices ``matmul(a, b, out=out)`` runs with (1: unsplit), from its plan (built
+    here when missing, as the call would): what ``bench gemm_sweep`` records as ``split_k``."""
+    out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
+    det = resolve_deterministic(deterministic)
+    key = ("matmul", a.device, None, det, None, tensor_key(a), tensor_key(b), None,
+           tensor_key(out))
+    return _plan(key, a, b, None, out, None, det, None).split
+
+
+def _precompile(device: torch.device, dtypes: tuple) -> None:
+    """``matmul``'s split-K variants (``runtime.precompile``; the unsplit ones are the
+    ``ag_gemm`` family's plain consumers): per tile configuration the rule can pick, fp16 and
+    bf16, B ``[K, N]`` and ``[N, K]``, the split GEMM; the reduce into each dtype and fp32."""
+    wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
+    for cfg, dtype in itertools.product(rule_configs(device), wanted):
+        a = torch.ones(64, 256, dtype=dtype, device=device)
+        a_desc = TensorDescriptor(a, [64, 256], [256, 1], [cfg.block_m, cfg.block_k])
+        for b in (a.new_ones(256, 64), a.new_ones(64, 256).t()):
+            for out_dtype in (dtype, torch.float32):
+                out = torch.empty(64, 64, dtype=out_dtype, device=device)
+                SplitKGemm(a_desc, b, out, None, m=64, cfg=cfg, split=2, a_varies=True)
+
+
+register_precompile("matmul", _precompile, ("matmul",))

@@ -3,6 +3,10 @@
 ``persistent_gemm_kernel`` is ``matmul`` (``WAIT=False``) and ag_gemm's consumer (``WAIT``:
 each tile first waits for the gathered chunks its rows come from); gemm_rs's kernels reuse
 ``_tile_coords`` and ``tile_matmul``, so every GEMM of the family has the same K order.
+
+``splitk_gemm_kernel`` and ``splitk_reduce_kernel`` are the default mode's split-K ``matmul``
+(``_core_configs.select_split``): fp32 partial products of K slices, then their sum in slice
+order. Neither waits; no fused op and no deterministic call launches them.
 """
 from __future__ import annotations
 
@@ -168,3 +172,69 @@ def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offset
                                   off_m, off_n, K, B_KN, BLOCK_K)
                 _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm,
                             stride_cn, has_bias, C_TMA, False)
+
+
+@dl.jit(do_not_specialize=("M", "N", "K", "rows", "slices", "slice_steps"))
+def splitk_gemm_kernel(a_desc, b_desc, p_desc, p_ptr, M, N, K, rows, slices, slice_steps,
+                       B_KN: tl.constexpr, P_TMA: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Partial products of ``C[M, N] = A[M, K] @ B[K, N]`` over ``slices`` slices of K, each
+    ``slice_steps`` ``BLOCK_K`` steps (the last one shorter; TMA reads past K as zeros).
+
+    Persistent over the ``tiles x slices`` units, slice-major (unit ``u``: slice
+    ``u // tiles``, tile ``u % tiles`` in ``_tile_coords``' grouped order, so programs that run
+    together read the same K range of neighbouring tiles). A unit stores its fp32 tile, whole,
+    at rows ``slice * rows + off_m`` of the workspace ``P [slices * rows, cols]`` (``rows`` and
+    ``cols`` pad M and N to whole tiles, so no tile reaches into the next slice's rows),
+    through ``p_desc`` (``P_TMA``, blocks ``[BLOCK_M, BLOCK_N / 2]``) or pointer stores.
+    ``B_KN`` as in ``gemm_tiles``.
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles = tiles_m * tiles_n
+    group_tiles = GROUP_M * tiles_n
+    steps = tl.cdiv(K, BLOCK_K)
+    cols = tiles_n * BLOCK_N
+    for unit in range(pid, tiles * slices, nprog):
+        s = unit // tiles
+        pid_m, pid_n = _tile_coords(unit % tiles, tiles_m, group_tiles, 0, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        lo = s * slice_steps
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(lo, tl.minimum(lo + slice_steps, steps)):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            if B_KN:
+                b = b_desc.load([ki * BLOCK_K, off_n])
+            else:
+                b = b_desc.load([off_n, ki * BLOCK_K]).T
+            acc = tl.dot(a, b, acc)
+        _store_tile(acc, p_desc, p_ptr, p_ptr, s * rows + off_m, off_n, slices * rows, cols,
+                    cols, 1, 0, P_TMA, True)
+
+
+@dl.jit(do_not_specialize=("M", "N", "slices", "slice_stride", "stride_pm", "stride_cm",
+                           "stride_cn", "has_bias"))
+def splitk_reduce_kernel(p_ptr, c_ptr, bias_ptr, M, N, slices, slice_stride, stride_pm,
+                         stride_cm, stride_cn, has_bias, BLOCK_R: tl.constexpr,
+                         BLOCK_C: tl.constexpr):
+    """``C = (((P_0 + P_1) + P_2) + ...) (+ bias)`` over ``[M, N]``, rounded once to C's dtype:
+    the ``slices`` fp32 partials (``P_s`` at ``p_ptr + s * slice_stride``, rows
+    ``stride_pm`` apart) summed in slice order (the same bits every run), the bias in fp32
+    after them as ``_store_tile`` adds it. One ``[BLOCK_R, BLOCK_C]`` block per program."""
+    pid = tl.program_id(0)
+    blocks_n = tl.cdiv(N, BLOCK_C)
+    rm = (pid // blocks_n) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rn = (pid % blocks_n) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    ptrs = p_ptr + rm.to(tl.int64)[:, None] * stride_pm + rn[None, :]
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    for _ in range(1, slices):
+        ptrs += slice_stride  # (pointer arithmetic: 64-bit whatever S x M x N)
+        acc += tl.load(ptrs, mask=mask, other=0.0)
+    if has_bias != 0:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    c_offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=mask)

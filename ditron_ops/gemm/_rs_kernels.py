@@ -36,7 +36,8 @@ acquire-release fence before the relaxed adds publish the program's phase-1 stor
 there is nothing to publish and the add is a GPU-scope relaxed atomic.
 
 The partials stay fp32 and every owner adds them in rank order 0..W-1 and rounds once: the
-result does not depend on arrival order, and with the fixed tile configuration each output row
+result does not depend on arrival order, and with deterministic mode's tiles (BLOCK_K fixed at
+64, the M side chosen per M among tilings measured to give the same bits) each output row
 depends only on its own input row (batch invariance). The sum starts from its first term, slot 0
 (at rank 0 the own partial, straight from the registers), not from a zero tile: the same values
 as from +0.0 except that a sum of zeros keeps the sign of -0.0 (-0.0 is the additive identity,

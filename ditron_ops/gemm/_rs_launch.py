@@ -15,7 +15,7 @@ from ..runtime.launcher import BoundKernel
 from ..runtime.plan import tensor_key
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._core import (_padded_copy, _tma_ok, b_descriptor, consumer_programs, half_b_descriptor,
-                    tail_tiles, tile_config)
+                    program_budget, rule_configs, select_config, tail_tiles)
 from ._rs_kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
 
 PURPOSE = "gemm_reduce"
@@ -37,24 +37,25 @@ def finish_programs(group: Group) -> int:
 
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows: list[int],
           *, broadcast: bool, op: str, partials: torch.dtype = torch.float32,
-          tensor_keys: Optional[tuple] = None) -> torch.Tensor:
+          deterministic: bool = True, tensor_keys: Optional[tuple] = None) -> torch.Tensor:
     """One call: scattered partial GEMM with the reduction in its epilogue (its own start
     barrier), or start barrier + broadcast GEMM + finish (one-shot), into ``out``.
 
     ``rows[s]``: rows of the product owned by rank s (reduce-scatter). ``broadcast``: every rank
     receives every partial and reduces all rows (one-shot all-reduce; ``rows`` unused).
     ``partials``: dtype of the partial tiles in the slots (fp32, or the input dtype: see
-    ``LOWP_PARTIALS``); the sums are fp32 either way. ``tensor_keys``: ``(a, b)``'s
-    ``tensor_key``s when the caller has them (its validation key). Everything but the launches
-    comes from the call's plan.
+    ``LOWP_PARTIALS``); the sums are fp32 either way. ``deterministic``: the tiles are picked
+    among the batch-invariant configurations only (``select_config``). ``tensor_keys``:
+    ``(a, b)``'s ``tensor_key``s when the caller has them (its validation key). Everything but
+    the launches comes from the call's plan.
     """
     group.check()
     if tensor_keys is None:
         tensor_keys = (tensor_key(a), tensor_key(b))
-    key = (op, broadcast, partials, *tensor_keys,
+    key = (op, broadcast, partials, deterministic, *tensor_keys,
            None if broadcast else tuple(rows))  # out: made by the op, contiguous and aligned
     plan = group.plans.get(key, lambda previous=None: RsPlan(group, a, b, out, rows, broadcast, op,
-                                                             partials, previous))
+                                                             partials, previous, deterministic))
     return plan.run(a, b, out)
 
 
@@ -64,11 +65,14 @@ class RsPlan:
 
     def __init__(self, group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
                  rows: list[int], broadcast: bool, op: str, partials: torch.dtype,
-                 previous: "RsPlan | None" = None):
+                 previous: "RsPlan | None" = None, deterministic: bool = True):
         self.group, self.op, self.broadcast = group, op, broadcast
         self.ws = ws = group.workspace(PURPOSE)
-        cfg = tile_config(a.device)
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
+        # Every rank must run the same tiles (partial tiles and slots are exchanged): the rule
+        # sees only M, N, the mode and the SM share, which all ranks agree on, never K_r.
+        self.cfg = cfg = select_config(m, n, program_budget(a.device, group), a.device,
+                                       deterministic=deterministic)
         w, rank = group.world_size, group.rank
         slot_rows = m if broadcast else max(rows)
         self.data = data = ws.ensure_data(max(1, w * slot_rows * n * partials.itemsize))
@@ -179,9 +183,14 @@ def _epilogue_descriptors(out: torch.Tensor, buf: torch.Tensor, slot_rows_total:
 
 
 def _precompile(device: torch.device, dtypes: tuple) -> None:
-    """Every variant (dtype x B layout x epilogue; reduce-scatter, broadcast and finish) as
-    one-rank launches (``runtime.precompile``)."""
-    cfg = tile_config(device)
+    """Every variant (tile configuration the rule can pick x dtype x B layout x epilogue;
+    reduce-scatter, broadcast and finish) as one-rank launches (``runtime.precompile``)."""
+    for cfg in rule_configs(device):
+        _precompile_tiles(device, dtypes, cfg)
+
+
+def _precompile_tiles(device: torch.device, dtypes: tuple, cfg) -> None:
+    """``_precompile``'s variants of one tile configuration."""
     offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
     tiles_cfg = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                      GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)

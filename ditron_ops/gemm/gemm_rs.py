@@ -6,7 +6,8 @@ them in rank order (schedule in ``_rs_kernels``); the baseline is ``matmul`` the
 
 What each mode promises
 -----------------------
-``deterministic=True``: the fused kernels with the fixed tile configuration (BLOCK_K fixed, no
+``deterministic=True``: the fused kernels with batch-invariant tiles (the rule's choice for M and
+N among configurations whose rows do not depend on the M-side tiling: BLOCK_K fixed at 64, no
 split-K) and fp32 partials summed in rank order 0..W-1 with one rounding. Bitwise identical run
 to run, independent of arrival order, and batch invariant (row i of the result depends only on
 row i of ``a``: ``op(a[:k]) == op(a)[:k]``). On groups without symmetric memory the same GEMM
@@ -208,14 +209,14 @@ def _partials(a: torch.Tensor, deterministic: bool) -> torch.dtype:
 
 def _partial(a: torch.Tensor, b: torch.Tensor, deterministic: bool,
              out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """This rank's product for the unfused paths: fp32 from our fixed-config GEMM when
+    """This rank's product for the unfused paths: fp32 from our batch-invariant GEMM when
     deterministic (one rounding after the sum), else cuBLAS in the input dtype (into ``out``
     when given, of the product's shape)."""
     if a.shape[1] == 0:
         return a.new_zeros(a.shape[0], b.shape[1]) if out is None else out.zero_()
     if deterministic:
         return matmul(a, b, out=torch.empty(a.shape[0], b.shape[1], dtype=torch.float32,
-                                            device=a.device))
+                                            device=a.device), deterministic=True)
     return a @ b if out is None else torch.matmul(a, b, out=out)
 
 
@@ -240,7 +241,8 @@ def _gemm_rs_impl(a, b, group_name, shard_sizes, deterministic, impl, tensor_key
             a, b = _nonempty_k(a, b)
             tensor_keys = None
         return _rs_launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs",
-                                partials=_partials(a, deterministic), tensor_keys=tensor_keys)
+                                partials=_partials(a, deterministic), deterministic=deterministic,
+                                tensor_keys=tensor_keys)
     return reduce_rows(_partial(a, b, deterministic), group, rows, out, deterministic)
 
 
@@ -264,10 +266,12 @@ def _gemm_ar_impl(a, b, group_name, deterministic, impl, algorithm):
             algorithm = "one_shot" if m * n * 4 <= ONE_SHOT_MAX_BYTES else "two_shot"
         if algorithm == "one_shot":
             return _rs_launch.fused(group, a, b, out, [m] * group.world_size, broadcast=True,
-                                 op="gemm_ar", partials=_partials(a, deterministic))
+                                 op="gemm_ar", partials=_partials(a, deterministic),
+                                 deterministic=deterministic)
         rows = split_sizes(m, group.world_size)
         mine = _rs_launch.fused(group, a, b, a.new_empty((rows[group.rank], n)), rows,
-                             broadcast=False, op="gemm_ar", partials=_partials(a, deterministic))
+                             broadcast=False, op="gemm_ar", partials=_partials(a, deterministic),
+                             deterministic=deterministic)
         return gather_rows(mine, group, rows, out=out)  # a copy: exact
     return sum_all(_partial(a, b, deterministic, out), group, out, deterministic)
 

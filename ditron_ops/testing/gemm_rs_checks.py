@@ -1,8 +1,8 @@
 """Checks of ``gemm_rs`` / ``gemm_ar`` against the order-exact reference (CPU, GPU, self-check).
 
-The order-exact reference sums every rank's fp32 product from our fixed-configuration GEMM
-(``ag_gemm.matmul`` with an fp32 output) in rank order and rounds once, exactly what the fused
-kernels promise, so the comparison is ``torch.equal``.
+The order-exact reference sums every rank's fp32 product from our batch-invariant GEMM
+(``matmul(deterministic=True)`` with an fp32 output) in rank order and rounds once, exactly what
+the fused kernels promise, so the comparison is ``torch.equal``.
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def gemm_rs_inputs(group: Group, m: int, n: int, k: int, dtype: torch.dtype, wei
 
 def order_exact(a: torch.Tensor, b: torch.Tensor, group: Group) -> torch.Tensor:
     """``Σ_r a_r @ b_r``: fp32 products of our GEMM summed in rank order, rounded once."""
-    part = matmul(a, b, out=torch.empty(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device))
+    part = matmul(a, b, out=torch.empty(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device),
+                  deterministic=True)
     return reference.rank_ordered_sum(reference.gather_tensors(part, group), a.dtype)
 
 

@@ -232,10 +232,12 @@ def _call(group: Group, case: Case, t: dict, buf: Optional[Buffer]) -> tuple:
 
 
 def _order_exact(a: torch.Tensor, b: torch.Tensor, group: Group) -> torch.Tensor:
-    """``sum_r a_r @ b_r``: our GEMM's fp32 products summed in rank order, rounded once."""
+    """``sum_r a_r @ b_r``: our GEMM's fp32 products summed in rank order, rounded once. The
+    products come from a batch-invariant tiling (``deterministic=True``), as deterministic
+    gemm_rs / gemm_ar's do: default mode's rule may pick a tiling whose bits differ."""
     part = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
     if a.shape[1]:
-        matmul(a, b, out=part)
+        matmul(a, b, out=part, deterministic=True)
     return reference.rank_ordered_sum(reference.gather_tensors(part, group), a.dtype)
 
 

@@ -76,13 +76,15 @@ def test_cuda_graph_capture_and_replay(world_size):
 def test_split_tail_forced(world_size, monkeypatch):
     """Whole own tiles as halves next to peers' partials and boundary rows (the tail rule forced
     to 5 tiles; the model shapes above meet the rule itself at W = 2 and 4), bitwise."""
-    from ditron_ops.gemm._core import tile_config
+    from ditron_ops.gemm._core_configs import select_config
     from ditron_ops.gemm import _rs_launch as _launch
 
-    if not tile_config(torch.device("cuda")).split_tail:
-        pytest.skip("tile configuration without split tail")
+    share = torch.cuda.get_device_properties(0).multi_processor_count // world_size
+    if not select_config(4000, 1000, share, torch.device("cuda"), deterministic=True).split_tail:
+        pytest.skip("the rule's tiles for this shape have no split tail")
     seen = spy_own_tail(monkeypatch)
-    monkeypatch.setattr(_launch, "tail_tiles", lambda tiles, programs, cfg: min(tiles, 5))
+    monkeypatch.setattr(_launch, "tail_tiles",
+                        lambda tiles, programs, cfg: min(tiles, 5) if cfg.split_tail else 0)
     ditron_ops.launch(lambda g: check_gemm_reduce(g, 4000, 1000, 520, torch.bfloat16), world_size)
     assert seen and all(t == 5 for t in seen), seen
 

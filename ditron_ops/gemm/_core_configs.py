@@ -1,0 +1,326 @@
+"""Tile configurations of the persistent GEMM core and the rule that picks one per problem.
+
+The rule (``select_config``) is a wave-quantization model over a few compiled candidates: a
+persistent grid of ``programs`` runs ``tiles`` tiles in ``ceil(tiles / programs)`` waves (the
+split tail runs a partial last wave of at most half the grid as half tiles), and a wave of
+``BLOCK_M x BLOCK_N`` tiles costs the tile's area over the candidate's efficiency (its
+throughput per unit of area, relative to 128x256 tiles)::
+
+    time(c) ~ (full waves + HALF_TILE_COST * [a last wave of half tiles]) * area(c) / efficiency(c)
+
+per K step. Every candidate has ``BLOCK_K = 64``, so the K loop has the same length under each:
+K drops out of the comparison, and the rule reads only M, N and the program budget. That makes
+it safe where ranks must agree (gemm_rs / gemm_ar exchange partial tiles, so all ranks need the
+same tiles, while each rank's K_r may differ): every input of the rule is agreed.
+
+Problems no taller than the tallest candidate (M <= 128 on the GPU) are memory-bound: a tile
+costs what streaming its B columns costs, not its area, and tiles taller than M waste their MMA
+rows and shared-memory stages. There only the shortest candidates (64 rows) compete (the same
+model then compares their waves). Measured (fp32 out, H200, the six GEMM-RS model shapes):
+the rule's 64-row choices 0.68-0.83x cuBLAS (geo-mean per M, M 1-128) against 0.45-0.58x for
+the 128x256 tiles (benchmarks/NOTES.md, GEMM core).
+
+Deterministic mode picks only candidates whose rows were measured bitwise equal to the 128x256
+tiles' rows (``Candidate.deterministic``): BLOCK_K = 64 and the MMA's K order fixed, a row's
+result does not depend on the M-side tiling (all 240 rows of ``tools/invariant_configs.py``).
+
+Split-K (``select_split``; the default mode's plain ``matmul`` only, never deterministic mode,
+whose K order per element is fixed, and never the fused ops' waiting kernels): where a
+candidate's tiles are fewer than the program budget (under one wave) and K is long, the K loop
+is cut into S slices of whole ``BLOCK_K`` steps, one program per (tile, slice) writing fp32
+partials, then one reduce kernel sums them in slice order. Its time, in microseconds::
+
+    time(c, S) = SPLIT_STEP_US x [waves of tiles x S] x area(c) / efficiency(c) x ceil(steps / S)
+                 + S x M x N x 8 bytes / PARTIAL_BYTES_PER_S + SPLIT_LAUNCH_US
+
+(``time(c, 1)`` is the tile rule's time x steps x ``STEP_US``: an S = 1 choice is always
+``select``'s). The constants are guesses until ``bench gemm_sweep --only splitk`` measures S in
+{1, 2, 4, 8} (``tools/gemm_rule_fit.py --splitk`` fits them on its CSV).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """Tiles and schedule of the persistent GEMM (``persistent_gemm_kernel``; gemm_rs uses the
+    tiles).
+
+    ``split_tail``: a partial last wave of at most half the grid runs as half-width tiles
+    (``SPLIT_TAIL``, ``tail_tiles``).
+    """
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    split_tail: bool = False
+
+
+GPU_CONFIGS = {
+    "128x256x64/s3": TileConfig(128, 256, 64, 8, 8, 3),
+    "128x256x64/s4": TileConfig(128, 256, 64, 8, 8, 4),
+    "128x256x64/s3/tail": TileConfig(128, 256, 64, 8, 8, 3, split_tail=True),
+    "128x256x64/s4/tail": TileConfig(128, 256, 64, 8, 8, 4, split_tail=True),
+}
+"""Variants of the large tiles that the ``ag_gemm`` bench compares (``matmul(..., cfg=)``);
+``GPU_CONFIG`` names the rule's large-M candidate. ``/tail`` (``split_tail``): the shapes that
+trailed most filled their last wave worst (8192x1792: 448 tiles = 3.4 waves of 132 SMs).
+History: benchmarks/NOTES.md, GEMM core."""
+GPU_CONFIG = "128x256x64/s4/tail"
+"""s4/tail: the best P1 in every run that measured it (0.978-0.997x cuBLAS geo-mean, H200, bf16,
+model shapes at M=8192) and the lowest per-shape P2 in the last paired runs (at most 1.2%). It
+needs 229 KB of shared memory (s3: 180 KB), so fp32 products drop to 3 stages (``fit_stages``).
+Its weakest shape, 8192x1376x4096 (0.93x), is one cuBLAS runs with non-power-of-two tiles
+(160x192), out of Triton's reach. History: benchmarks/NOTES.md, GEMM core."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A configuration the rule may pick.
+
+    ``efficiency``: throughput per unit of tile area relative to the 128x256 tiles (fitted by
+    ``tools/gemm_rule_fit.py``). ``deterministic``: its rows were measured bitwise equal to the
+    128x256 tiles' rows (fp32 out, H200), so deterministic mode may pick it.
+    """
+    name: str
+    cfg: TileConfig
+    efficiency: float
+    deterministic: bool
+
+
+GPU_CANDIDATES = (
+    Candidate(GPU_CONFIG, GPU_CONFIGS[GPU_CONFIG], 1.0, True),
+    Candidate("128x128x64/s5/w4", TileConfig(128, 128, 64, 8, 4, 5), 0.81, False),
+    Candidate("64x256x64/s4", TileConfig(64, 256, 64, 8, 4, 4), 0.69, True),
+    Candidate("64x128x64/s6", TileConfig(64, 128, 64, 8, 4, 6), 0.55, True),
+)
+"""The rule's candidates on the GPU, in order of preference on a tie. Efficiencies fitted to the
+H200 data by ``tools/gemm_rule_fit.py`` (each the middle of the interval in which no choice on
+the data changes; table in benchmarks/NOTES.md, GEMM core): 128x128 0.81 (0.76-0.87: small or
+ragged N, e.g. 14040x384x3264 0.57x -> 0.81x cuBLAS), 64x256 0.69 (0.55-0.81: small M where it
+needs fewer waves, 168x8960x3152 0.71x -> 0.92x), 64x128 0.55 (0.41-0.67: at M <= 128 it wins
+whenever it fits in one wave, 0.68-0.83x against 0.45-0.58x for 128x256; it also takes the
+sweep's few-tile, long-K shapes from 128x128, where it runs twice the tiles, unmeasured).
+128x128/s5/w4 is not measured bitwise against the others, so deterministic mode leaves it out.
+Not among them: 64x64 tiles (0.58-0.87x at M <= 128, ahead of 64x128 on a few N = 4096 shapes
+only), BLOCK_K = 32 (would change deterministic mode's K order) and 256x128 (0.60x geo)."""
+HALF_TILE_COST = 0.72
+"""Time of a split-tail half tile in full tiles (0.5 ideal; the data allow 0.62-0.85)."""
+
+INTERPRETER_CANDIDATES = (
+    Candidate("32x16x16", TileConfig(32, 16, 16, 4, 4, 1), 1.0, False),
+    Candidate("16x16x16", TileConfig(16, 16, 16, 4, 4, 1), 1.0, True),
+)
+"""Small tiles in the interpreter (its cost is per element of every block, masked or not, so the
+model there minimizes padded rows); the M side varies (16 rows up to M = 32, then whichever
+pads less) so CPU tests see the tiling change with M. Deterministic mode keeps 16x16 blocks:
+the interpreter's ``tl.dot`` is numpy's matmul, whose rounding depends on the block's height and
+width with some OpenBLAS kernels (Zen: every height from 1 to 128 gave other bits than 16-row
+blocks), which the GPU's MMA does not. Tests swap in other tuples (``split_tail`` with
+``block_n=32``)."""
+
+
+def candidates(device: torch.device, deterministic: bool) -> tuple[Candidate, ...]:
+    """The candidates of ``device``'s kind (GPU: Hopper TMA + wgmma; else the interpreter),
+    only those verified batch invariant in deterministic mode."""
+    cands = GPU_CANDIDATES if device.type == "cuda" else INTERPRETER_CANDIDATES
+    return tuple(c for c in cands if c.deterministic or not deterministic)
+
+
+def rule_configs(device: torch.device) -> tuple[TileConfig, ...]:
+    """Every configuration the rule can pick on ``device`` (either mode): what ``precompile``
+    and ``tools/sm90_compile.py`` compile."""
+    return tuple(dict.fromkeys(c.cfg for c in candidates(device, False)))
+
+
+def tail_tiles(tiles: int, programs: int, cfg: TileConfig) -> int:
+    """Tiles the consumer runs as half tiles (``split_tail``): a partial last wave of at most
+    half the grid (its halves then fit in one wave), else 0 (e.g. 448 tiles on 132 programs:
+    the last 52 as 104 halves, 3.5 waves instead of 4)."""
+    left = tiles % programs
+    return left if cfg.split_tail and 0 < 2 * left <= programs else 0
+
+
+def waves(tiles: int, programs: int, cfg: TileConfig) -> tuple[int, bool]:
+    """``(full waves, whether a last wave of half tiles follows)`` of ``tiles`` on a persistent
+    grid of ``programs``: with ``split_tail`` every tile runs as two halves when they fit the
+    budget (``consumer_grid``), else a partial last wave of at most half the grid
+    (``tail_tiles``)."""
+    if cfg.split_tail and 2 * tiles <= programs:
+        return 0, True
+    full, left = divmod(tiles, programs)
+    if left and tail_tiles(tiles, programs, cfg):
+        return full, True
+    return full + (left > 0), False
+
+
+def predicted_time(c: Candidate, m: int, n: int, programs: int) -> float:
+    """The model's time of ``c`` per K step, in steps of a 128x256 tile at full efficiency."""
+    cfg = c.cfg
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    full, half = waves(tiles, max(1, programs), cfg)
+    area = cfg.block_m * cfg.block_n / (128 * 256)
+    return (full + HALF_TILE_COST * half) * area / c.efficiency
+
+
+def select(m: int, n: int, programs: int, device: torch.device, *,
+           deterministic: bool) -> Candidate:
+    """``select_config``'s candidate (with its name, for benches and the fitting tool)."""
+    cands = candidates(device, deterministic)
+    if m <= max(c.cfg.block_m for c in cands):  # memory-bound: only the shortest tiles
+        shortest = min(c.cfg.block_m for c in cands)
+        cands = tuple(c for c in cands if c.cfg.block_m == shortest)
+    return min(cands, key=lambda c: predicted_time(c, m, n, programs))  # (first on a tie)
+
+
+def select_config(m: int, n: int, programs: int, device: torch.device, *,
+                  deterministic: bool) -> TileConfig:
+    """The tile configuration for an ``[m, K] @ [K, n]`` product on a persistent grid of at most
+    ``programs`` programs (the rank's ``program_budget``): the candidate of least predicted
+    time (module docstring). A pure function of its arguments.
+
+    Parameters
+    ----------
+    m, n : int
+        Rows and columns of the product (gemm_rs / gemm_ar: M and N, agreed by all ranks).
+    programs : int
+        The persistent grid's budget (a virtual rank's SM share; the interpreter's one program).
+    device : torch.device
+        GPU candidates on CUDA, the interpreter's elsewhere.
+    deterministic : bool
+        Only candidates verified batch invariant (deterministic mode); every candidate has
+        ``BLOCK_K = 64`` and none splits K, so the K order per output element never changes.
+
+    Returns
+    -------
+    TileConfig
+        One of ``rule_configs(device)``; its stages may still be cut by ``fit_stages``.
+
+    Notes
+    -----
+    K and the dtype do not enter: the K loop is equally long under every candidate, and fp16
+    and bf16 run the same MMA. Selection runs while a call's plan is built (the plan keys hold
+    M, N, the device and the mode), so a repeated call does not select again.
+    """
+    return select(m, n, programs, device, deterministic=deterministic).cfg
+
+
+# -- split-K ---------------------------------------------------------------------------------
+
+STEP_US = 0.66
+"""One ``BLOCK_K = 64`` step of a 128x256 tile at efficiency 1, microseconds, unsplit under one
+wave: the median of measured time / (``predicted_time`` x K steps) over the candidates' 39 rows
+with fewer tiles than SMs in the H200 sweep data (0.45-0.85; ``tools/gemm_rule_fit.py``
+prints it). Only its ratio to the costs below matters."""
+SPLIT_STEP_US = 0.73
+"""The same step with K split: the median over the candidates' 105 rows of one wave or more
+(a split fills the SMs, which then share the memory and the power; a guess until measured)."""
+PARTIAL_BYTES_PER_S = 3.5e12
+"""Rate of the fp32 partials' traffic (each written once by the split GEMM and read once by the
+reduce: ``S x M x N x 8`` bytes), bytes/s: about the H200's HBM bandwidth (4.8 TB/s peak) at
+copy efficiency; partials that stay in the 50 MB L2 go faster (a guess until measured)."""
+SPLIT_LAUNCH_US = 3.0
+"""The reduce kernel's launch and its tail (one more kernel per call), microseconds (a guess)."""
+MAX_SPLIT = 8
+"""Most K slices the rule picks (what ``bench gemm_sweep --only splitk`` measures: 1, 2, 4, 8)."""
+MIN_SLICE_STEPS = 4
+"""Fewest ``BLOCK_K`` steps per slice: a shorter K loop does not fill the 4-6 stage pipeline."""
+
+
+def slices(k: int, block_k: int, split: int) -> tuple[int, int]:
+    """``(slices, steps)`` of cutting ``ceil(k / block_k)`` K steps into ``split`` slices of
+    ``steps = ceil(total / split)`` steps each (every slice but the last a whole number of
+    ``block_k``), without empty slices: ``slices <= split`` (e.g. 9 steps in 4: 3 x 3)."""
+    total = max(1, -(-k // block_k))
+    steps = -(-total // max(1, split))
+    return -(-total // steps), steps
+
+
+def split_time_us(c: Candidate, m: int, n: int, k: int, programs: int, split: int) -> float:
+    """The model's time of ``c`` with K in ``split`` slices (module docstring), microseconds;
+    ``split = 1`` is ``predicted_time`` x K steps x ``STEP_US`` (no partials, no reduce)."""
+    cfg = c.cfg
+    used, steps = slices(k, cfg.block_k, split)
+    if used == 1:
+        return predicted_time(c, m, n, programs) * steps * STEP_US
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    full, _ = waves(tiles * used, max(1, programs), dataclasses.replace(cfg, split_tail=False))
+    area = cfg.block_m * cfg.block_n / (128 * 256)
+    return (full * area / c.efficiency * steps * SPLIT_STEP_US
+            + used * m * n * 8 / PARTIAL_BYTES_PER_S * 1e6 + SPLIT_LAUNCH_US)
+
+
+def _shortlist(m: int, device: torch.device, deterministic: bool) -> tuple[Candidate, ...]:
+    """``select``'s candidates for ``m`` (only the shortest tiles when memory-bound)."""
+    cands = candidates(device, deterministic)
+    if m <= max(c.cfg.block_m for c in cands):
+        shortest = min(c.cfg.block_m for c in cands)
+        cands = tuple(c for c in cands if c.cfg.block_m == shortest)
+    return cands
+
+
+def split_options(m: int, n: int, k: int, programs: int, device: torch.device, *,
+                  deterministic: bool) -> list[tuple[Candidate, int]]:
+    """The split ``(candidate, slices)`` the rule weighs against ``select``'s unsplit choice:
+    none in deterministic mode; else, for each of ``select``'s candidates with fewer tiles than
+    ``programs`` (under one wave), every count of 2 to ``MAX_SPLIT`` slices (as ``slices``
+    leaves it, each once) of at least ``MIN_SLICE_STEPS`` steps a slice."""
+    if deterministic:  # batch invariance: one K order per element, never split (DESIGN.md §7)
+        return []
+    out = []
+    for c in _shortlist(m, device, False):
+        if -(-m // c.cfg.block_m) * -(-n // c.cfg.block_n) >= programs:
+            continue
+        seen = {1}
+        for s in range(2, MAX_SPLIT + 1):
+            used, steps = slices(k, c.cfg.block_k, s)
+            if used not in seen and steps >= MIN_SLICE_STEPS:
+                seen.add(used)
+                out.append((c, used))
+    return out
+
+
+def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
+                 deterministic: bool, split: int | None = None) -> tuple[Candidate, int]:
+    """Tiles and K slices for the plain ``matmul`` (``[m, k] @ [k, n]`` on ``programs``):
+    ``select``'s candidate unsplit, unless a split option (``split_options``) has a strictly
+    smaller ``split_time_us``. A pure function of its arguments.
+
+    Parameters
+    ----------
+    m, n, k : int
+        The product's shape (K enters here, unlike ``select_config``: only the plain GEMM
+        splits, where no other rank must agree on the tiles).
+    programs : int
+        The program budget (``_core.program_budget``); the interpreter's 1 never splits.
+    device : torch.device
+    deterministic : bool
+        True: always ``(select(...), 1)``.
+    split : int, optional
+        Slices forced (benches, tests: ``matmul(..., split_k=)``; default mode only): the
+        candidate of least time at that count, returned with the slices ``slices`` leaves;
+        1 is ``select``'s.
+
+    Returns
+    -------
+    tuple of (Candidate, int)
+        The candidate and the slices to run (1: the unsplit persistent GEMM).
+    """
+    first = select(m, n, programs, device, deterministic=deterministic)
+    if deterministic or split == 1:
+        return first, 1
+    if split is not None:
+        best = min(_shortlist(m, device, False),
+                   key=lambda c: split_time_us(c, m, n, k, programs, split))
+        return best, slices(k, best.cfg.block_k, split)[0]
+    best, best_t = (first, 1), split_time_us(first, m, n, k, programs, 1)
+    for c, s in split_options(m, n, k, programs, device, deterministic=False):
+        t = split_time_us(c, m, n, k, programs, s)
+        if t < best_t:  # (the unsplit choice on a tie)
+            best, best_t = (c, s), t
+    return best

@@ -1,0 +1,97 @@
+"""GPU tier (H200): split-K in the default mode's plain ``matmul`` (``_core.SplitKGemm``) with the
+compiled kernels: the rule splits the sweep's few-tile, long-K shapes; forced splits of every
+candidate are exact on integer-valued inputs (edge tiles, K off BLOCK_K, bias, both B layouts,
+strided and fp32 outputs); the same bits call after call and from a CUDA-graph replay;
+deterministic mode never splits."""
+import itertools
+
+import pytest
+import torch
+
+from ditron_ops.gemm import _core
+from ditron_ops.gemm import _core_configs as rules
+from ditron_ops.gemm._core import matmul, matmul_split, program_budget
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda")
+SPLIT_SHAPES = ((800, 768, 10760), (712, 896, 9288), (1392, 704, 15808))
+"""Sweep shapes the rule splits on 132 SMs (21-84 tiles; 0.43-0.63x cuBLAS unsplit)."""
+
+
+def _normal(m, n, k, dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    a = (torch.randn(m, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=DEV)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=DEV)
+    return a, w.t()
+
+
+def _ints(*shape, dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(-4, 5, shape, generator=gen).to(dtype=dtype, device=DEV)
+
+
+def _plan():
+    return next(reversed(_core._MATMUL_PLANS.cache._plans.values()))
+
+
+def test_the_rule_splits_few_tile_long_k_shapes():
+    """On this GPU's SMs the rule's choice for the sweep's few-tile shapes is what the plan
+    runs (split on an H200's 132 SMs), within bf16 rounding of the fp32 product, the same
+    bits call after call, and deterministic mode does not split them."""
+    budget = program_budget(DEV, None)
+    for m, n, k in SPLIT_SHAPES:
+        a, b = _normal(m, n, k)
+        want = rules.select_split(m, n, k, budget, DEV, deterministic=False)[1]
+        assert matmul_split(a, b, deterministic=False) == want, (m, n, k)
+        if budget == 132:
+            assert want > 1, (m, n, k)
+        got = matmul(a, b, deterministic=False)
+        ref = a.float() @ b.float()
+        err = ((got.float() - ref).abs().max() / ref.abs().max()).item()
+        assert err < 1e-2, (m, n, k, err)
+        assert torch.equal(got, matmul(a, b, deterministic=False))
+        assert matmul_split(a, b, deterministic=True) == 1
+        torch.testing.assert_close(matmul(a, b, deterministic=True).float(), ref,
+                                   rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("name", [c.name for c in rules.GPU_CANDIDATES])
+def test_forced_splits_are_exact_on_integer_inputs(name):
+    """Every candidate with K forced into 2, 3 and 8 slices: integer-valued bf16 inputs (every
+    partial exact in fp32), M and N off the tiles, K off BLOCK_K, with and without bias, B as
+    ``[K, N]`` and as a weight's ``w.t()``, fp32 and bf16 (column-major) outputs: equal to the
+    exact product."""
+    cfg = rules.GPU_CANDIDATES[[c.name for c in rules.GPU_CANDIDATES].index(name)].cfg
+    m, n, k = 333, 200, 1000
+    a = _ints(m, k, seed=1)
+    bias = _ints(n, seed=3)
+    for split, layout, with_bias in itertools.product((2, 3, 8), ("kn", "nk"), (False, True)):
+        b = _ints(k, n, seed=2) if layout == "kn" else _ints(n, k, seed=2).t()
+        want = a.double() @ b.double() + (bias.double() if with_bias else 0)
+        f32 = torch.empty(m, n, device=DEV)
+        got = matmul(a, b, bias=bias if with_bias else None, out=f32, cfg=cfg, split_k=split,
+                     deterministic=False)
+        assert _plan().split == rules.slices(k, 64, split)[0] > 1
+        assert torch.equal(got, want.float()), (name, split, layout, with_bias)
+        col = torch.empty(n, m, dtype=torch.bfloat16, device=DEV).t()
+        got = matmul(a, b, bias=bias if with_bias else None, out=col, cfg=cfg, split_k=split,
+                     deterministic=False)
+        assert torch.equal(got, want.to(torch.bfloat16)), (name, split, layout, with_bias)
+
+
+def test_split_replays_from_a_cuda_graph():
+    """A split call captured after one eager call (the plan and its partials built) replays to
+    the eager call's bits with new input values at the same addresses."""
+    m, n, k = 800, 768, 10760
+    a, b = _normal(m, n, k, seed=4)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
+    matmul(a, b, out=out, split_k=4, deterministic=False)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        matmul(a, b, out=out, split_k=4, deterministic=False)
+    a.copy_(_normal(m, n, k, seed=5)[0])
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, matmul(a, b, split_k=4, deterministic=False))

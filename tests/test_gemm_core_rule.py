@@ -1,0 +1,211 @@
+"""CPU tier: the GEMM core's tile rule (``gemm._core_configs.select_config``) as a pure function
+of inputs every rank agrees on; its use by every op's plan (selected once, while the plan is
+built); and deterministic mode's batch invariance while the interpreter's tiling changes with M."""
+import inspect
+import itertools
+import threading
+
+import pytest
+import torch
+
+import ditron_ops
+from ditron_ops.bench.gemm_rs import _shapes as rs_shapes
+from ditron_ops.bench.gemm_sweep import _model_shapes
+from ditron_ops.gemm import _core_configs as rules
+from ditron_ops.gemm._core import matmul
+from ditron_ops.runtime.launcher import BoundKernel
+from ditron_ops.runtime.split import split_sizes
+from ditron_ops.testing.gemm_rs_checks import gemm_rs_inputs, order_exact
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")  # only the type reaches the rule
+MS = (1, 3, 17, 64, 255, 1000, 8192)
+"""The M of the batch-invariance tests (the CPU ones stop at 1000: the interpreter's cost is
+per block)."""
+SIZES = (1, 2, 3, 16, 17, 63, 64, 65, 127, 128, 129, 168, 255, 256, 384, 1000, 1024, 4095, 8192,
+         16384)
+BUDGETS = (1, 16, 33, 44, 66, 132)  # an H200's SMs, and its share for W = 2, 3, 4, 8 virtual ranks
+
+
+def test_rule_is_a_pure_function_of_agreed_inputs():
+    """No K, rank or dtype among its inputs (gemm_rs ranks may hold different K_r); always one
+    of the configurations ``precompile`` compiles; the same answer every time."""
+    assert list(inspect.signature(rules.select_config).parameters) == [
+        "m", "n", "programs", "device", "deterministic"]
+    for device, det in itertools.product((CUDA, CPU), (False, True)):
+        allowed = rules.rule_configs(device)
+        for m, n, p in itertools.product(SIZES, SIZES, BUDGETS):
+            cfg = rules.select_config(m, n, p, device, deterministic=det)
+            assert cfg in allowed, (device, det, m, n, p, cfg)
+            assert cfg == rules.select_config(m, n, p, device, deterministic=det)
+
+
+def test_deterministic_choices_keep_the_k_order():
+    """Deterministic mode's candidates share one BLOCK_K (64 on the GPU) and were measured
+    batch invariant; its choices come from them only."""
+    for device in (CUDA, CPU):
+        det = rules.candidates(device, True)
+        assert det and all(c.deterministic for c in det)
+        assert len({c.cfg.block_k for c in det}) == 1
+        for m, n, p in itertools.product(SIZES, SIZES, BUDGETS):
+            assert rules.select_config(m, n, p, device, deterministic=True) in {c.cfg for c in det}
+    assert {c.cfg.block_k for c in rules.GPU_CANDIDATES} == {64}  # any choice keeps the K order
+    assert "128x128x64/s5/w4" not in {c.name for c in rules.candidates(CUDA, True)}
+
+
+def test_gpu_choices_follow_the_model():
+    """On an H200's 132 SMs: the tuned large tiles for every registered model shape at M = 8192
+    (the P1 shapes stay on the configuration measured there), 64-row tiles at M <= 128, and the
+    measured wins of the sweep data (benchmarks/NOTES.md, GEMM core)."""
+    def pick(m, n, det=False):
+        return rules.select(m, n, 132, CUDA, deterministic=det).name
+
+    for m, n, _ in _model_shapes():
+        assert pick(m, n) == pick(m, n, True) == rules.GPU_CONFIG, (m, n)
+    for (_, n), m in itertools.product(rs_shapes(False), (8192, 1024)):
+        assert pick(m, n, True) == rules.GPU_CONFIG, (m, n)
+    for m, n in itertools.product((1, 16, 64, 128), (4096, 8192, 12288, 16384)):
+        assert rules.select_config(m, n, 132, CUDA, deterministic=True).block_m == 64
+    assert pick(14040, 384) == "128x128x64/s5/w4" and pick(14040, 384, True) == rules.GPU_CONFIG
+    assert pick(168, 8960) == "64x256x64/s4"
+    assert rules.waves(448, 132, rules.GPU_CONFIGS[rules.GPU_CONFIG]) == (3, True)  # 3.5 waves
+
+
+def test_interpreter_tiling_changes_with_m():
+    """The interpreter's rule varies the M side (16 or 32 rows) over the batch-invariance tests'
+    M; deterministic mode keeps 16-row blocks there (numpy's matmul, the interpreter's
+    ``tl.dot``, rounds differently per block height)."""
+    rows = {m: rules.select_config(m, 16, 1, CPU, deterministic=False).block_m for m in MS}
+    assert rows[1] == rows[3] == rows[17] == 16 and rows[64] == rows[8192] == 32, rows
+    assert {rules.select_config(m, 16, 1, CPU, deterministic=True).block_m for m in MS} == {16}
+
+
+class _Spy:
+    """Counts ``select`` calls (the rule's one entry) and ``BoundKernel`` constructions."""
+
+    def __init__(self, monkeypatch):
+        self.selects, self.bindings, self.args = 0, 0, []
+        select, init = rules.select, BoundKernel.__init__
+        lock = threading.Lock()
+
+        def counting_select(*args, **kwargs):
+            chosen = select(*args, **kwargs)
+            with lock:
+                self.selects += 1
+                self.args.append((threading.current_thread().name, args, kwargs, chosen))
+            return chosen
+
+        def counting_init(obj, *args, **kwargs):
+            with lock:
+                self.bindings += 1
+            init(obj, *args, **kwargs)
+
+        monkeypatch.setattr(rules, "select", counting_select)
+        monkeypatch.setattr(BoundKernel, "__init__", counting_init)
+
+
+def test_a_repeated_call_selects_and_binds_nothing(monkeypatch):
+    """Every user of the rule (``matmul`` in both modes, ag_gemm's consumer, gemm_rs and
+    gemm_ar fused in both modes, one- and two-shot): the first calls select while their plans
+    are built; identical calls after that select nothing and bind (compile) nothing."""
+    spy = _Spy(monkeypatch)
+
+    def body(group):
+        a, b = gemm_rs_inputs(group, 40, 24, 16, torch.float32)
+        f32 = torch.empty(40, 24)
+        ops = [lambda: matmul(a, b), lambda: matmul(a, b, out=f32, deterministic=True),
+               lambda: ditron_ops.ag_gemm(a, b, group, impl="fused")]
+        for det in (False, True):
+            ops += [lambda det=det: ditron_ops.gemm_rs(a, b, group, impl="fused", deterministic=det),
+                    lambda det=det: ditron_ops.gemm_ar(a, b, group, impl="fused", deterministic=det,
+                                                       algorithm="one_shot"),
+                    lambda det=det: ditron_ops.gemm_ar(a, b, group, impl="fused", deterministic=det,
+                                                       algorithm="two_shot")]
+        for op in ops * 2:
+            op()
+        before = (spy.selects, spy.bindings)
+        for op in ops * 3:
+            op()
+        return before, (spy.selects, spy.bindings)
+
+    (before, after), = ditron_ops.launch(body, 1)
+    assert before[0] >= 6 and before[1] > 0, before  # the builds selected and bound
+    assert after == before, (before, after)
+
+
+def test_gemm_rs_ranks_with_different_k_select_alike(monkeypatch):
+    """gemm_rs / gemm_ar ranks exchange partial tiles: with a different K_r on every rank they
+    still ask the rule the same question and get the same tiles, and the sums are exact."""
+    spy = _Spy(monkeypatch)
+
+    def body(group):
+        k = (5, 16, 9)[group.rank]
+        gen = torch.Generator().manual_seed(group.rank)
+        a, b = torch.randn(70, k, generator=gen), torch.randn(k, 24, generator=gen)
+        with ditron_ops.deterministic():
+            rs, ar = ditron_ops.gemm_rs(a, b, group), ditron_ops.gemm_ar(a, b, group)
+        want = order_exact(a, b, group)
+        rows = split_sizes(70, group.world_size)
+        start = sum(rows[:group.rank])
+        assert torch.equal(rs, want[start:start + rows[group.rank]]) and torch.equal(ar, want)
+        return sorted({plan.cfg for plan in group.plans._plans.values() if hasattr(plan, "cfg")},
+                      key=repr)
+
+    cfgs = ditron_ops.launch(body, 3)
+    assert cfgs[0] and cfgs[0] == cfgs[1] == cfgs[2], cfgs
+    questions = {}
+    for thread, args, kwargs, _ in spy.args:
+        questions.setdefault(thread, set()).add((args, tuple(sorted(kwargs.items()))))
+    assert len(questions) == 3 and len({frozenset(q) for q in questions.values()}) == 1, questions
+
+
+def _rows_across_m(group, exact: bool) -> bool:
+    """The rows of every M of ``MS`` up to 1000 against the same rows of the M = 1000 calls,
+    bitwise, in deterministic mode: ``matmul`` into fp32, gemm_ar one- and two-shot, gemm_rs."""
+    ms = MS[:-1]
+    a_full, b = gemm_rs_inputs(group, ms[-1], 16, 16, torch.float16, seed=11, exact=exact)
+    with ditron_ops.deterministic():
+        mm = matmul(a_full, b, out=torch.empty(ms[-1], 16))
+        ar = ditron_ops.gemm_ar(a_full, b, group)
+        for m in ms[:-1]:
+            a = a_full[:m].clone()  # its own call, its own plan
+            assert torch.equal(matmul(a, b, out=torch.empty(m, 16)), mm[:m]), m
+            for algorithm in ("one_shot", "two_shot"):
+                got = ditron_ops.gemm_ar(a, b, group, algorithm=algorithm)
+                assert torch.equal(got, ar[:m]), (m, algorithm)
+            rows = split_sizes(m, group.world_size)
+            start = sum(rows[:group.rank])
+            got = ditron_ops.gemm_rs(a, b, group)
+            assert torch.equal(got, ar[start:start + rows[group.rank]]), m
+    return True
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_rows_bitwise_equal_across_m(world_size):
+    """Deterministic mode, batch invariance: the same rows computed inside calls with M in
+    {1, 3, 17, 64, 255, 1000} are bitwise equal (``matmul`` into fp32, gemm_rs, gemm_ar one- and
+    two-shot), with normal inputs (the GPU tier adds 8192)."""
+    assert ditron_ops.launch(_rows_across_m, world_size, args=(False,)) == [True] * world_size
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_rows_bitwise_equal_while_the_tiling_changes(world_size, monkeypatch):
+    """The same with both interpreter tilings allowed in deterministic mode, so the rule
+    changes the M side between those M (16 and 32 rows) as the GPU's does: slots, boundary rows
+    and split sizes at every tiling. Integer inputs (every product and sum exact in fp32), since
+    numpy's rounding, unlike the GPU MMA's, depends on the block height."""
+    monkeypatch.setattr(rules, "INTERPRETER_CANDIDATES", tuple(
+        rules.dataclasses.replace(c, deterministic=True) for c in rules.INTERPRETER_CANDIDATES))
+    spy = _Spy(monkeypatch)
+    assert ditron_ops.launch(_rows_across_m, world_size, args=(True,)) == [True] * world_size
+    chosen = {(args[0], cand.cfg.block_m) for _, args, _, cand in spy.args if args[0] in MS}
+    assert {rows for _, rows in chosen} == {16, 32}, chosen
+
+
+def test_the_sweep_bench_measures_every_candidate():
+    """``bench gemm_sweep --only configs`` measures each GPU candidate under its own name, the
+    data ``tools/gemm_rule_fit.py`` scores the rule on."""
+    from ditron_ops.bench.gemm_sweep import CANDIDATES
+
+    for c in rules.GPU_CANDIDATES:
+        assert CANDIDATES.get(c.name) == c.cfg, c.name
