@@ -113,6 +113,38 @@ def test_default_mode_same_layout_sizes_same_combine():
     assert ditron_ops.launch(body, 3) == [True] * 3
 
 
+def test_layout_chunk_pass_counts_like_torch():
+    """Deterministic layout, pass 1 (entries compared with their chunk ``JB`` at a time, the
+    histogram from each expert's last entry): every entry's rank among its chunk's earlier
+    entries of its id and every chunk's histogram equal a plain count; ids outside [-1, E)
+    count as -1 and the first one is reported; an expert filling a whole chunk, experts absent
+    from a chunk (their stale words zeroed), a partial last chunk, E not a multiple of the
+    zero-fill step."""
+    from ditron_ops.moe import _kernels as K, _launch as L
+
+    ch, experts = L.CPU_CHUNK, 21
+    assert ch % L.CPU_CHUNK_J == 0 and ch // L.CPU_CHUNK_J > 1 and experts % L.CPU_HIST_E
+    gen = torch.Generator().manual_seed(0)
+    n = 3 * ch + 5
+    idx = torch.randint(-1, 4, (n,), generator=gen)
+    idx = torch.where(idx < 0, -1, idx * 5)  # few experts: many entries of each
+    idx[:ch] = 4
+    idx[ch + 3], idx[ch + 7], idx[2 * ch + 1] = experts + 2, -5, experts
+    chunks = -(-n // ch)
+    idx32 = torch.zeros(n, dtype=torch.int32)
+    pos = torch.full((n,), -7, dtype=torch.int32)
+    hist = torch.full((chunks * experts,), 99, dtype=torch.int32)
+    bad = torch.full((1,), 2**63 - 1, dtype=torch.int64)
+    K.layout_chunk_kernel[(chunks,)](idx, idx32, pos, hist, bad, n, experts, CH=ch, JB=L.CPU_CHUNK_J,
+                                     EB=L.CPU_HIST_E)
+    e = torch.where((idx >= 0) & (idx < experts), idx, -1)
+    want_pos = torch.tensor([int((e[i - i % ch:i] == e[i]).sum()) for i in range(n)], dtype=torch.int32)
+    want_hist = torch.stack([torch.bincount(e[c * ch:(c + 1) * ch][e[c * ch:(c + 1) * ch] >= 0],
+                                            minlength=experts) for c in range(chunks)]).int().flatten()
+    assert torch.equal(idx32, e.int()) and torch.equal(pos, want_pos) and torch.equal(hist, want_hist)
+    assert int(want_pos[ch - 1]) == ch - 1 and int(bad) == ((ch + 3) << 32) | (experts + 2)
+
+
 def test_run_to_run_delays_and_batch_invariance():
     """Deterministic mode under injected per-rank delays: the same bits every run; a token's
     combined output (per-expert scaling experts) does not depend on which other tokens any rank
@@ -394,7 +426,7 @@ def build(fn, ptrs, constexprs, **opts):
                           options=dict(num_warps=warps, **opts))
 i32, i64, f32, u8, bf16 = torch.int32, torch.int64, torch.float32, torch.uint8, torch.bfloat16
 lay = dict(idx_ptr=i64, idx32_ptr=i32, pos_ptr=i32, hist_ptr=i32, bad_ptr=i64, count_ptr=i32)
-build(K.layout_chunk_kernel, lay, dict(CH=L.GPU_CHUNK, EB=L.GPU_HIST_E))
+build(K.layout_chunk_kernel, lay, dict(CH=L.GPU_CHUNK, JB=L.GPU_CHUNK_J, EB=L.GPU_HIST_E))
 build(K.layout_atomic_kernel, lay, dict(CH=L.GPU_CHUNK))
 build(K.layout_scan_kernel, lay, dict(CH=L.GPU_CHUNK, CB=L.GPU_SCAN[0], EB=L.GPU_SCAN[1]))
 for fp8 in (False, True):

@@ -111,12 +111,18 @@ def _record(claim_ptr, record_ptr, kind, src, a, b, c, epoch):
 # ---- layout (no waits) -------------------------------------------------------------------------
 
 @dl.jit
+def _expert_ids(raw, live, num_experts):
+    """Routing ids as int32: -1 for none, for lanes past the entries and for ids outside [-1, E)."""
+    return tl.where(live & (raw >= 0) & (raw < num_experts), raw, -1).to(tl.int32)
+
+
+@dl.jit
 def _normalize(idx_ptr, idx32_ptr, bad_ptr, offs, live, num_experts):
     """Routing ids of entries ``offs`` as int32 (-1: none). Ids outside [-1, E) count as -1 and
     the smallest such entry (index << 32 | low 32 bits of its id) goes to ``bad_ptr``."""
     raw = tl.load(idx_ptr + offs, mask=live, other=-1)
     bad = live & ((raw < -1) | (raw >= num_experts))
-    e = tl.where(live & ~bad, raw, -1).to(tl.int32)
+    e = _expert_ids(raw, live, num_experts)
     tl.store(idx32_ptr + offs, e, mask=live)
     key = tl.where(bad, (offs.to(tl.int64) << 32) | (raw.to(tl.int64) & 0xFFFFFFFF), _NO_BAD)
     first = tl.min(key, axis=0)
@@ -127,21 +133,43 @@ def _normalize(idx_ptr, idx32_ptr, bad_ptr, offs, live, num_experts):
 
 @dl.jit(do_not_specialize=("n_entries", "num_experts"))
 def layout_chunk_kernel(idx_ptr, idx32_ptr, pos_ptr, hist_ptr, bad_ptr, n_entries, num_experts,
-                        CH: tl.constexpr, EB: tl.constexpr):
+                        CH: tl.constexpr, JB: tl.constexpr, EB: tl.constexpr):
     """Deterministic layout, pass 1 (one program per chunk of CH entries): each entry's rank
-    among the chunk's earlier entries of its expert, and the chunk's histogram over experts."""
+    among the chunk's earlier entries of its expert, and the chunk's histogram over experts.
+
+    The chunk's entries are compared JB at a time (their ids loaded again), counting for each
+    entry the earlier (``pos``) and all (``total``) entries of its expert; the histogram is
+    zeros, then each expert's last entry of the chunk writes its ``total``. A program holds
+    a ``[CH, JB]`` tile, never ``[CH, CH]`` or ``[CH, E]``: few registers, so a program fits on
+    an SM beside a dispatch program (a virtual world's ranks share the SMs; at 255 registers
+    it did not fit beside the fp8 dispatch's 176)."""
     c = tl.program_id(0)
     if c * CH < n_entries:
         lane = tl.arange(0, CH)
         offs = c * CH + lane
         live = offs < n_entries
         e = _normalize(idx_ptr, idx32_ptr, bad_ptr, offs, live, num_experts)
-        same = (e[None, :] == e[:, None]) & (lane[None, :] < lane[:, None])
-        tl.store(pos_ptr + offs, tl.sum(same.to(tl.int32), axis=1), mask=live)
+        ei = e[:, None]
+        li = lane[:, None]
+        earlier = tl.zeros((CH, JB), tl.int32)
+        alike = tl.zeros((CH, JB), tl.int32)
+        for j0 in range(0, CH, JB):  # counts per (entry, lane of the step), summed at the end
+            lj = j0 + tl.arange(0, JB)
+            oj = c * CH + lj
+            ej = _expert_ids(tl.load(idx_ptr + oj, mask=oj < n_entries, other=-1), oj < n_entries,
+                             num_experts)
+            same = ej[None, :] == ei
+            earlier += (same & (lj[None, :] < li)).to(tl.int32)
+            alike += same.to(tl.int32)
+        pos = tl.sum(earlier, axis=1)
+        total = tl.sum(alike, axis=1)
+        tl.store(pos_ptr + offs, pos, mask=live)
+        hist = hist_ptr + c * num_experts
         for e0 in range(0, num_experts, EB):
             ex = e0 + tl.arange(0, EB)
-            hist = tl.sum((e[:, None] == ex[None, :]).to(tl.int32), axis=0)
-            tl.store(hist_ptr + c * num_experts + ex, hist, mask=ex < num_experts)
+            tl.store(hist + ex, tl.zeros((EB,), tl.int32), mask=ex < num_experts)
+        tl.debug_barrier()  # the zeros before the counts (same words, other threads)
+        tl.store(hist + tl.maximum(e, 0), total, mask=(e >= 0) & (pos == total - 1))
 
 
 @dl.jit(do_not_specialize=("n_entries", "num_experts"))
