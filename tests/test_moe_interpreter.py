@@ -637,8 +637,8 @@ def test_combine_and_dispatch_tilings(monkeypatch, in_place, tiles):
     """Tilings with partial steps: hidden not a multiple of the column blocks (combine sum,
     staging copy, dispatch receive and fp8 quantization), token counts not multiples of the
     token block, hidden split into segments (few tokens, many programs: three programs per
-    rank), one unit per routing step; ranks with T = 0, all -1 routing: every combine and
-    dispatch equals the reference bit for bit."""
+    rank), one unit per routing step; ranks with T = 0, all -1 routing; fp8 quantization tiles
+    dealt to three programs: every combine and dispatch equals the reference bit for bit."""
     from ditron_ops.moe import _launch, buffer
 
     if tiles == "tails":
@@ -652,6 +652,9 @@ def test_combine_and_dispatch_tilings(monkeypatch, in_place, tiles):
     else:
         monkeypatch.setattr(_launch, "combine_tiles", _forced(
             _launch.combine_tiles, BLOCK_T=2, BLOCK_H=8, UNITS=2, SPREAD=64))
+        rule = _launch.dispatch_tiles  # fp8: 2-row quantization tiles, 3 x 3 for 5 tokens: shares of 3
+        monkeypatch.setattr(_launch, "dispatch_tiles", lambda hidden, x_elem, fp8, gpu: dict(
+            rule(hidden, x_elem, fp8, gpu), **(dict(BLOCK_SR=2) if fp8 else {})))
         monkeypatch.setattr(buffer, "programs_per_rank", lambda group: 3)
 
     def body(group):
@@ -670,12 +673,12 @@ def test_combine_and_dispatch_tilings(monkeypatch, in_place, tiles):
                 if layout == "expert_contig" and align == 1:  # zero copy: the same bits
                     buf.combine_input()[:y.shape[0]].copy_(y)
                     assert torch.equal(buf.combine(buf.combine_input()[:y.shape[0]], d.handle), got)
-        if tiles == "tails":
-            with _buffer(group, experts_per_rank=2, max_tokens=5, hidden=384, topk=2, dtype=F16, fp8=True,
-                         in_place=in_place) as buf:  # fp8 receive / quantization tails
-                idx, w = mc.routing(group, 5 - 2 * group.rank, buf.num_experts, 2, "random", 50)
-                x = mc.tokens(group, 5 - 2 * group.rank, 384, F16, 50)
-                mc.check_dispatch_combine(group, buf, x, idx, w, "expert_contig")
+        # fp8 receive / quantization: tails, and (segments: three programs) tiles dealt to programs
+        with _buffer(group, experts_per_rank=2, max_tokens=5, hidden=384, topk=2, dtype=F16, fp8=True,
+                     in_place=in_place) as buf:
+            idx, w = mc.routing(group, 5 - 2 * group.rank, buf.num_experts, 2, "random", 50)
+            x = mc.tokens(group, 5 - 2 * group.rank, 384, F16, 50)
+            mc.check_dispatch_combine(group, buf, x, idx, w, "expert_contig")
         return True
     run = _programs_as_threads() if tiles == "segments" else contextlib.nullcontext()
     with run:

@@ -242,15 +242,15 @@ def _copy_rows(dst_ptr, dst_rows, dst_stride, src_rows, keep, ncols, BLOCK_H: tl
 
 
 @dl.jit
-def _x_tile(x_ptr, step, steps, n_chunks, n_tokens, hidden, pid, nprog, BLOCK_R: tl.constexpr,
+def _x_tile(x_ptr, blk, chk, end, n_chunks, n_tokens, hidden, BLOCK_R: tl.constexpr,
             BLOCK_H: tl.constexpr):
-    """Step ``step`` of this program's walk over the token rows (row block, hidden chunk), as a
-    ``[BLOCK_R, BLOCK_H / 128, 128]`` tile in x's dtype (0 past the rows or the walk)."""
-    rows = (pid + (step // n_chunks) * nprog) * BLOCK_R + tl.arange(0, BLOCK_R)
+    """The tile of row block ``blk`` and hidden chunk ``chk`` (tile ``blk * n_chunks + chk``)
+    as a ``[BLOCK_R, BLOCK_H / 128, 128]`` tile in x's dtype (0 past the rows, and for tiles
+    from ``end`` on)."""
+    rows = blk * BLOCK_R + tl.arange(0, BLOCK_R)
     NG: tl.constexpr = BLOCK_H // 128
-    col = (step % n_chunks) * BLOCK_H + tl.arange(0, NG)[None, :, None] * 128 + \
-        tl.arange(0, 128)[None, None, :]
-    m = ((rows < n_tokens) & (step < steps))[:, None, None] & (col < hidden)
+    col = chk * BLOCK_H + tl.arange(0, NG)[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
+    m = ((rows < n_tokens) & (blk * n_chunks + chk < end))[:, None, None] & (col < hidden)
     return tl.load(x_ptr + rows.to(tl.int64)[:, None, None] * hidden + col, mask=m, other=0.0)
 
 
@@ -263,18 +263,25 @@ def _stage_tokens(x_ptr, stage_x, stage_s, n_tokens, hidden, round_scale, pid, n
     if FP8:
         NG: tl.constexpr = BLOCK_H // 128
         groups = tl.arange(0, NG)
+        # Each program quantizes a contiguous share of the (row block, hidden chunk) tiles,
+        # row-block-major: 128 tokens of 7168 in 8-row blocks are 112 tiles, 7 or 8 for each
+        # of 15 programs (dealt by row blocks, 16 blocks of 7 tiles, one program had 14).
         n_chunks = tl.cdiv(hidden, BLOCK_H)
-        n_blocks = tl.cdiv(n_tokens, BLOCK_R)
-        steps = (tl.maximum(n_blocks - pid + nprog - 1, 0) // nprog) * n_chunks
-        nxt = _x_tile(x_ptr, tl.zeros((), tl.int32), steps, n_chunks, n_tokens, hidden, pid, nprog,
-                      BLOCK_R, BLOCK_H)
-        for step in range(0, steps):
-            cur = nxt  # the next step's load issued before this one's is waited for
-            nxt = _x_tile(x_ptr, step + 1, steps, n_chunks, n_tokens, hidden, pid, nprog, BLOCK_R,
-                          BLOCK_H)
+        n_tiles = tl.cdiv(n_tokens, BLOCK_R) * n_chunks
+        first = (pid * n_tiles) // nprog
+        end = ((pid + 1) * n_tiles) // nprog
+        blk = first // n_chunks  # the next tile's row block and chunk
+        chk = first % n_chunks
+        nxt = _x_tile(x_ptr, blk, chk, end, n_chunks, n_tokens, hidden, BLOCK_R, BLOCK_H)
+        for _ in range(first, end):
+            cur = nxt  # the next tile's load issued before this one's is waited for
+            rows = blk * BLOCK_R + tl.arange(0, BLOCK_R)
+            h0 = chk * BLOCK_H
+            wrap = chk + 1 == n_chunks
+            chk = tl.where(wrap, 0, chk + 1)
+            blk += wrap.to(tl.int32)
+            nxt = _x_tile(x_ptr, blk, chk, end, n_chunks, n_tokens, hidden, BLOCK_R, BLOCK_H)
             v = cur.to(tl.float32)
-            rows = (pid + (step // n_chunks) * nprog) * BLOCK_R + tl.arange(0, BLOCK_R)
-            h0 = (step % n_chunks) * BLOCK_H
             col = h0 + groups[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
             m = (rows < n_tokens)[:, None, None] & (col < hidden)
             # IEEE divisions (``/`` lowers to an approximate one on the GPU): torch's bits
