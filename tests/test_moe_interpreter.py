@@ -113,6 +113,38 @@ def test_default_mode_same_layout_sizes_same_combine():
     assert ditron_ops.launch(body, 3) == [True] * 3
 
 
+def test_layout_chunk_pass_counts_like_torch():
+    """Deterministic layout, pass 1 (entries compared with their chunk ``JB`` at a time, the
+    histogram from each expert's last entry): every entry's rank among its chunk's earlier
+    entries of its id and every chunk's histogram equal a plain count; ids outside [-1, E)
+    count as -1 and the first one is reported; an expert filling a whole chunk, experts absent
+    from a chunk (their stale words zeroed), a partial last chunk, E not a multiple of the
+    zero-fill step."""
+    from ditron_ops.moe import _kernels as K, _launch as L
+
+    ch, experts = L.CPU_CHUNK, 21
+    assert ch % L.CPU_CHUNK_J == 0 and ch // L.CPU_CHUNK_J > 1 and experts % L.CPU_HIST_E
+    gen = torch.Generator().manual_seed(0)
+    n = 3 * ch + 5
+    idx = torch.randint(-1, 4, (n,), generator=gen)
+    idx = torch.where(idx < 0, -1, idx * 5)  # few experts: many entries of each
+    idx[:ch] = 4
+    idx[ch + 3], idx[ch + 7], idx[2 * ch + 1] = experts + 2, -5, experts
+    chunks = -(-n // ch)
+    idx32 = torch.zeros(n, dtype=torch.int32)
+    pos = torch.full((n,), -7, dtype=torch.int32)
+    hist = torch.full((chunks * experts,), 99, dtype=torch.int32)
+    bad = torch.full((1,), 2**63 - 1, dtype=torch.int64)
+    K.layout_chunk_kernel[(chunks,)](idx, idx32, pos, hist, bad, n, experts, CH=ch, JB=L.CPU_CHUNK_J,
+                                     EB=L.CPU_HIST_E)
+    e = torch.where((idx >= 0) & (idx < experts), idx, -1)
+    want_pos = torch.tensor([int((e[i - i % ch:i] == e[i]).sum()) for i in range(n)], dtype=torch.int32)
+    want_hist = torch.stack([torch.bincount(e[c * ch:(c + 1) * ch][e[c * ch:(c + 1) * ch] >= 0],
+                                            minlength=experts) for c in range(chunks)]).int().flatten()
+    assert torch.equal(idx32, e.int()) and torch.equal(pos, want_pos) and torch.equal(hist, want_hist)
+    assert int(want_pos[ch - 1]) == ch - 1 and int(bad) == ((ch + 3) << 32) | (experts + 2)
+
+
 def test_run_to_run_delays_and_batch_invariance():
     """Deterministic mode under injected per-rank delays: the same bits every run; a token's
     combined output (per-expert scaling experts) does not depend on which other tokens any rank
@@ -394,7 +426,7 @@ def build(fn, ptrs, constexprs, **opts):
                           options=dict(num_warps=warps, **opts))
 i32, i64, f32, u8, bf16 = torch.int32, torch.int64, torch.float32, torch.uint8, torch.bfloat16
 lay = dict(idx_ptr=i64, idx32_ptr=i32, pos_ptr=i32, hist_ptr=i32, bad_ptr=i64, count_ptr=i32)
-build(K.layout_chunk_kernel, lay, dict(CH=L.GPU_CHUNK, EB=L.GPU_HIST_E))
+build(K.layout_chunk_kernel, lay, dict(CH=L.GPU_CHUNK, JB=L.GPU_CHUNK_J, EB=L.GPU_HIST_E))
 build(K.layout_atomic_kernel, lay, dict(CH=L.GPU_CHUNK))
 build(K.layout_scan_kernel, lay, dict(CH=L.GPU_CHUNK, CB=L.GPU_SCAN[0], EB=L.GPU_SCAN[1]))
 for fp8 in (False, True):
@@ -605,8 +637,8 @@ def test_combine_and_dispatch_tilings(monkeypatch, in_place, tiles):
     """Tilings with partial steps: hidden not a multiple of the column blocks (combine sum,
     staging copy, dispatch receive and fp8 quantization), token counts not multiples of the
     token block, hidden split into segments (few tokens, many programs: three programs per
-    rank), one unit per routing step; ranks with T = 0, all -1 routing: every combine and
-    dispatch equals the reference bit for bit."""
+    rank), one unit per routing step; ranks with T = 0, all -1 routing; fp8 quantization tiles
+    dealt to three programs: every combine and dispatch equals the reference bit for bit."""
     from ditron_ops.moe import _launch, buffer
 
     if tiles == "tails":
@@ -620,6 +652,9 @@ def test_combine_and_dispatch_tilings(monkeypatch, in_place, tiles):
     else:
         monkeypatch.setattr(_launch, "combine_tiles", _forced(
             _launch.combine_tiles, BLOCK_T=2, BLOCK_H=8, UNITS=2, SPREAD=64))
+        rule = _launch.dispatch_tiles  # fp8: 2-row quantization tiles, 3 x 3 for 5 tokens: shares of 3
+        monkeypatch.setattr(_launch, "dispatch_tiles", lambda hidden, x_elem, fp8, gpu: dict(
+            rule(hidden, x_elem, fp8, gpu), **(dict(BLOCK_SR=2) if fp8 else {})))
         monkeypatch.setattr(buffer, "programs_per_rank", lambda group: 3)
 
     def body(group):
@@ -638,12 +673,12 @@ def test_combine_and_dispatch_tilings(monkeypatch, in_place, tiles):
                 if layout == "expert_contig" and align == 1:  # zero copy: the same bits
                     buf.combine_input()[:y.shape[0]].copy_(y)
                     assert torch.equal(buf.combine(buf.combine_input()[:y.shape[0]], d.handle), got)
-        if tiles == "tails":
-            with _buffer(group, experts_per_rank=2, max_tokens=5, hidden=384, topk=2, dtype=F16, fp8=True,
-                         in_place=in_place) as buf:  # fp8 receive / quantization tails
-                idx, w = mc.routing(group, 5 - 2 * group.rank, buf.num_experts, 2, "random", 50)
-                x = mc.tokens(group, 5 - 2 * group.rank, 384, F16, 50)
-                mc.check_dispatch_combine(group, buf, x, idx, w, "expert_contig")
+        # fp8 receive / quantization: tails, and (segments: three programs) tiles dealt to programs
+        with _buffer(group, experts_per_rank=2, max_tokens=5, hidden=384, topk=2, dtype=F16, fp8=True,
+                     in_place=in_place) as buf:
+            idx, w = mc.routing(group, 5 - 2 * group.rank, buf.num_experts, 2, "random", 50)
+            x = mc.tokens(group, 5 - 2 * group.rank, 384, F16, 50)
+            mc.check_dispatch_combine(group, buf, x, idx, w, "expert_contig")
         return True
     run = _programs_as_threads() if tiles == "segments" else contextlib.nullcontext()
     with run:

@@ -1,7 +1,8 @@
 """Compile ditron kernels for sm_90a on a machine without a GPU (ptxas ships with triton).
 
 Reports registers, spills and shared memory per kernel variant, so kernel edits can be checked
-before a GPU session::
+before a GPU session; ``moe`` also counts SASS instructions (barriers, calls, local memory) and
+says which kernels fit on one SM beside a dispatch program::
 
     PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all] [flash_decode] [gemm] [moe]
     PYTHONPATH=. python tools/sm90_compile.py splitk   # gemm's split-K variants only
@@ -51,10 +52,9 @@ def _compiled_mode():
     _fake_driver()
 
 
-def report(name, kernel) -> str:
-    """One line: ptxas's resource usage of the kernel's PTX for sm_90a, shared memory."""
+def _ptxas(kernel, cubin=None) -> str:
+    """ptxas's verbose output for the kernel's PTX on sm_90a (``cubin``: keep the binary there)."""
     import os
-    import re
     import subprocess
     import tempfile
 
@@ -64,10 +64,59 @@ def report(name, kernel) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as fh:
         fh.write(kernel.asm["ptx"])
     try:
-        got = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", fh.name, "-o", os.devnull],
-                             capture_output=True, text=True, check=True).stderr
+        return subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", fh.name, "-o", cubin or os.devnull],
+                              capture_output=True, text=True, check=True).stderr
     finally:
         os.unlink(fh.name)
+
+
+def resources(kernel) -> dict:
+    """Registers, spill bytes, shared memory, warps and SASS counts (instructions, ``BAR``,
+    ``CALL``: IEEE divisions and the like, ``LDL``/``STL``: local memory) of a kernel."""
+    import collections
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        got = _ptxas(kernel, cubin)
+        sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
+    ops = collections.Counter(
+        re.sub(r"^\s*/\*[0-9a-f]+\*/\s*(@!?U?P\w+\s+)?", "", line).split()[0].split(".")[0]
+        for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line))
+    regs = re.findall(r"Used (\d+) registers", got)
+    spills = re.findall(r"(\d+) bytes spill stores", got)
+    md = kernel.metadata
+    return dict(regs=int(regs[-1]) if regs else 0, spills=int(spills[-1]) if spills else 0,
+                shared=md.shared, warps=md.num_warps, instr=sum(ops.values()), bar=ops["BAR"],
+                call=ops["CALL"], local=ops["LDL"] + ops["STL"])
+
+
+def sm_footprint(res: dict) -> tuple:
+    """What one program takes of an sm_90 SM: (registers, threads, shared bytes); registers
+    are allocated per warp in units of 256, shared memory with 1 KB reserved per program."""
+    regs = -(-res["regs"] * 32 // 256) * 256 * res["warps"]
+    return regs, 32 * res["warps"], res["shared"] + 1024
+
+
+def fits_beside(*programs: dict) -> bool:
+    """Whether these programs (``resources`` dicts) can be resident on one H100/H200 SM at
+    once: 64K registers, 2048 threads, 228 KB shared memory."""
+    use = [sm_footprint(p) for p in programs]
+    return (sum(u[0] for u in use) <= 65536 and sum(u[1] for u in use) <= 2048
+            and sum(u[2] for u in use) <= 228 * 1024)
+
+
+def report(name, kernel) -> str:
+    """One line: ptxas's resource usage of the kernel's PTX for sm_90a, shared memory."""
+    import re
+
+    got = _ptxas(kernel)
     regs = re.findall(r"Used (\d+) registers", got)
     spills = re.findall(r"(\d+) bytes spill stores", got)
     md = kernel.metadata
@@ -264,7 +313,14 @@ def moe() -> list[str]:
     count past 4) and a small one: every layout kernel, the dispatch (bf16 and fp8, fresh and
     cached), the combine (in place and staged, its own dtype and the fp32 weight-gradient
     rows). Checks what the kernels promise the references: no FMA in the combine, IEEE
-    divisions in the fp8 quantization."""
+    divisions in the fp8 quantization.
+
+    Per variant: registers, spills, shared memory, SASS instructions, barriers, calls and
+    local-memory accesses. ``det`` and the default mode launch the same dispatch binary
+    (``det`` is a runtime argument): they differ in their layout kernels only. A virtual
+    world's ranks share one GPU's SMs (W x programs dispatch programs on 132 SMs), so the
+    table at the end says which layout kernels can run on an SM beside a dispatch program (a
+    layout kernel that cannot waits for SMs without one)."""
     from types import SimpleNamespace
 
     import torch
@@ -273,6 +329,7 @@ def moe() -> list[str]:
 
     L._gpu = lambda device: True  # GPU tile rules and programs for the CPU stand-in tensors
     lines = []
+    seen = {}
 
     def add(name, bound):
         k = bound.fn.warmup(*bound.args, grid=bound.grid, **bound.kwargs)
@@ -281,8 +338,12 @@ def moe() -> list[str]:
             assert "fma" not in ptx, "the combine must not fuse products into sums"
         if bound.fn is L.dispatch_kernel and bound.kwargs.get("FP8"):
             assert "div.full" not in ptx and "div.approx" not in ptx, "fp8 scales need IEEE divisions"
-        tiles = {n: v for n, v in bound.kwargs.items() if n.startswith(("BLOCK", "KC", "UNITS"))}
-        lines.append(report(name, k) + f" {tiles}")
+        tiles = {n: v for n, v in bound.kwargs.items() if n.startswith(("BLOCK", "KC", "UNITS", "JB", "EB"))}
+        res = resources(k)
+        seen[name] = res
+        lines.append(f"{name}: regs {res['regs']}, spill stores {res['spills']} B, shared "
+                     f"{res['shared']} B, warps {res['warps']}, SASS {res['instr']} (BAR {res['bar']}, "
+                     f"CALL {res['call']}, LDL/STL {res['local']}) {tiles}")
         print(lines[-1], flush=True)
 
     for (world, experts, tokens, hidden, topk), dtype in (
@@ -302,9 +363,9 @@ def moe() -> list[str]:
                 plan = L.DispatchPlan(buf, x_dtype=dtype, idx_dtype=None if cached else torch.int64,
                                       fp8=fp8, round_scale=False, det=det, has_w=True, cached=cached,
                                       padded=False, alignment=1, rows=reg.capacity)
-                if fp8 or not cached:
+                if not fp8 and not cached:
                     for bound in plan.layout:
-                        add(f"moe {bound.name} {name} det={det}", bound)
+                        add(f"moe {bound.name} {name}", bound)
                 add(f"moe dispatch {name} fp8={fp8} det={det} cached={cached}", plan.kernel)
             if not fp8:
                 for (y_dtype, width), in_place in itertools.product(
@@ -312,6 +373,19 @@ def moe() -> list[str]:
                     plan = L.CombinePlan(buf, dtype=y_dtype, hidden=width, has_w=True, in_place=in_place)
                     add(f"moe combine {name} y={str(y_dtype)[6:]}x{width} in_place={in_place}",
                         plan.kernel)
+    name = "bfloat16 H=7168 k=8"
+    layouts = [n for n in seen if n.startswith("moe layout") and n.endswith(name)]
+    for fp8 in (False, True):
+        d = seen[f"moe dispatch {name} fp8={fp8} det=False cached=False"]
+        regs, _, _ = sm_footprint(d)
+        fits = ", ".join(f"{n.split()[1]} {'yes' if fits_beside(d, seen[n]) else 'NO'}"
+                         f" ({sm_footprint(seen[n])[0]} regs)" for n in layouts)
+        scan = [seen[n] for n in layouts if "scan" in n]
+        chunk = [seen[n] for n in layouts if "chunk" in n]
+        both = fits_beside(d, *chunk, *scan) if chunk and scan else None
+        lines.append(f"beside one {name} fp8={fp8} dispatch program ({regs} of 65536 registers): "
+                     f"{fits}; chunk + scan together: {'yes' if both else 'NO'}")
+        print(lines[-1], flush=True)
     return lines
 
 

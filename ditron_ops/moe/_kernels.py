@@ -111,12 +111,18 @@ def _record(claim_ptr, record_ptr, kind, src, a, b, c, epoch):
 # ---- layout (no waits) -------------------------------------------------------------------------
 
 @dl.jit
+def _expert_ids(raw, live, num_experts):
+    """Routing ids as int32: -1 for none, for lanes past the entries and for ids outside [-1, E)."""
+    return tl.where(live & (raw >= 0) & (raw < num_experts), raw, -1).to(tl.int32)
+
+
+@dl.jit
 def _normalize(idx_ptr, idx32_ptr, bad_ptr, offs, live, num_experts):
     """Routing ids of entries ``offs`` as int32 (-1: none). Ids outside [-1, E) count as -1 and
     the smallest such entry (index << 32 | low 32 bits of its id) goes to ``bad_ptr``."""
     raw = tl.load(idx_ptr + offs, mask=live, other=-1)
     bad = live & ((raw < -1) | (raw >= num_experts))
-    e = tl.where(live & ~bad, raw, -1).to(tl.int32)
+    e = _expert_ids(raw, live, num_experts)
     tl.store(idx32_ptr + offs, e, mask=live)
     key = tl.where(bad, (offs.to(tl.int64) << 32) | (raw.to(tl.int64) & 0xFFFFFFFF), _NO_BAD)
     first = tl.min(key, axis=0)
@@ -127,21 +133,43 @@ def _normalize(idx_ptr, idx32_ptr, bad_ptr, offs, live, num_experts):
 
 @dl.jit(do_not_specialize=("n_entries", "num_experts"))
 def layout_chunk_kernel(idx_ptr, idx32_ptr, pos_ptr, hist_ptr, bad_ptr, n_entries, num_experts,
-                        CH: tl.constexpr, EB: tl.constexpr):
+                        CH: tl.constexpr, JB: tl.constexpr, EB: tl.constexpr):
     """Deterministic layout, pass 1 (one program per chunk of CH entries): each entry's rank
-    among the chunk's earlier entries of its expert, and the chunk's histogram over experts."""
+    among the chunk's earlier entries of its expert, and the chunk's histogram over experts.
+
+    The chunk's entries are compared JB at a time (their ids loaded again), counting for each
+    entry the earlier (``pos``) and all (``total``) entries of its expert; the histogram is
+    zeros, then each expert's last entry of the chunk writes its ``total``. A program holds
+    a ``[CH, JB]`` tile, never ``[CH, CH]`` or ``[CH, E]``: few registers, so a program fits on
+    an SM beside a dispatch program (a virtual world's ranks share the SMs; at 255 registers
+    it did not fit beside the fp8 dispatch's 176)."""
     c = tl.program_id(0)
     if c * CH < n_entries:
         lane = tl.arange(0, CH)
         offs = c * CH + lane
         live = offs < n_entries
         e = _normalize(idx_ptr, idx32_ptr, bad_ptr, offs, live, num_experts)
-        same = (e[None, :] == e[:, None]) & (lane[None, :] < lane[:, None])
-        tl.store(pos_ptr + offs, tl.sum(same.to(tl.int32), axis=1), mask=live)
+        ei = e[:, None]
+        li = lane[:, None]
+        earlier = tl.zeros((CH, JB), tl.int32)
+        alike = tl.zeros((CH, JB), tl.int32)
+        for j0 in range(0, CH, JB):  # counts per (entry, lane of the step), summed at the end
+            lj = j0 + tl.arange(0, JB)
+            oj = c * CH + lj
+            ej = _expert_ids(tl.load(idx_ptr + oj, mask=oj < n_entries, other=-1), oj < n_entries,
+                             num_experts)
+            same = ej[None, :] == ei
+            earlier += (same & (lj[None, :] < li)).to(tl.int32)
+            alike += same.to(tl.int32)
+        pos = tl.sum(earlier, axis=1)
+        total = tl.sum(alike, axis=1)
+        tl.store(pos_ptr + offs, pos, mask=live)
+        hist = hist_ptr + c * num_experts
         for e0 in range(0, num_experts, EB):
             ex = e0 + tl.arange(0, EB)
-            hist = tl.sum((e[:, None] == ex[None, :]).to(tl.int32), axis=0)
-            tl.store(hist_ptr + c * num_experts + ex, hist, mask=ex < num_experts)
+            tl.store(hist + ex, tl.zeros((EB,), tl.int32), mask=ex < num_experts)
+        tl.debug_barrier()  # the zeros before the counts (same words, other threads)
+        tl.store(hist + tl.maximum(e, 0), total, mask=(e >= 0) & (pos == total - 1))
 
 
 @dl.jit(do_not_specialize=("n_entries", "num_experts"))
@@ -214,15 +242,15 @@ def _copy_rows(dst_ptr, dst_rows, dst_stride, src_rows, keep, ncols, BLOCK_H: tl
 
 
 @dl.jit
-def _x_tile(x_ptr, step, steps, n_chunks, n_tokens, hidden, pid, nprog, BLOCK_R: tl.constexpr,
+def _x_tile(x_ptr, blk, chk, end, n_chunks, n_tokens, hidden, BLOCK_R: tl.constexpr,
             BLOCK_H: tl.constexpr):
-    """Step ``step`` of this program's walk over the token rows (row block, hidden chunk), as a
-    ``[BLOCK_R, BLOCK_H / 128, 128]`` tile in x's dtype (0 past the rows or the walk)."""
-    rows = (pid + (step // n_chunks) * nprog) * BLOCK_R + tl.arange(0, BLOCK_R)
+    """The tile of row block ``blk`` and hidden chunk ``chk`` (tile ``blk * n_chunks + chk``)
+    as a ``[BLOCK_R, BLOCK_H / 128, 128]`` tile in x's dtype (0 past the rows, and for tiles
+    from ``end`` on)."""
+    rows = blk * BLOCK_R + tl.arange(0, BLOCK_R)
     NG: tl.constexpr = BLOCK_H // 128
-    col = (step % n_chunks) * BLOCK_H + tl.arange(0, NG)[None, :, None] * 128 + \
-        tl.arange(0, 128)[None, None, :]
-    m = ((rows < n_tokens) & (step < steps))[:, None, None] & (col < hidden)
+    col = chk * BLOCK_H + tl.arange(0, NG)[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
+    m = ((rows < n_tokens) & (blk * n_chunks + chk < end))[:, None, None] & (col < hidden)
     return tl.load(x_ptr + rows.to(tl.int64)[:, None, None] * hidden + col, mask=m, other=0.0)
 
 
@@ -235,18 +263,25 @@ def _stage_tokens(x_ptr, stage_x, stage_s, n_tokens, hidden, round_scale, pid, n
     if FP8:
         NG: tl.constexpr = BLOCK_H // 128
         groups = tl.arange(0, NG)
+        # Each program quantizes a contiguous share of the (row block, hidden chunk) tiles,
+        # row-block-major: 128 tokens of 7168 in 8-row blocks are 112 tiles, 7 or 8 for each
+        # of 15 programs (dealt by row blocks, 16 blocks of 7 tiles, one program had 14).
         n_chunks = tl.cdiv(hidden, BLOCK_H)
-        n_blocks = tl.cdiv(n_tokens, BLOCK_R)
-        steps = (tl.maximum(n_blocks - pid + nprog - 1, 0) // nprog) * n_chunks
-        nxt = _x_tile(x_ptr, tl.zeros((), tl.int32), steps, n_chunks, n_tokens, hidden, pid, nprog,
-                      BLOCK_R, BLOCK_H)
-        for step in range(0, steps):
-            cur = nxt  # the next step's load issued before this one's is waited for
-            nxt = _x_tile(x_ptr, step + 1, steps, n_chunks, n_tokens, hidden, pid, nprog, BLOCK_R,
-                          BLOCK_H)
+        n_tiles = tl.cdiv(n_tokens, BLOCK_R) * n_chunks
+        first = (pid * n_tiles) // nprog
+        end = ((pid + 1) * n_tiles) // nprog
+        blk = first // n_chunks  # the next tile's row block and chunk
+        chk = first % n_chunks
+        nxt = _x_tile(x_ptr, blk, chk, end, n_chunks, n_tokens, hidden, BLOCK_R, BLOCK_H)
+        for _ in range(first, end):
+            cur = nxt  # the next tile's load issued before this one's is waited for
+            rows = blk * BLOCK_R + tl.arange(0, BLOCK_R)
+            h0 = chk * BLOCK_H
+            wrap = chk + 1 == n_chunks
+            chk = tl.where(wrap, 0, chk + 1)
+            blk += wrap.to(tl.int32)
+            nxt = _x_tile(x_ptr, blk, chk, end, n_chunks, n_tokens, hidden, BLOCK_R, BLOCK_H)
             v = cur.to(tl.float32)
-            rows = (pid + (step // n_chunks) * nprog) * BLOCK_R + tl.arange(0, BLOCK_R)
-            h0 = (step % n_chunks) * BLOCK_H
             col = h0 + groups[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
             m = (rows < n_tokens)[:, None, None] & (col < hidden)
             # IEEE divisions (``/`` lowers to an approximate one on the GPU): torch's bits

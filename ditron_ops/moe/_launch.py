@@ -47,7 +47,11 @@ CPU_DISPATCH = dict(BLOCK_I=64, BLOCK_W=8, BLOCK_E=16, num_warps=4)
 GPU_CHUNK, CPU_CHUNK = 128, 32
 """Entries per program of the layout kernels (the deterministic pass compares every pair of a
 chunk: CH^2 work per chunk)."""
+GPU_CHUNK_J, CPU_CHUNK_J = 8, 8
+"""Entries the deterministic chunk pass compares with the whole chunk per step: a [CH, JB]
+tile (registers: the pass must fit on an SM beside a dispatch program, ``layout_chunk_kernel``)."""
 GPU_HIST_E, CPU_HIST_E = 64, 16
+"""Experts per step of the chunk histogram's zero fill."""
 GPU_SCAN, CPU_SCAN = (64, 32), (16, 16)
 """Layout scan tile: (chunks, experts) per step."""
 
@@ -278,11 +282,12 @@ class DispatchPlan:
             grid = (sc.chunks,)
             if det:
                 hist_e = GPU_HIST_E if gpu else CPU_HIST_E
+                jb = GPU_CHUNK_J if gpu else CPU_CHUNK_J
                 cb, eb = GPU_SCAN if gpu else CPU_SCAN
                 self.layout.append(BoundKernel(
                     layout_chunk_kernel, grid,
                     (idx, sc.idx32, sc.pos, sc.hist, sc.bad, entries, reg.num_experts),
-                    dict(CH=sc.chunk, EB=hist_e, num_warps=4), vary=("idx_ptr", "n_entries"),
+                    dict(CH=sc.chunk, JB=jb, EB=hist_e, num_warps=4), vary=("idx_ptr", "n_entries"),
                     device=device))
                 self.layout.append(BoundKernel(
                     layout_scan_kernel, (-(-reg.num_experts // eb),),
