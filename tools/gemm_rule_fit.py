@@ -17,8 +17,8 @@ changes (``--scan``). A choice that has no measurement (a candidate the CSV lack
 is reported, never guessed.
 
 Split-K (``_core_configs.select_split``, default-mode ``matmul``): the report ends with what the
-model PREDICTS for the sweep shapes it would split (split-K was never measured when this was
-written): per shape the unsplit choice's measured ratio, the split choice and its predicted
+model PREDICTS for the sweep shapes it would split (from the configs CSV, which has no split
+runs): per shape the unsplit choice's measured ratio, the split choice and its predicted
 ratio, two ways (the model's absolute time against cuBLAS's measured one; and anchored, the
 unsplit choice's measured time scaled by the model's split / unsplit times), and the sweep's
 geo-mean with each. ``--splitk [CSV]`` reads ``bench gemm_sweep --only splitk``'s calibration
@@ -26,11 +26,19 @@ rows (default ``benchmarks/results/gemm_splitk-bf16-cuda.csv``), compares every 
 (configuration, S) with the model, fits the split-K constants (``STEP_US`` from the unsplit rows,
 ``SPLIT_STEP_US``, ``PARTIAL_BYTES_PER_S`` and ``SPLIT_LAUNCH_US`` by least squares on the split
 ones) and scores the rule with them against the best measured S per shape.
+``--split-sweep [CSV]`` reads ``bench gemm_sweep``'s own rows (default
+``benchmarks/results/gemm_sweep-bf16-cuda.csv``): the runs the rule split, each against the
+same tiles unsplit in the configs CSV (ratios: cuBLAS is the common reference of the two runs),
+fits ``PARTIAL_BYTES_PER_S`` and ``SPLIT_LAUNCH_US`` to them by least squares (``SPLIT_STEP_US``
+kept; also all three), checks the fit leaving one shape out, scans how far each constant can
+move before the rule's splits on the sweep change, and predicts the sweep's geo-mean with the
+committed constants.
 
 Usage (CPU is enough)::
 
     PYTHONPATH=. python tools/gemm_rule_fit.py [--scan] [--set 64x128x64/s6=0.5 --set half=0.7]
     PYTHONPATH=. python tools/gemm_rule_fit.py --splitk [CSV] [--set split_step=0.8 --set bw=3.0]
+    PYTHONPATH=. python tools/gemm_rule_fit.py --split-sweep [CSV]
 """
 from __future__ import annotations
 
@@ -50,6 +58,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP_CSV = os.path.join(ROOT, "benchmarks", "results", "gemm_configs-bf16-cuda.csv")
 INVARIANT_CSV = os.path.join(ROOT, "benchmarks", "results", "invariant_configs-bf16-cuda.csv")
 SPLITK_CSV = os.path.join(ROOT, "benchmarks", "results", "gemm_splitk-bf16-cuda.csv")
+SWEEP_RUN_CSV = os.path.join(ROOT, "benchmarks", "results", "gemm_sweep-bf16-cuda.csv")
 SPLIT_CONSTANTS = {"step": "STEP_US", "split_step": "SPLIT_STEP_US", "bw": "PARTIAL_BYTES_PER_S",
                    "launch": "SPLIT_LAUNCH_US"}
 """``--set`` names of the split-K constants (``bw`` in TB/s)."""
@@ -238,7 +247,7 @@ def splitk_prediction(times: dict) -> list[tuple]:
     measurement is replaced by the model's next measured candidate, unscaled (as ``report``'s
     "all 48 shapes" line counts it)."""
     out, ratios = [], {}
-    print(f"\nsplit-K, PREDICTED by the model (never measured; STEP_US {rules.STEP_US}, "
+    print(f"\nsplit-K, PREDICTED by the model (no split runs here; STEP_US {rules.STEP_US}, "
           f"SPLIT_STEP_US {rules.SPLIT_STEP_US}, {rules.PARTIAL_BYTES_PER_S / 1e12:g} TB/s, "
           f"launch {rules.SPLIT_LAUNCH_US} us), {SMS} programs:")
     for shape, (base, ours) in sorted(times.items()):
@@ -307,12 +316,22 @@ def fit_splitk(rows: list[dict]) -> dict:
             ys.append(float(r["time_us"]))
     got = {"step": sorted(unsplit)[len(unsplit) // 2] if unsplit else float("nan")}
     if len(xs) >= 3:
-        x = torch.tensor(xs, dtype=torch.float64)
-        scale = x.abs().amax(0).clamp_min(1e-30)  # (columns of very different sizes)
-        sol = torch.linalg.lstsq(x / scale, torch.tensor(ys, dtype=torch.float64)[:, None]).solution
-        a, b, c = (sol[:, 0] / scale).tolist()
-        got.update(split_step=a, bw=(1e6 / b / 1e12) if b > 0 else float("inf"), launch=c)
+        a, b, c = _least_squares(xs, ys)
+        got.update(split_step=a, bw=_tb_per_s(b), launch=c)
     return got
+
+
+def _least_squares(xs: list, ys: list) -> list[float]:
+    """The coefficients of ``ys ~ xs @ coef`` (columns scaled first: they differ by 1e7)."""
+    x = torch.tensor(xs, dtype=torch.float64)
+    scale = x.abs().amax(0).clamp_min(1e-30)
+    sol = torch.linalg.lstsq(x / scale, torch.tensor(ys, dtype=torch.float64)[:, None]).solution
+    return (sol[:, 0] / scale).tolist()
+
+
+def _tb_per_s(us_per_byte: float) -> float:
+    """``PARTIAL_BYTES_PER_S`` in TB/s from the partial term's coefficient (us per byte)."""
+    return 1e6 / us_per_byte / 1e12 if us_per_byte > 0 else float("inf")
 
 
 def splitk_calibration(path: str) -> None:
@@ -361,6 +380,200 @@ def splitk_calibration(path: str) -> None:
                                                                 if missing else ""))
 
 
+def sweep_split_points(path: str, configs: dict) -> list[dict]:
+    """The split runs of a ``bench gemm_sweep`` CSV (``case = "sweep <dtype>"``, ``split_k``
+    > 1; the rule's own choices, both dtypes): dicts with shape, dtype, config, split, time_us,
+    base_us (cuBLAS in the same run) and same_us, the same tiles unsplit from ``configs``
+    (``load_times`` of the configs CSV, another run: its ratio to cuBLAS times this run's
+    cuBLAS time, cuBLAS being the common reference)."""
+    points = []
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            if not row["case"].startswith("sweep") or not row["m"] or int(row["split_k"]) < 2:
+                continue
+            shape = (int(row["m"]), int(row["n"]), int(row["k"]))
+            base = float(row["baseline_us"])
+            cfg_base, cfg_times = configs.get(shape, (None, {}))
+            same = cfg_times.get(row["config"])
+            points.append(dict(shape=shape, dtype=row["case"].split()[-1], config=row["config"],
+                               split=int(row["split_k"]), time_us=float(row["time_us"]),
+                               base_us=base,
+                               same_us=base * same / cfg_base if same is not None else None))
+    return points
+
+
+def fit_split_sweep(points: list[dict], free_step: bool = False) -> dict:
+    """The split-K constants fitted to measured split runs (``sweep_split_points``): by least
+    squares of the measured time on ``split_time_us``'s terms, ``bw`` (TB/s) and ``launch``
+    (us) with ``SPLIT_STEP_US`` as committed, or (``free_step``) ``split_step`` too."""
+    xs = [_split_terms(p["config"], *p["shape"], p["split"]) for p in points]
+    ys = [p["time_us"] for p in points]
+    if free_step:
+        a, b, c = _least_squares(xs, ys)
+        return dict(split_step=a, bw=_tb_per_s(b), launch=c)
+    step = rules.SPLIT_STEP_US
+    b, c = _least_squares([x[1:] for x in xs], [y - step * x[0] for x, y in zip(xs, ys)])
+    return dict(split_step=step, bw=_tb_per_s(b), launch=c)
+
+
+def _model_us(p: dict, fitted: dict) -> float:
+    """``split_time_us`` of point ``p`` with ``fitted`` constants."""
+    first, part, one = _split_terms(p["config"], *p["shape"], p["split"])
+    return fitted["split_step"] * first + part / (fitted["bw"] * 1e12) * 1e6 + fitted["launch"]
+
+
+def _with_constants(fitted: dict, fn):
+    """``fn()`` with the split-K constants set to ``fitted`` (``apply``'s names), then
+    restored."""
+    saved = {a: getattr(rules, a) for a in SPLIT_CONSTANTS.values()}
+    apply(fitted)
+    try:
+        return fn()
+    finally:
+        for a, v in saved.items():
+            setattr(rules, a, v)
+
+
+def _rms_log(pairs) -> float:
+    pairs = list(pairs)
+    return math.sqrt(sum(math.log(a / b) ** 2 for a, b in pairs) / len(pairs))
+
+
+def split_sweep_report(path: str) -> None:
+    """``--split-sweep``: the split runs of a ``bench gemm_sweep`` CSV against the same tiles
+    unsplit (the configs CSV), the split-K constants fitted to them (``fit_split_sweep``, with
+    a leave-one-shape-out check of the times and of the rule's choice on the left-out shape),
+    the rule's choices with the committed constants on every sweep row, and the sweep's
+    geo-mean predicted with them (a PREDICTION until the sweep runs again)."""
+    if not os.path.exists(path):
+        print(f"\n{path}: missing (bench gemm_sweep writes it)")
+        return
+    configs = load_times(SWEEP_CSV, "configs bf16")
+    points = sweep_split_points(path, configs)
+    if not points:
+        print(f"{path}: no split runs")
+        return
+    shapes = sorted({p["shape"] for p in points})
+    print(f"\nsplit-K measured ({os.path.relpath(path, ROOT)}, {len(points)} split runs on "
+          f"{len(shapes)} shapes, {SMS} programs): ratio to cuBLAS, split / the same tiles "
+          "unsplit (configs CSV, bf16); time us measured / model with the committed constants")
+    for shape in shapes:
+        runs = [p for p in points if p["shape"] == shape]
+        p = runs[0]
+        c = next(c for c in rules.GPU_CANDIDATES if c.name == p["config"])
+        tiles = -(-shape[0] // c.cfg.block_m) * -(-shape[1] // c.cfg.block_n)
+        print(f"  {shape[0]}x{shape[1]}x{shape[2]} {p['config'].split('x64')[0]} x{tiles} "
+              f"S={p['split']}: " + ", ".join(
+                  f"{r['dtype']} {r['base_us'] / r['time_us']:.3f} / "
+                  + (f"{r['base_us'] / r['same_us']:.3f}" if r["same_us"] else "-")
+                  + f" ({r['time_us']:.1f} / "
+                  f"{rules.split_time_us(c, *shape, SMS, r['split']):.1f} us)" for r in runs))
+    fitted = fit_split_sweep(points)
+    free = fit_split_sweep(points, free_step=True)
+    committed = {"split_step": rules.SPLIT_STEP_US, "bw": rules.PARTIAL_BYTES_PER_S / 1e12,
+                 "launch": rules.SPLIT_LAUNCH_US}
+    for label, got in (("committed", committed), ("fitted, SPLIT_STEP_US kept", fitted),
+                       ("fitted, all three", free)):
+        print(f"  {label}: split_step {got['split_step']:.3f} us, bw {got['bw']:.3g} TB/s, "
+              f"launch {got['launch']:.2f} us; rms log error "
+              f"{_rms_log((_model_us(p, got), p['time_us']) for p in points):.3f}")
+    # leave one shape (both dtypes) out: its times and the rule's choice on it
+    loo, lines = [], []
+    for shape in shapes:
+        rest = [p for p in points if p["shape"] != shape]
+        got = fit_split_sweep(rest)
+        mine = [p for p in points if p["shape"] == shape]
+        loo += [(_model_us(p, got), p["time_us"]) for p in mine]
+        chosen, s = _with_constants(
+            got, lambda: rules.select_split(*shape, SMS, CUDA, deterministic=False))
+        same = [p["same_us"] for p in mine if p["same_us"]]
+        won = bool(same) and geo(p["time_us"] for p in mine) < geo(same)
+        lines.append(f"{shape[0]}x{shape[1]}x{shape[2]} bw {got['bw']:.2f} launch "
+                     f"{got['launch']:.1f}: {chosen.name.split('x64')[0]} "
+                     + (f"S={s}" if s > 1 else "unsplit")
+                     + f" (split measured {'faster' if won else 'slower'} than the same tiles)")
+    print(f"  leave one shape out (bw and launch fitted to the other {len(shapes) - 1}): rms log "
+          f"error {_rms_log(loo):.3f}; the rule's choice on the left-out shape:")
+    for line in lines:
+        print("    " + line)
+    split_scan(path)
+    sweep_prediction(path, configs)
+
+
+def _split_shapes(path: str) -> list[tuple]:
+    """The distinct shapes of a ``bench gemm_sweep`` CSV's sweep rows that the rule splits."""
+    with open(path, newline="") as fh:
+        shapes = sorted({(int(r["m"]), int(r["n"]), int(r["k"])) for r in csv.DictReader(fh)
+                         if r["case"].startswith("sweep") and r["m"]})
+    return [s for s in shapes if rules.select_split(*s, SMS, CUDA, deterministic=False)[1] > 1]
+
+
+def split_scan(path: str) -> None:
+    """``bw`` and ``launch`` each alone over a range: the interval in which the shapes the rule
+    splits on the sweep stay those it splits with the committed constants."""
+    committed = {"bw": rules.PARTIAL_BYTES_PER_S / 1e12, "launch": rules.SPLIT_LAUNCH_US}
+    ref = _split_shapes(path)
+    print(f"  the sweep shapes split with the committed constants: {ref}; kept for")
+    for key, values in (("bw", [x / 20 for x in range(10, 81)]),
+                        ("launch", [x / 2 for x in range(0, 61)])):
+        ok = [v for v in values
+              if _with_constants({**committed, key: v}, lambda: _split_shapes(path)) == ref]
+        print(f"    {key} = {committed[key]:g}: " + (f"{min(ok):g} .. {max(ok):g}" if ok else "none")
+              + (" (gaps)" if ok and len(ok) != values.index(max(ok)) - values.index(min(ok)) + 1
+                 else "") + f" (scanned {values[0]:g} .. {values[-1]:g})")
+
+
+def sweep_prediction(path: str, configs: dict) -> None:
+    """The rule's choices with the committed constants on every row of a ``bench gemm_sweep``
+    CSV and the geo-mean per dtype they predict: a row whose choice did not change at its
+    measured ratio; a new unsplit choice at the configs CSV's ratio (bf16, for both dtypes),
+    or where that candidate is unmeasured at the model's next measured candidate's (as
+    ``report`` counts it) or at cuBLAS over the model's time; a new split at cuBLAS over the
+    model's time."""
+    before, after, model_after = (collections.defaultdict(list) for _ in range(3))
+    changed, new_splits = [], []
+    with open(path, newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["case"].startswith("sweep") and r["m"]]
+    for row in rows:
+        dtype = row["case"].split()[-1]
+        m, n, k = shape = (int(row["m"]), int(row["n"]), int(row["k"]))
+        base, ratio = float(row["baseline_us"]), float(row["ratio"])
+        chosen, s = rules.select_split(m, n, k, SMS, CUDA, deterministic=False)
+        before[dtype].append(ratio)
+        if (chosen.name, s) == (row["config"], int(row["split_k"])):
+            after[dtype].append(ratio)
+            model_after[dtype].append(ratio)
+            continue
+        if s > 1 and int(row["split_k"]) == 1:
+            new_splits.append(shape)
+        model = base / rules.split_time_us(chosen, m, n, k, SMS, s)
+        cfg_base, cfg_times = configs.get(shape, (None, {}))
+        if s == 1 and chosen.name in cfg_times:
+            got = model = cfg_base / cfg_times[chosen.name]
+            note = f"{got:.3f} measured (configs)"
+        elif s == 1:
+            name, got = fallback(shape, {x: cfg_base / t for x, t in cfg_times.items()}, False)
+            note = f"{got:.3f} at {name.split('x64')[0]} (unmeasured; model {model:.3f})"
+        else:
+            got, note = model, f"{model:.3f} model"
+        after[dtype].append(got)
+        model_after[dtype].append(model)
+        changed.append(f"{dtype} {m}x{n}x{k}: {row['config'].split('x64')[0]} "
+                       f"S={row['split_k']} {ratio:.3f} -> {chosen.name.split('x64')[0]}"
+                       + (f" S={s}" if s > 1 else " unsplit") + f" {note}")
+    print(f"\nthe rule with the committed constants (split_step {rules.SPLIT_STEP_US}, "
+          f"{rules.PARTIAL_BYTES_PER_S / 1e12:g} TB/s, launch {rules.SPLIT_LAUNCH_US} us) on "
+          f"the {len(rows)} rows of {os.path.relpath(path, ROOT)}: {len(changed)} choices "
+          f"changed, {len(new_splits)} new splits" + (f" {new_splits}" if new_splits else ""))
+    for line in changed:
+        print("  " + line)
+    for dtype in before:
+        print(f"  sweep geo-mean {dtype} ({len(before[dtype])} shapes): measured "
+              f"{geo(before[dtype]):.4f} -> PREDICTED {geo(after[dtype]):.4f} (unmeasured "
+              f"choices at the next measured candidate), {geo(model_after[dtype]):.4f} (at the "
+              "model's time)")
+
+
 def scan(sweep: dict, inv: dict) -> None:
     """Each constant alone over a range: the interval where both scores stay at the committed
     constants' values (the choices on the data do not change)."""
@@ -388,6 +601,9 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a candidate's efficiency, or half=<HALF_TILE_COST>")
     p.add_argument("--scan", action="store_true", help="the interval of each constant")
+    p.add_argument("--split-sweep", nargs="?", const=SWEEP_RUN_CSV, default=None, metavar="CSV",
+                   help="fit the split-K constants to the split runs of bench gemm_sweep's CSV "
+                        f"(default {os.path.relpath(SWEEP_RUN_CSV, ROOT)})")
     p.add_argument("--splitk", nargs="?", const=SPLITK_CSV, default=None, metavar="CSV",
                    help="fit the split-K constants to bench gemm_sweep --only splitk's rows "
                         f"(default {os.path.relpath(SPLITK_CSV, ROOT)})")
@@ -403,6 +619,8 @@ def main(argv=None) -> int:
         scan(sweep, inv)
     if args.splitk:
         splitk_calibration(args.splitk)
+    if args.split_sweep:
+        split_sweep_report(args.split_sweep)
     return 0
 
 

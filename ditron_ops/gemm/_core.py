@@ -81,6 +81,17 @@ def _padded_copy(t: torch.Tensor) -> torch.Tensor:
     return buf
 
 
+def b_operand(b: torch.Tensor, cfg: TileConfig, b_pad: Optional[torch.Tensor] = None
+              ) -> tuple[Optional[torch.Tensor], TensorDescriptor, bool]:
+    """``b``'s aligned copy when no TMA descriptor can be made over ``b`` or ``b.T`` (``b_pad``
+    if given, else a new one; None when ``b`` serves as is), then ``b_descriptor`` of what the
+    GEMM reads. The plan keeps the copy alive as long as its descriptor."""
+    pad = None
+    if not _tma_ok(b) and not _tma_ok(b.t()):
+        pad = b_pad if b_pad is not None else _padded_copy(b)
+    return (pad, *b_descriptor(b if pad is None else pad, cfg))
+
+
 def b_descriptor(b: torch.Tensor, cfg: TileConfig) -> tuple[TensorDescriptor, bool]:
     """TMA descriptor for ``b [K, N]`` (blocks ``cfg.block_n`` wide) and whether it is over
     ``b`` (True) or ``b.T`` (False).
@@ -178,11 +189,9 @@ class CoreGemm:
                                 deterministic=False)
         cfg = fit_stages(cfg, out.device, b.element_size(), out.element_size())
         self.cfg = cfg
-        self._b_pad = None
-        if not _tma_ok(b) and not _tma_ok(b.t()):
-            self._b_pad = b_pad if b_pad is not None else _padded_copy(b)
+        self._b_pad, b_desc, b_kn = b_operand(b, cfg, b_pad)
+        if self._b_pad is not None:
             b = self._b_pad
-        b_desc, b_kn = b_descriptor(b, cfg)
         c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
         n, k = b.shape[1], b.shape[0]
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
@@ -275,11 +284,9 @@ class SplitKGemm:
         device = out.device
         cfg = fit_stages(dataclasses.replace(cfg, split_tail=False), device, b.element_size(), 4)
         self.cfg = cfg
-        self._b_pad = None
-        if not _tma_ok(b) and not _tma_ok(b.t()):
-            self._b_pad = b_pad if b_pad is not None else _padded_copy(b)
+        self._b_pad, b_desc, b_kn = b_operand(b, cfg, b_pad)
+        if self._b_pad is not None:
             b = self._b_pad
-        b_desc, b_kn = b_descriptor(b, cfg)
         n, k = b.shape[1], b.shape[0]
         self.slices, steps = slices(k, cfg.block_k, split)
         assert self.slices > 1, (k, split)

@@ -34,8 +34,10 @@ partials, then one reduce kernel sums them in slice order. Its time, in microsec
                  + S x M x N x 8 bytes / PARTIAL_BYTES_PER_S + SPLIT_LAUNCH_US
 
 (``time(c, 1)`` is the tile rule's time x steps x ``STEP_US``: an S = 1 choice is always
-``select``'s). The constants are guesses until ``bench gemm_sweep --only splitk`` measures S in
-{1, 2, 4, 8} (``tools/gemm_rule_fit.py --splitk`` fits them on its CSV).
+``select``'s). The partial traffic and the fixed cost are fitted to the 20 split runs of the
+sweep at 4fc45e4 (10 shapes x bf16/fp16; ``tools/gemm_rule_fit.py --split-sweep``), where the
+guessed 3.5 TB/s and 3 us predicted every split at 0.53-0.74 of its time and 5 of 10 lost to
+the same tiles unsplit. On the 48 sweep shapes it now splits only 800x768x10760 (a 3% call).
 """
 from __future__ import annotations
 
@@ -219,13 +221,17 @@ with fewer tiles than SMs in the H200 sweep data (0.45-0.85; ``tools/gemm_rule_f
 prints it). Only its ratio to the costs below matters."""
 SPLIT_STEP_US = 0.73
 """The same step with K split: the median over the candidates' 105 rows of one wave or more
-(a split fills the SMs, which then share the memory and the power; a guess until measured)."""
-PARTIAL_BYTES_PER_S = 3.5e12
+(a split fills the SMs, which then share the memory and the power). The sweep's split runs
+agree: fitted free with the two constants below it comes to 0.76."""
+PARTIAL_BYTES_PER_S = 1.1e12
 """Rate of the fp32 partials' traffic (each written once by the split GEMM and read once by the
-reduce: ``S x M x N x 8`` bytes), bytes/s: about the H200's HBM bandwidth (4.8 TB/s peak) at
-copy efficiency; partials that stay in the 50 MB L2 go faster (a guess until measured)."""
-SPLIT_LAUNCH_US = 3.0
-"""The reduce kernel's launch and its tail (one more kernel per call), microseconds (a guess)."""
+reduce: ``S x M x N x 8`` bytes), bytes/s: fitted to the sweep's split runs (1.13 TB/s), a
+quarter of the HBM copy rate (not profiled; likely because every program stores its fp32 tile
+at the end of the one wave, at once, and the reduce reads the slices one after another)."""
+SPLIT_LAUNCH_US = 10.0
+"""Fixed cost of a split call over the unsplit one, microseconds, fitted to the sweep's split
+runs (10.3 us; not profiled: the reduce kernel's launch and latency, the split GEMM's exposed
+pipeline fill). History: benchmarks/NOTES.md, Split-K measured by the sweep."""
 MAX_SPLIT = 8
 """Most K slices the rule picks (what ``bench gemm_sweep --only splitk`` measures: 1, 2, 4, 8)."""
 MIN_SLICE_STEPS = 4
