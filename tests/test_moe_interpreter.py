@@ -436,8 +436,14 @@ for fp8 in (False, True):
                 bad_ptr=i64, scratch_ptr=i32, sig_ptr=i64, table_ptr=i64, cnt_sym=i32, sorted_sym=i32,
                 wst_sym=f32, xst_sym=st, sst_sym=f32, err_claim=i64, err_record=i64, moe_claim=i64, moe_record=i64)
     tiles = dict(L.GPU_DISPATCH, **L.dispatch_tiles(7168, 2, fp8, True))
-    k = build(K.dispatch_kernel, ptrs, dict(tiles, FP8=fp8, VEC=L.vec(bf16, fp8), CH=L.GPU_CHUNK))
-    assert "div.full" not in k.asm["ptx"] and "div.approx" not in k.asm["ptx"], "fp8 scales need IEEE divisions"
+    for quant, stage in ((K.QUANT_DIV, True), (K.QUANT_RCP, True), (K.QUANT_RCP, False)) if fp8 else ((0, True),):
+        k = build(K.dispatch_kernel, ptrs, dict(tiles, FP8=fp8, VEC=L.vec(bf16, fp8), CH=L.GPU_CHUNK,
+                                                QUANT=quant, STAGE=stage))
+        assert "div.full" not in k.asm["ptx"] and "div.approx" not in k.asm["ptx"], "fp8 scales need IEEE divisions"
+k = build(K.quantize_kernel, dict(x_ptr=bf16, sig_ptr=i64, xst_sym=u8, sst_sym=f32),
+          dict(QUANT=K.QUANT_RCP, VEC=16, BLOCK_R=4, BLOCK_H=1024, num_warps=L.GPU_QUANT_WARPS))
+assert "div.full" not in k.asm["ptx"] and "div.approx" not in k.asm["ptx"], "fp8 scales need IEEE divisions"
+assert "fma.rn.f32" in k.asm["ptx"], "the reciprocal quotient's corrections are fused"
 ptrs = dict(y_ptr=bf16, w_ptr=f32, dest_ptr=i32, out_ptr=bf16, counts_ptr=i32, offsets_ptr=i32, cstart_ptr=i32,
             route_ptr=i64, sig_ptr=i64, table_ptr=i64, yst_sym=bf16, rowmap_sym=i32, err_claim=i64, err_record=i64)
 for in_place in (True, False):
@@ -451,8 +457,9 @@ print("COMPILED")
 
 def test_gpu_kernels_compile_for_sm90():
     """The GPU code path (hardware fp8 cast, inline-PTX signals, loop-carried types the
-    interpreter does not check) compiles for sm_90 in a fresh process; the combine has no FMA
-    and the fp8 quantization only IEEE divisions (torch's bits)."""
+    interpreter does not check) compiles for sm_90 in a fresh process, every fp8 quantization
+    variant too; the combine has no FMA and the fp8 quantization only IEEE divisions (torch's
+    bits)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     env.pop("TRITON_INTERPRET", None)
@@ -500,8 +507,9 @@ def test_bench_quick_writes_rows(tmp_path):
     assert [(r["case"], r["impl"]) for r in rows] == [
         ("T=4 padded fp32", i) for i in ("dispatch det", "dispatch default", "dispatch cached", "combine",
                                          "combine staged")] + [
-        ("T=8 contig fp8", i) for i in ("dispatch det", "dispatch default", "dispatch cached", "combine",
-                                        "combine staged", "combine zero-copy")]
+        ("T=8 contig fp8", i) for i in ("dispatch det", "dispatch default", "dispatch cached",
+                                        "dispatch default rcp", "dispatch cached rcp", "dispatch default split",
+                                        "dispatch cached split", "combine", "combine staged", "combine zero-copy")]
     for r in rows:
         assert r["world_size"] == "2" and float(r["time_us"]) > 0 and float(r["baseline_us"]) > 0
         assert int(r["nbytes"]) > 0 and float(r["GB_s"]) >= 0 and float(r["copy_GB_s"]) > 0
@@ -509,6 +517,7 @@ def test_bench_quick_writes_rows(tmp_path):
         assert r["programs"] == "1" and r["sms"] == "2"
         assert float(r["max_err"]) == 0.0 if "fp32" in r["case"] else float(r["max_err"]) < 0.5
     assert all(float(r["det_cost"]) > 0 for r in rows if r["impl"] == "dispatch default")
+    assert [r["same_bits"] for r in rows if r["impl"].endswith(("rcp", "split"))] == ["1"] * 4
     assert main(["moe", "--quick", "--dtype", "fp32", "--only", "combine", "--out", str(tmp_path / "only")]) == 0
     rows = list(csv.DictReader(open(tmp_path / "only" / "moe-fp32-cpu-quick.csv")))
     assert [(r["case"], r["impl"]) for r in rows] == [("T=4 padded fp32", "combine"), ("T=4 padded fp32", "combine staged")]
@@ -760,3 +769,81 @@ def test_dropped_buffer_refuses_calls():
         buf.close()
         return not group._owned
     assert ditron_ops.launch(body, 2) == [True, True]
+
+
+def _fp8_rows(buf, d):
+    """``{source: (codes, scales, weight)}`` of the received rows (placement-free)."""
+    src = d.handle.src_of_row.tolist()
+    codes = d.x.reshape(-1, buf.hidden).view(torch.uint8)
+    scales = d.scales.reshape(-1, buf.hidden // 128)
+    return {s: (codes[r], scales[r], d.weights.reshape(-1)[r]) for r, s in enumerate(src) if s >= 0}
+
+
+def _same_rows(a, b, what):
+    assert a.keys() == b.keys(), what
+    for s in a:
+        assert all(torch.equal(x, y) for x, y in zip(a[s], b[s])), f"{what}: source entry {s}"
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_fp8_variants_same_bits(world_size):
+    """Every fp8 quantization variant (``_launch.FP8_VARIANTS``: an IEEE division per value,
+    the group's reciprocal and two corrections, that in a kernel of its own) gives the torch
+    formula's codes and scales and the ``div`` variant's outputs bit for bit: both layouts,
+    deterministic (every output tensor) and default placement (rows by source entry), cached
+    handles, fp16 and fp32 tokens, power-of-two scales, uneven and zero token counts, values
+    from 1e-6 to 1e3 (amax under 1e-4 too) and exact zeros."""
+    from ditron_ops.moe._launch import FP8_VARIANTS
+
+    def body(group):
+        dtype = F16 if group.world_size % 2 else F32
+        for round_scale in (False, True):
+            with _buffer(group, experts_per_rank=2, max_tokens=6, hidden=256, topk=2, dtype=dtype,
+                         fp8=True, round_scale=round_scale) as buf:
+                count = (6, 5, 0)[group.rank]
+                for seed, layout in enumerate(("expert_padded", "expert_contig")):
+                    idx, w = mc.routing(group, count, buf.num_experts, 2, "random", 60 + seed)
+                    x = mc.tokens(group, count, 256, F32, 60 + seed)
+                    x = x * torch.tensor([1e-6, 1.0, 30.0, 1e3, 0.1, 3e-5])[:count, None]
+                    x[:, 7:9] = 0.0
+                    x[:, 9] = -0.0
+                    x = x.to(dtype)
+                    runs = {}
+                    for variant in FP8_VARIANTS:
+                        buf._fp8_variant = variant
+                        mc.check_dispatch_combine(group, buf, x, idx, w, layout)  # torch's formula
+                        # other tokens in each call: a staging half written out of turn shows
+                        det = buf.dispatch(x, idx, w, layout=layout, deterministic=True)
+                        fresh = buf.dispatch(-3 * x, idx, w, layout=layout, deterministic=False)
+                        cached = buf.dispatch(x / 4, None, w, handle=det.handle)
+                        mc._settle(group)
+                        runs[variant] = (det, fresh, cached)
+                    base = runs["div"]
+                    for variant, (det, fresh, cached) in runs.items():
+                        what = f"rank {group.rank} {layout} round_scale={round_scale} {variant}"
+                        used = base[0].handle.src_of_row >= 0  # other rows are unspecified
+                        for got, want in ((det, base[0]), (cached, base[2])):
+                            for name in ("x", "scales"):
+                                a, b = (getattr(d, name).reshape(used.shape[0], -1)[used] for d in (got, want))
+                                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{what}: {name}"
+                            for name in ("weights", "counts", "offsets"):
+                                assert torch.equal(getattr(got, name), getattr(want, name)), f"{what}: {name}"
+                        for name in ("src_of_row", "dest", "cstart"):
+                            assert torch.equal(getattr(det.handle, name), getattr(base[0].handle, name)), what
+                        _same_rows(_fp8_rows(buf, fresh), _fp8_rows(buf, base[1]), what + " default mode")
+                buf._fp8_variant = "div"
+        return True
+    assert ditron_ops.launch(body, world_size) == [True] * world_size
+
+
+def test_fp8_reciprocal_quotient_is_the_ieee_division():
+    """``_kernels._quotient`` with the group's reciprocal equals fp32 IEEE division bit for bit
+    wherever ``|v / s| >= 2^-20`` and gives its e4m3 code everywhere (``moe_checks.quotient_cases``:
+    values one to four ulps around every e4m3 value and rounding midpoint times the scale,
+    scales with all-ones mantissas, zeros of both signs, subnormals; the interpreter's fused
+    multiply-add is the exact one, ``_kernels._fma``)."""
+    from ditron_ops.moe import _kernels
+
+    for quant in (_kernels.QUANT_DIV, _kernels.QUANT_RCP):
+        for seed in range(2):
+            assert mc.quotient_mismatches(torch.device("cpu"), quant, seed=seed) == 0, (quant, seed)

@@ -355,7 +355,8 @@ def moe() -> list[str]:
     """The MoE kernels with the GPU tile rules (``moe._launch``) for DeepSeek-V3's layer (hidden
     7168, top-8 of 256 experts; W = 8, 16 tokens a rank: the tiles do not depend on the token
     count past 4) and a small one: every layout kernel, the dispatch (bf16 and fp8, fresh and
-    cached), the combine (in place and staged, its own dtype and the fp32 weight-gradient
+    cached; fp8 also in each other quantization variant, ``split`` with its quantize kernel),
+    the combine (in place and staged, its own dtype and the fp32 weight-gradient
     rows). Checks what the kernels promise the references: no FMA in the combine, IEEE
     divisions in the fp8 quantization.
 
@@ -363,8 +364,8 @@ def moe() -> list[str]:
     local-memory accesses. ``det`` and the default mode launch the same dispatch binary
     (``det`` is a runtime argument): they differ in their layout kernels only. A virtual
     world's ranks share one GPU's SMs (W x programs dispatch programs on 132 SMs), so the
-    table at the end says which layout kernels can run on an SM beside a dispatch program (a
-    layout kernel that cannot waits for SMs without one)."""
+    table at the end says which layout (and quantize) kernels can run on an SM beside a
+    dispatch program (a kernel that cannot waits for SMs without one)."""
     from types import SimpleNamespace
 
     import torch
@@ -380,7 +381,7 @@ def moe() -> list[str]:
         ptx = k.asm["ptx"]
         if bound.fn is L.combine_kernel:
             assert "fma" not in ptx, "the combine must not fuse products into sums"
-        if bound.fn is L.dispatch_kernel and bound.kwargs.get("FP8"):
+        if (bound.fn is L.dispatch_kernel and bound.kwargs.get("FP8")) or bound.fn is L.quantize_kernel:
             assert "div.full" not in ptx and "div.approx" not in ptx, "fp8 scales need IEEE divisions"
         tiles = {n: v for n, v in bound.kwargs.items() if n.startswith(("BLOCK", "KC", "UNITS", "JB", "EB"))}
         res = resources(k)
@@ -411,6 +412,13 @@ def moe() -> list[str]:
                     for bound in plan.layout:
                         add(f"moe {bound.name} {name}", bound)
                 add(f"moe dispatch {name} fp8={fp8} det={det} cached={cached}", plan.kernel)
+            for variant in (v for v in L.FP8_VARIANTS if fp8 and v != "div"):
+                plan = L.DispatchPlan(buf, x_dtype=dtype, idx_dtype=torch.int64, fp8=fp8, round_scale=False,
+                                      det=False, has_w=True, cached=False, padded=False, alignment=1,
+                                      rows=reg.capacity, variant=variant)
+                add(f"moe dispatch {name} fp8={fp8} det=False cached=False variant={variant}", plan.kernel)
+                if plan.stage is not None:
+                    add(f"moe quantize_kernel {name} variant={variant}", plan.stage)
             if not fp8:
                 for (y_dtype, width), in_place in itertools.product(
                         ((dtype, hidden), (torch.float32, 8)), (True, False)):
@@ -419,15 +427,16 @@ def moe() -> list[str]:
                         plan.kernel)
     name = "bfloat16 H=7168 k=8"
     layouts = [n for n in seen if n.startswith("moe layout") and n.endswith(name)]
-    for fp8 in (False, True):
-        d = seen[f"moe dispatch {name} fp8={fp8} det=False cached=False"]
+    quantize = [n for n in seen if n.startswith("moe quantize_kernel") and name in n]
+    for fp8, variant in ((False, ""), (True, ""), (True, " variant=split")):
+        d = seen[f"moe dispatch {name} fp8={fp8} det=False cached=False{variant}"]
         regs, _, _ = sm_footprint(d)
         fits = ", ".join(f"{n.split()[1]} {'yes' if fits_beside(d, seen[n]) else 'NO'}"
-                         f" ({sm_footprint(seen[n])[0]} regs)" for n in layouts)
+                         f" ({sm_footprint(seen[n])[0]} regs)" for n in layouts + (quantize if variant else []))
         scan = [seen[n] for n in layouts if "scan" in n]
         chunk = [seen[n] for n in layouts if "chunk" in n]
         both = fits_beside(d, *chunk, *scan) if chunk and scan else None
-        lines.append(f"beside one {name} fp8={fp8} dispatch program ({regs} of 65536 registers): "
+        lines.append(f"beside one {name} fp8={fp8}{variant} dispatch program ({regs} of 65536 registers): "
                      f"{fits}; chunk + scan together: {'yes' if both else 'NO'}")
         print(lines[-1], flush=True)
     return lines

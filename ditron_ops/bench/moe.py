@@ -9,6 +9,11 @@ replaying CUDA graphs of back-to-back calls, every function in turns (``paired_g
     dispatch det / default    a fresh layout, deterministic and atomic placement (det_cost =
                               det / default on the default row)
     dispatch cached           with the layout of a previous dispatch (no layout kernels, no counts)
+    dispatch default / cached rcp, split
+                              fp8 cases: the same calls with the other quantization variants
+                              (``moe._launch.FP8_VARIANTS``; the unnamed rows are ``div``);
+                              ``same_bits``: their deterministic dispatch equals ``div``'s (codes
+                              and scales of the received rows, weights, layout)
     combine                   weighted sum back to the tokens, the virtual world's path: peers
                               read each rank's expert outputs where they are (no copy)
     combine staged            the path of every other backend: each rank first copies its
@@ -43,6 +48,7 @@ import math
 import torch
 
 from ..moe import Buffer
+from ..moe._launch import FP8_VARIANTS
 from ..moe.reference import quantize_fp8
 from ..testing.moe_checks import identity_combine
 from .harness import BenchConfig, Result, paired_graph_times, register, rows_over_worlds
@@ -95,6 +101,28 @@ def _combine_staged(buf: Buffer, y, handle):
         return buf.combine(y, handle)
     finally:
         buf.combine_in_place = default
+
+
+def _with_variant(buf: Buffer, variant: str, call):
+    """``call()`` with ``buf``'s fp8 quantization variant set to ``variant``, this call only."""
+    default, buf._fp8_variant = buf._fp8_variant, variant
+    try:
+        return call()
+    finally:
+        buf._fp8_variant = default
+
+
+def _same_bits(group, a, b) -> bool:
+    """Whether two deterministic fp8 dispatches gave the same outputs (received rows only:
+    the others are unspecified)."""
+    group.synchronize()
+    group.barrier()  # no host read while a peer's kernel may spin
+    used = a.handle.src_of_row >= 0
+    return bool(torch.equal(a.handle.src_of_row, b.handle.src_of_row) and torch.equal(a.handle.dest, b.handle.dest)
+                and torch.equal(a.counts, b.counts) and torch.equal(a.weights, b.weights)
+                and all(torch.equal(getattr(a, n).reshape(used.shape[0], -1)[used].view(torch.uint8),
+                                    getattr(b, n).reshape(used.shape[0], -1)[used].view(torch.uint8))
+                        for n in ("x", "scales")))
 
 
 def _torch_exchange(group, buf: Buffer, d, x, w, y, fp8: bool):
@@ -178,10 +206,18 @@ def _measure(group, cfg: BenchConfig, buf: Buffer, copy_gbs: float, tokens: int,
     ref_dispatch, ref_combine = _torch_exchange(group, buf, d, x, w, y, fp8)
     families = _families(cfg)
     fns = {}
+    same = {}
     if "dispatch" in families:
         fns.update({"dispatch det": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=True),
                     "dispatch default": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=False),
                     "dispatch cached": lambda: buf.dispatch(x, None, w, handle=d.handle)})
+        for variant in (v for v in FP8_VARIANTS if fp8 and v != "div"):
+            got = _with_variant(buf, variant, lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=True))
+            same[variant] = int(_same_bits(group, got, d))
+            fns[f"dispatch default {variant}"] = lambda v=variant: _with_variant(
+                buf, v, lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=False))
+            fns[f"dispatch cached {variant}"] = lambda v=variant: _with_variant(
+                buf, v, lambda: buf.dispatch(x, None, w, handle=d.handle))
     if "combine" in families:
         fns["combine"] = lambda: buf.combine(y, d.handle)
         fns["combine staged"] = lambda: _combine_staged(buf, y, d.handle)
@@ -221,6 +257,8 @@ def _measure(group, cfg: BenchConfig, buf: Buffer, copy_gbs: float, tokens: int,
                  "programs": buf.programs, "sms": buf.programs * world, "max_err": err}
         if impl == "dispatch default":
             extra["det_cost"] = round(times["dispatch det"] / times[impl], 3)
+        if impl.split()[-1] in same:
+            extra["same_bits"] = same[impl.split()[-1]]
         rows.append(Result("moe", label, world, cfg.dtype_name, impl, times[impl], BASELINE, base,
                            shape=f"{tokens}x{hidden} k{topk} E{experts}", m=tokens, n=hidden, k=topk,
                            nbytes=nbytes, model="DeepSeek-V3", extra=extra))

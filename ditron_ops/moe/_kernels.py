@@ -28,6 +28,10 @@ One dispatch (rank r)::
                                        (expert, source s, q) by search, entry = s.sorted[..+q],
                                        out[row(f)] = s.x_staging[entry // k] (remote loads)
 
+With fp8 the staging holds e4m3 codes and scales (``_quantize_tile``); in the ``split``
+variant (``_launch.FP8_VARIANTS``) ``quantize_kernel`` writes them, a kernel of its own
+launched (no wait) before the dispatch kernel, which then skips its staging pass.
+
 Staging is double buffered by the dispatch epoch's parity: rank r rewrites half ``e % 2`` at
 epoch ``e + 2`` only after it waited, at ``e + 1``, for every peer's ready signal, which a peer
 sends after its epoch-``e`` reads (stream order). A dispatch with a cached handle skips the
@@ -76,12 +80,31 @@ if _env.use_interpreter():
         tiny = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # multiples of 2^-9, ties to even
         return (sign | tl.where(a < 0.015625, tiny, normal)).to(tl.uint8)
 
+    @dl.jit
+    def _fma(a, b, c):
+        """fp32 ``a * b + c`` with one rounding (the interpreter's ``tl.fma`` rounds the product
+        first): the exact product in fp64, the sum rounded to odd in fp64 (TwoSum's error
+        says which way), then to nearest fp32, which is the fused result (53 >= 24 + 2 bits)."""
+        p = a.to(tl.float64) * b.to(tl.float64)
+        c64 = c.to(tl.float64)
+        s = p + c64
+        z = s - p
+        err = (p - (s - z)) + (c64 - z)
+        bits = s.to(tl.int64, bitcast=True)
+        odd = tl.where((err != 0) & ((bits & 1) == 0), tl.where((err > 0) == (s > 0), bits + 1, bits - 1), bits)
+        return odd.to(tl.float64, bitcast=True).to(tl.float32)
+
 else:
 
     @dl.jit
     def _e4m3(v):
         """fp32 -> e4m3fn bits (hardware cast: round to nearest even, saturating)."""
         return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+    @dl.jit
+    def _fma(a, b, c):
+        """fp32 ``a * b + c`` with one rounding (``fma.rn.f32``)."""
+        return tl.fma(a, b, c)
 
 
 @dl.jit
@@ -90,6 +113,38 @@ def _pow2_ceil(x):
     bits = x.to(tl.int32, bitcast=True)
     up = ((bits >> 23) + ((bits & 0x7FFFFF) != 0).to(tl.int32)) << 23
     return up.to(tl.float32, bitcast=True)
+
+
+QUANT_DIV, QUANT_RCP = 0, 1
+"""fp8 quotient ``x / scale`` per value: an IEEE division, or the group's reciprocal and two
+corrections (``_quotient``); the same codes."""
+_QUANT_RCP = tl.constexpr(QUANT_RCP)
+
+
+@dl.jit
+def _quotient(v, scale, QUANT: tl.constexpr):
+    """``v / scale`` (``scale [R, G]`` per 128-value group of ``v [R, G, 128]``): rounded to
+    nearest fp32 wherever ``|v / scale| >= 2^-20``, elsewhere a value under 2^-10 of ``v``'s
+    sign (zeros included), so the e4m3 codes are the IEEE division's (finite inputs; normal
+    scales, as ``max(amax, 1e-4) / 448`` is).
+
+    ``QUANT_RCP``: one IEEE division per group, ``y = 1 / scale``, then per value ``q = v y``
+    and two corrections ``q -= (scale q - v) y`` (fused): the first makes ``q`` faithful, the
+    second correctly rounded (Markstein's theorem: faithful ``q``, ``y`` within half an ulp;
+    no underflow above 2^-20). Written with ``scale q - v`` so ``-0`` stays ``-0``. Why: an
+    IEEE division per value is a ~10-instruction chain behind its own slow-path branch, which
+    the compiler does not interleave with the next; this is 5 branch-free instructions."""
+    s = tl.broadcast_to(scale[:, :, None], v.shape)
+    if QUANT == _QUANT_RCP:
+        r = tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
+        y = tl.broadcast_to(r[:, :, None], v.shape)
+        ny = tl.broadcast_to((r * -1.0)[:, :, None], v.shape)
+        nv = v * -1.0  # a negation (``-v`` is ``0 - v``: +0 for +0, and one more instruction)
+        q = v * y
+        q = _fma(_fma(s, q, nv), ny, q)
+        return _fma(_fma(s, q, nv), ny, q)
+    else:
+        return tl.div_rn(v, s)
 
 
 @dl.jit
@@ -255,14 +310,34 @@ def _x_tile(x_ptr, blk, chk, end, n_chunks, n_tokens, hidden, BLOCK_R: tl.conste
 
 
 @dl.jit
+def _quantize_tile(cur, rows, h0, n_tokens, hidden, stage_x, stage_s, round_scale,
+                   QUANT: tl.constexpr, BLOCK_H: tl.constexpr):
+    """A loaded ``[R, BLOCK_H / 128, 128]`` tile of rows ``rows`` from column ``h0``: its
+    e4m3 codes and fp32 scales ``max(amax, 1e-4) / 448`` (optionally rounded up to a power of
+    two) into the staging."""
+    NG: tl.constexpr = BLOCK_H // 128
+    groups = tl.arange(0, NG)
+    v = cur.to(tl.float32)
+    col = h0 + groups[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
+    m = (rows < n_tokens)[:, None, None] & (col < hidden)
+    # IEEE divisions (``/`` lowers to an approximate one on the GPU): torch's bits
+    scale = tl.div_rn(tl.maximum(tl.max(tl.abs(v), axis=2), 1e-4), 448.0)
+    scale = tl.where(round_scale != 0, _pow2_ceil(scale), scale)
+    q = _quotient(v, scale, QUANT)
+    tl.store(stage_x + rows.to(tl.int64)[:, None, None] * hidden + col, _e4m3(q), mask=m)
+    g_ok = (rows < n_tokens)[:, None] & (h0 + groups[None, :] * 128 < hidden)
+    tl.store(stage_s + rows.to(tl.int64)[:, None] * (hidden // 128) + h0 // 128 + groups[None, :],
+             scale, mask=g_ok)
+
+
+@dl.jit
 def _stage_tokens(x_ptr, stage_x, stage_s, n_tokens, hidden, round_scale, pid, nprog,
-                  FP8: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
-    """This rank's token rows into its staging half; fp8: e4m3 per token and 128 channels with
-    fp32 scales ``max(amax, 1e-4) / 448`` (optionally rounded up to a power of two), amax,
-    scale and codes of a tile from one load of it, the next tile's load in flight meanwhile."""
+                  FP8: tl.constexpr, QUANT: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_H: tl.constexpr):
+    """This rank's token rows into its staging half; fp8: e4m3 per token and 128 channels
+    (``_quantize_tile``), amax, scale and codes of a tile from one load of it, the next
+    tile's load in flight meanwhile."""
     if FP8:
-        NG: tl.constexpr = BLOCK_H // 128
-        groups = tl.arange(0, NG)
         # Each program quantizes a contiguous share of the (row block, hidden chunk) tiles,
         # row-block-major: 128 tokens of 7168 in 8-row blocks are 112 tiles, 7 or 8 for each
         # of 15 programs (dealt by row blocks, 16 blocks of 7 tiles, one program had 14).
@@ -281,17 +356,7 @@ def _stage_tokens(x_ptr, stage_x, stage_s, n_tokens, hidden, round_scale, pid, n
             chk = tl.where(wrap, 0, chk + 1)
             blk += wrap.to(tl.int32)
             nxt = _x_tile(x_ptr, blk, chk, end, n_chunks, n_tokens, hidden, BLOCK_R, BLOCK_H)
-            v = cur.to(tl.float32)
-            col = h0 + groups[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
-            m = (rows < n_tokens)[:, None, None] & (col < hidden)
-            # IEEE divisions (``/`` lowers to an approximate one on the GPU): torch's bits
-            scale = tl.div_rn(tl.maximum(tl.max(tl.abs(v), axis=2), 1e-4), 448.0)
-            scale = tl.where(round_scale != 0, _pow2_ceil(scale), scale)
-            q = tl.div_rn(v, tl.broadcast_to(scale[:, :, None], v.shape))
-            tl.store(stage_x + rows.to(tl.int64)[:, None, None] * hidden + col, _e4m3(q), mask=m)
-            g_ok = (rows < n_tokens)[:, None] & (h0 + groups[None, :] * 128 < hidden)
-            tl.store(stage_s + rows.to(tl.int64)[:, None] * (hidden // 128) + h0 // 128 + groups[None, :],
-                     scale, mask=g_ok)
+            _quantize_tile(cur, rows, h0, n_tokens, hidden, stage_x, stage_s, round_scale, QUANT, BLOCK_H)
     else:
         for t0 in range(pid * BLOCK_R, n_tokens, nprog * BLOCK_R):
             rows = t0 + tl.arange(0, BLOCK_R)
@@ -418,10 +483,12 @@ def dispatch_kernel(
         cached, padded, alignment, has_w, det, round_scale, timeout_us, op_id,
         FP8: tl.constexpr, VEC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_SR: tl.constexpr, BLOCK_SH: tl.constexpr, BLOCK_I: tl.constexpr,
-        BLOCK_W: tl.constexpr, BLOCK_E: tl.constexpr, CH: tl.constexpr):
+        BLOCK_W: tl.constexpr, BLOCK_E: tl.constexpr, CH: tl.constexpr, QUANT: tl.constexpr,
+        STAGE: tl.constexpr):
     """One dispatch of this rank (see the module docstring). ``cached``: the layout comes from
     a handle (``src_ptr`` = its ``src_of_row``, ``counts/offsets/cstart`` its tensors, read);
-    else it is computed (those tensors and ``dest_ptr`` are written)."""
+    else it is computed (those tensors and ``dest_ptr`` are written). ``STAGE`` False (fp8
+    only): ``quantize_kernel``, launched just before, staged the tokens."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tl.load(sig_ptr + SIG_EPOCH_D, volatile=True).to(tl.int64) + 1
@@ -452,7 +519,9 @@ def dispatch_kernel(
             es = tl.maximum(e, 0)
             pos = _position(pos_ptr, prefix_ptr, ii, es, valid, E, det, CH)
             tl.store(my_sorted + tl.load(scr + es, mask=valid, other=0) + pos, ii, mask=valid)
-    _stage_tokens(x_ptr, my_x, my_s, n_tokens, hidden, round_scale, pid, nprog, FP8, BLOCK_SR, BLOCK_SH)
+    if STAGE:
+        _stage_tokens(x_ptr, my_x, my_s, n_tokens, hidden, round_scale, pid, nprog, FP8, QUANT,
+                      BLOCK_SR, BLOCK_SH)
     if has_w != 0:
         for i0 in range(pid * BLOCK_I, n_entries, nprog * BLOCK_I):
             ii = i0 + tl.arange(0, BLOCK_I)
@@ -551,6 +620,31 @@ def dispatch_kernel(
             tl.store(bad_ptr, _NO_BAD)
         tl.store(sig_ptr + SIG_EPOCH_D, epoch)
         tl.store(sig_ptr + SIG_DONE_D, 0)
+
+
+@dl.jit(do_not_specialize=("n_tokens", "hidden", "x_half", "s_half", "round_scale"))
+def quantize_kernel(x_ptr, sig_ptr, xst_sym, sst_sym, n_tokens, hidden, x_half, s_half, round_scale,
+                    QUANT: tl.constexpr, VEC: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_H: tl.constexpr):
+    """fp8 dispatch, ``split`` variant (no waits; one program per ``BLOCK_R`` x ``BLOCK_H``
+    tile of the token bound, those past ``n_tokens`` idle): this rank's tokens quantized into
+    the staging half of the coming dispatch epoch; the dispatch kernel (``STAGE`` False) then
+    only moves bytes. Why: the fused staging loop runs on the dispatch's few large programs
+    (one per SM), here many small ones fill the SMs. Same tile function, same bits. Writing
+    the half is safe for the dispatch kernel's reason (stream order: this rank's previous
+    dispatch waited for every peer's reads of it)."""
+    epoch = tl.load(sig_ptr + SIG_EPOCH_D, volatile=True).to(tl.int64) + 1
+    parity = epoch % 2
+    hidden = hidden // VEC * VEC
+    x_half = x_half // VEC * VEC
+    n_chunks = tl.cdiv(hidden, BLOCK_H)
+    tile = tl.program_id(0)
+    blk = tile // n_chunks
+    chk = tile % n_chunks
+    if blk * BLOCK_R < n_tokens:
+        cur = _x_tile(x_ptr, blk, chk, tile + 1, n_chunks, n_tokens, hidden, BLOCK_R, BLOCK_H)
+        _quantize_tile(cur, blk * BLOCK_R + tl.arange(0, BLOCK_R), chk * BLOCK_H, n_tokens, hidden,
+                       xst_sym + parity * x_half, sst_sym + parity * s_half, round_scale, QUANT, BLOCK_H)
 
 
 @dl.jit

@@ -29,8 +29,8 @@ from ..runtime.group import Group, op_id
 from ..runtime.launcher import BoundKernel
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._combine_kernels import combine_kernel
-from ._kernels import (META, SIG_HEAD, dispatch_kernel, layout_atomic_kernel, layout_chunk_kernel,
-                       layout_scan_kernel)
+from ._kernels import (META, QUANT_DIV, QUANT_RCP, SIG_HEAD, dispatch_kernel, layout_atomic_kernel,
+                       layout_chunk_kernel, layout_scan_kernel, quantize_kernel)
 
 PURPOSE = "moe"
 MAX_PROGRAMS = 32
@@ -54,6 +54,16 @@ GPU_HIST_E, CPU_HIST_E = 64, 16
 """Experts per step of the chunk histogram's zero fill."""
 GPU_SCAN, CPU_SCAN = (64, 32), (16, 16)
 """Layout scan tile: (chunks, experts) per step."""
+
+FP8_VARIANTS = ("div", "rcp", "split")
+"""How an fp8 dispatch quantizes (``Buffer._fp8_variant``; the same bits, measured against
+each other by the bench): ``div`` an IEEE division per value in the dispatch kernel's staging
+loop, ``rcp`` the group's reciprocal and two corrections there (``_kernels._quotient``),
+``split`` ``rcp`` in a kernel of its own before the dispatch kernel (``quantize_kernel``)."""
+GPU_QUANT_VALUES, CPU_QUANT_VALUES = 4096, 1024
+"""Values per ``quantize_kernel`` program (``split``): 4 warps, 32 values a thread, like a
+thread's share of the fused loop's tile, in many small programs."""
+GPU_QUANT_WARPS = 4
 
 GPU_WARPS_COMBINE = 16
 """Warps per combine program: with one program per SM, 16 warps that never wait for each
@@ -263,7 +273,10 @@ class DispatchPlan:
     and the dispatch kernel. Per call only the tensors and the token count change."""
 
     def __init__(self, buf, *, x_dtype: torch.dtype, idx_dtype, fp8: bool, round_scale: bool,
-                 det: bool, has_w: bool, cached: bool, padded: bool, alignment: int, rows: int):
+                 det: bool, has_w: bool, cached: bool, padded: bool, alignment: int, rows: int,
+                 variant: str = "div"):
+        if variant not in FP8_VARIANTS:
+            raise ValueError(f"moe dispatch: fp8 variant {variant!r} is not one of {FP8_VARIANTS}")
         group, reg, sc = buf.group, buf.regions, buf.scratch
         device = group.device
         gpu = _gpu(device)
@@ -276,6 +289,8 @@ class DispatchPlan:
         record, claim = group._error_tensors()
         x_view = views["tokens"].view(torch.uint8 if fp8 else x_dtype)
         hid = reg.hidden
+        split = fp8 and variant == "split"
+        quant = QUANT_RCP if fp8 and variant != "div" else QUANT_DIV
         self.layout = []
         if not cached:
             idx = torch.zeros(1, dtype=idx_dtype, device=device)
@@ -313,10 +328,22 @@ class DispatchPlan:
              reg.cnt_half, reg.idx_half, reg.x_half_bytes // x_view.element_size(), reg.s_half,
              sc.table_words, int(cached), int(padded), alignment, int(has_w), int(det),
              int(round_scale), group.timeout_us(), op_id("moe_dispatch")),
-            dict(FP8=fp8, VEC=vec(x_dtype, fp8), CH=sc.chunk, **cfg),
+            dict(FP8=fp8, VEC=vec(x_dtype, fp8), CH=sc.chunk, QUANT=quant, STAGE=not split, **cfg),
             vary=("x_ptr", "w_ptr", "src_ptr", "dest_ptr", "out_x", "out_s", "out_w", "counts_ptr",
                   "offsets_ptr", "cstart_ptr", "n_tokens", "bad_kind", "bad_value"),
             device=device)
+        self.stage = None
+        if split:  # built (compiled) with the plan, before any dispatch kernel is launched
+            bh = cfg["BLOCK_SH"]
+            br = _rows_for(GPU_QUANT_VALUES if gpu else CPU_QUANT_VALUES, bh)
+            tiles = max(1, -(-reg.max_tokens // br) * -(-hid // bh))
+            self.stage = BoundKernel(
+                quantize_kernel, (tiles,),
+                (x, views["sig"], x_view, views["scales"], 0, hid, reg.x_half_bytes, reg.s_half,
+                 int(round_scale)),
+                dict(QUANT=quant, VEC=vec(x_dtype, fp8), BLOCK_R=br, BLOCK_H=bh,
+                     num_warps=GPU_QUANT_WARPS if gpu else CPU_DISPATCH["num_warps"]),
+                vary=("x_ptr", "n_tokens"), device=device)
 
     def launch_layout(self, idx: torch.Tensor, n_entries: int) -> None:
         """The layout kernels (no waits): before ``waiting_launch``."""
@@ -325,6 +352,11 @@ class DispatchPlan:
             self.layout[1].launch(n_entries)
         elif self.layout:
             self.layout[0].launch(idx, n_entries)
+
+    def launch_stage(self, x: torch.Tensor, n_tokens: int) -> None:
+        """``split``: the quantization kernel (no waits), before ``waiting_launch``."""
+        if self.stage is not None:
+            self.stage.launch(x, n_tokens)
 
 
 class CombinePlan:

@@ -263,6 +263,9 @@ class Buffer:
         self.claim = torch.zeros(1, dtype=torch.int64, device=group.device)
         self._failure: Optional[BaseException] = None
         self._held_y: Optional[torch.Tensor] = None  # run_combine's in-place input
+        self._fp8_variant = "div"
+        """How fp8 dispatches quantize (``_launch.FP8_VARIANTS``, the same bits): private, for
+        the bench's A/B of the quantization (``ditron_ops.bench.moe``)."""
         self.plans = PlanCache(group)  # plans view this Buffer's memory: they go with it
         self.dispatch_calls = self.combine_calls = 0
         self.name = f"{group.group_name}/moe{next(_ids)}"
@@ -606,12 +609,13 @@ class Buffer:
         cached = handle is not None
         padded = layout == "expert_padded"
         rows = handle[0].shape[0] if cached else self.rows(layout, alignment)
+        variant = self._fp8_variant if fp8 else "div"
         key = ("moe_dispatch", x.dtype, None if cached else topk_idx.dtype, fp8, round_scale,
-               det and not cached, topk_weights is not None, cached, padded, alignment)
+               det and not cached, topk_weights is not None, cached, padded, alignment, variant)
         plan = self.plans.get(key, lambda: DispatchPlan(
             self, x_dtype=x.dtype, idx_dtype=None if cached else topk_idx.dtype, fp8=fp8,
             round_scale=round_scale, det=det and not cached, has_w=topk_weights is not None,
-            cached=cached, padded=padded, alignment=alignment, rows=rows))
+            cached=cached, padded=padded, alignment=alignment, rows=rows, variant=variant))
         dev, h = group.device, self.hidden
         alloc = torch.zeros if zero else torch.empty
         out_x = alloc((rows, h), dtype=torch.float8_e4m3fn if fp8 else x.dtype, device=dev)
@@ -628,6 +632,7 @@ class Buffer:
             offsets = torch.empty(el + 1, dtype=torch.int32, device=dev)
             cstart = torch.empty(el + 1, dtype=torch.int32, device=dev)
             plan.launch_layout(_aligned(topk_idx), t * self.topk)
+        plan.launch_stage(x, t)
         self.dispatch_calls += 1
         with group.waiting_launch("moe_dispatch", self.dispatch_calls):
             plan.kernel.launch(x, self.scratch.dummy if topk_weights is None else topk_weights, src,

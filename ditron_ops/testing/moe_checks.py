@@ -10,8 +10,11 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import triton.language as tl
 
+from .. import language as dl
 from ..moe import Buffer, reference
+from ..moe import _kernels
 from ..runtime.group import Group
 
 
@@ -128,3 +131,53 @@ def combine_with_rank_1_missing(group: Group, buf: Buffer, count: int, dtype: to
     except DitronTimeoutError as exc:
         return (exc.op, exc.rank, exc.peer)
     return "no error"
+
+
+@dl.jit
+def _quotient_kernel(v_ptr, s_ptr, q_ptr, c_ptr, QUANT: tl.constexpr, R: tl.constexpr):
+    """``_kernels._quotient`` of ``R`` rows of 128 values per program, and the e4m3 codes."""
+    r = tl.program_id(0) * R + tl.arange(0, R)
+    offs = r[:, None, None] * 128 + tl.arange(0, 128)[None, None, :]
+    v = tl.load(v_ptr + offs)
+    q = _kernels._quotient(v, tl.load(s_ptr + r)[:, None], QUANT)
+    tl.store(q_ptr + offs, q)
+    tl.store(c_ptr + offs, _kernels._e4m3(q))
+
+
+def quotient_cases(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(v fp32 [rows, 128], scale fp32 [rows])`` (rows a multiple of 128) that are hard for
+    a quotient by a reciprocal: scales over 2^-24 .. 2^40 (a quarter ``amax / 448`` as the
+    kernels make them, an eighth with all-ones mantissas, some powers of two), half the values
+    one to four ulps around an e4m3 value or rounding midpoint times the scale, the others
+    uniform in ``[-448, 448] x scale``; per row ``+-0``, subnormal and tiny values."""
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.ldexp(1 + torch.rand(rows, generator=gen), torch.randint(-24, 40, (rows,), generator=gen)).float()
+    n = rows // 8
+    s[:n] = torch.ldexp(torch.full((n,), 2 - 2 ** -23), torch.randint(-24, 40, (n,), generator=gen)).float()
+    s[n:n + n // 4] = torch.ldexp(torch.ones(n // 4), torch.randint(-24, 40, (n // 4,), generator=gen)).float()
+    amax = torch.ldexp(1 + torch.rand(2 * n, generator=gen), torch.randint(-13, 20, (2 * n,), generator=gen)).float()
+    s[2 * n:4 * n] = amax.clamp(min=1e-4) / torch.full_like(amax, 448.0)
+    e4m3 = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    points = torch.cat([e4m3, (e4m3[1:] + e4m3[:-1]) / 2])
+    hard = points[torch.randint(0, len(points), (rows, 64), generator=gen)] * s[:, None]
+    steps = torch.randint(-4, 5, (rows, 64), generator=gen).int()
+    v = (torch.rand(rows, 128, generator=gen) * 2 - 1) * 448 * s[:, None]
+    v[:, :64] = torch.where(hard > 0, (hard.view(torch.int32) + steps).view(torch.float32), hard)
+    v[:, :64] *= torch.where(torch.rand(rows, 64, generator=gen) < 0.5, -1.0, 1.0)
+    v[:, 64:68] = torch.tensor([0.0, -0.0, 1e-40, -3e-42])
+    v[:, 68:72] *= 1e-7
+    return v, s
+
+
+def quotient_mismatches(device: torch.device, quant: int, rows: int = 1024, seed: int = 0) -> int:
+    """Values of ``quotient_cases`` whose ``_kernels._quotient`` differs from fp32 IEEE division
+    (torch's, on ``device``): the codes anywhere, the fp32 bits where ``|v / s| >= 2^-20``."""
+    v, s = (t.to(device) for t in quotient_cases(rows, seed))
+    want = v / s[:, None]
+    q = torch.empty_like(v)
+    c = torch.empty(v.shape, dtype=torch.uint8, device=device)
+    _quotient_kernel[(rows // 16,)](v, s, q, c, QUANT=quant, R=16)
+    big = want.abs() >= 2.0 ** -20
+    bad = (c != want.to(torch.float8_e4m3fn).view(torch.uint8)).sum()
+    bad += (q[big].view(torch.int32) != want[big].view(torch.int32)).sum()
+    return int(bad)

@@ -12,6 +12,7 @@ import torch
 
 import ditron_ops
 from ditron_ops.moe import Buffer, MoEOverflowError
+from ditron_ops.moe._launch import FP8_VARIANTS
 from ditron_ops.testing import moe_checks as mc
 from ditron_ops.testing.checks import one_pe_nvshmem
 
@@ -46,13 +47,16 @@ def test_matches_reference(world_size, in_place):
     assert ditron_ops.launch(body, world_size) == [True] * world_size
 
 
+@pytest.mark.parametrize("variant", FP8_VARIANTS)
 @pytest.mark.parametrize("round_scale", [False, True])
-def test_fp8_bits_match_torch_formula(round_scale):
+def test_fp8_bits_match_torch_formula(round_scale, variant):
     """fp8 dispatch with the hardware e4m3 cast: codes and scales equal torch's
-    ``(x / (max(amax, 1e-4) / 448)).to(float8_e4m3fn)`` bit for bit (tiny, normal, large rows)."""
+    ``(x / (max(amax, 1e-4) / 448)).to(float8_e4m3fn)`` bit for bit (tiny, normal, large rows),
+    in every quantization variant (``Buffer._fp8_variant``)."""
     def body(group):
         with Buffer(group, num_experts=16, max_tokens_per_rank=64, hidden=2048, topk=4, dtype=BF16, fp8=True,
                     round_scale=round_scale) as buf:
+            buf._fp8_variant = variant
             idx, w = mc.routing(group, 64, 16, 4, "random", 3)
             scale = torch.logspace(-7, 4, 64, device=group.device)[:, None]
             x = (mc.tokens(group, 64, 2048, torch.float32, 4) * scale).to(BF16)
@@ -60,6 +64,16 @@ def test_fp8_bits_match_torch_formula(round_scale):
                 mc.check_dispatch_combine(group, buf, x, idx, w, layout)
         return True
     assert ditron_ops.launch(body, 2) == [True, True]
+
+
+def test_fp8_reciprocal_quotient_is_the_ieee_division():
+    """The reciprocal quotient of the fp8 variants (``_kernels._quotient``, hardware FMA) equals
+    CUDA's IEEE division: fp32 bits from 2^-20 up, e4m3 codes everywhere, on values made hard
+    for it (``moe_checks.quotient_cases``)."""
+    from ditron_ops.moe import _kernels
+
+    for seed in range(4):
+        assert mc.quotient_mismatches(torch.device("cuda"), _kernels.QUANT_RCP, rows=8192, seed=seed) == 0, seed
 
 
 def test_run_to_run_and_batch_invariance():
