@@ -168,10 +168,11 @@ def test_rule_properties_on_the_gpu_candidates():
     assert splits > 20
 
 
-def test_rule_splits_only_where_a_split_measured_faster():
+def test_rule_choices_with_the_sweep_fitted_constants():
     """On an H200's 132 SMs, with the split-K constants fitted to the sweep's split runs at
     4fc45e4 (``tools/gemm_rule_fit.py --split-sweep``): of the 48 sweep shapes only
-    800x768x10760 splits (its split ran at 0.57x cuBLAS, the same tiles unsplit 0.43x); the
+    800x768x10760 splits (128x128 in 3 slices, predicted; its 6-slice 128x256 split ran at 0.57x
+    cuBLAS, the same tiles unsplit 0.43x); the
     shapes whose split lost to the same tiles unsplit stay unsplit (200x4736x4504 0.57x against
     0.82x, 1480x1792x10432 0.50x against 0.68x, 1496x768x7320, 1112x960x8640, 3616x256x7872),
     as do the registered model shapes at M = 8192 (many waves) and short K."""

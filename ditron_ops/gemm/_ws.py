@@ -9,7 +9,9 @@ Triton through a launch-scoped allocator so that nothing is allocated during gra
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import threading
 from typing import Optional
 
 import torch
@@ -19,6 +21,10 @@ from ..runtime.plan import PlanCache, tensor_key
 from ._core import _padded_copy, _shared_memory_limit, _tma_ok, program_budget
 from ._core_configs import TileConfig
 from ._ws_kernels import ws_gemm_kernel
+
+if not isinstance(getattr(_allocation, "_allocator", None), contextvars.ContextVar):
+    raise ImportError("ditron_ops.gemm._ws needs triton's context-scoped allocator "
+                      "(triton.runtime._allocation._allocator, a ContextVar since 3.5)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +52,7 @@ specialization at 8 warps, the control that separates warp specialization from t
 other differences (in-kernel descriptors, no half-width epilogue, no split tail)."""
 
 
-def fit_stages(cfg: TileConfig, in_bytes: int, out_bytes: int, limit: int) -> TileConfig:
+def ws_stages(cfg: TileConfig, in_bytes: int, out_bytes: int, limit: int) -> TileConfig:
     """``cfg`` with as many of its stages as fit ``limit`` bytes of shared memory: per stage an A
     and a B block, plus the whole ``[block_m, block_n]`` C block and 1 KB (compiled: 128x256 s3
     bf16 213,464 bytes, estimated 214,016). At least 2 stages: ``ValueError`` where those do not
@@ -81,7 +87,7 @@ class _WsPlan:
         device = out.device
         if device.type == "cuda":
             limit = _shared_memory_limit(device.index if device.index is not None else 0)
-            v = dataclasses.replace(v, cfg=fit_stages(v.cfg, a.element_size(),
+            v = dataclasses.replace(v, cfg=ws_stages(v.cfg, a.element_size(),
                                                       out.element_size(), limit))
         self.variant, self.device = v, device
         m, n = out.shape
@@ -95,6 +101,7 @@ class _WsPlan:
 
     def _allocate(self, size: int, alignment: int, stream) -> torch.Tensor:
         """Triton's allocator for the launch: the plan's scratch (a new one only if it grows)."""
+        assert alignment <= 256, alignment  # torch's CUDA allocations are 512-byte aligned
         if self._scratch is None or self._scratch.numel() < size:
             self._scratch = torch.empty(size, dtype=torch.uint8, device=self.device)
         return self._scratch
@@ -117,7 +124,9 @@ class _WsPlan:
         return out
 
 
-_PLANS = PlanCache(None)
+_PLANS = threading.local()
+"""One plan cache per thread: a plan owns padded copies and the kernel's descriptor scratch,
+which virtual ranks (threads) must not share."""
 
 
 def ws_matmul(a: torch.Tensor, b: torch.Tensor, variant="ws/128x256x64/s3",
@@ -140,12 +149,22 @@ def ws_matmul(a: torch.Tensor, b: torch.Tensor, variant="ws/128x256x64/s3",
         ``out``. Raises ``ValueError`` where the variant's 2 stages and C block do not fit.
     """
     v = WS_VARIANTS[variant] if isinstance(variant, str) else variant
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"ws_matmul: needs a [M, K] and b [K, N], got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
     if a.dtype != b.dtype:
         raise TypeError(f"ws_matmul: a and b must share a dtype, got {a.dtype} and {b.dtype}")
+    if a.device != b.device or (out is not None and out.device != a.device):
+        raise ValueError("ws_matmul: a, b and out must be on one device")
     out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
+    if tuple(out.shape) != (a.shape[0], b.shape[1]):
+        raise ValueError(f"ws_matmul: out must be {(a.shape[0], b.shape[1])}, got {tuple(out.shape)}")
     if out.numel() == 0:
         return out
     if a.shape[1] == 0:
         return out.zero_()
     key = ("ws_matmul", a.device, v, tensor_key(a), tensor_key(b), tensor_key(out))
-    return _PLANS.get(key, lambda: _WsPlan(a, b, out, v)).run(a, b, out)
+    cache = getattr(_PLANS, "cache", None)
+    if cache is None:
+        cache = _PLANS.cache = PlanCache(None)
+    return cache.get(key, lambda: _WsPlan(a, b, out, v)).run(a, b, out)
