@@ -398,7 +398,8 @@ def moe() -> list[str]:
             local = torch.zeros(reg.nbytes, dtype=torch.uint8)
             _, _, claim, record = L.one_rank_pad(torch.device("cpu"))
             group = SimpleNamespace(device=torch.device("cpu"), rank=0, world_size=world,
-                                    timeout_us=lambda: 10**7, _error_tensors=lambda: (record, claim))
+                                    timeout_us=lambda: 10**7, _error_tensors=lambda: (record, claim),
+                                    sm_share=lambda: 132)  # an H200's SMs
             buf = SimpleNamespace(group=group, regions=reg, programs=L.MAX_PROGRAMS, views=reg.views(local),
                                   sym=SimpleNamespace(local=local, ptr_table=L.pointer_table(local)),
                                   claim=claim, record=record)

@@ -70,15 +70,17 @@ if _env.use_interpreter():
 
     @dl.jit
     def _e4m3(v):
-        """fp32 -> e4m3fn bits, round to nearest even, saturating (the interpreter's own fp8
+        """fp32 -> e4m3fn bits, round to nearest even, saturating (infinities too), NaN to the
+        NaN code 0x7F with v's sign bit as torch's cast keeps it (the interpreter's own fp8
         cast does not carry a rounding into the exponent, so it is done on the bits here)."""
         bits = v.to(tl.int32, bitcast=True)
         sign = (bits >> 24) & 0x80
         u = bits & 0x7FFFFFFF
-        a = u.to(tl.float32, bitcast=True)
+        a = tl.where(u > 0x7F800000, 0.0, u.to(tl.float32, bitcast=True))  # NaN: its code below
         normal = tl.minimum(((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - 960, 126)
         tiny = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # multiples of 2^-9, ties to even
-        return (sign | tl.where(a < 0.015625, tiny, normal)).to(tl.uint8)
+        code = tl.where(u > 0x7F800000, 0x7F, tl.where(a < 0.015625, tiny, normal))
+        return (sign | code).to(tl.uint8)
 
     @dl.jit
     def _fma(a, b, c):
@@ -98,7 +100,8 @@ else:
 
     @dl.jit
     def _e4m3(v):
-        """fp32 -> e4m3fn bits (hardware cast: round to nearest even, saturating)."""
+        """fp32 -> e4m3fn bits (hardware cast: round to nearest even, saturating infinities
+        too; NaN to a NaN code, 0x7F or 0xFF)."""
         return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
 
     @dl.jit
@@ -123,28 +126,33 @@ _QUANT_RCP = tl.constexpr(QUANT_RCP)
 
 @dl.jit
 def _quotient(v, scale, QUANT: tl.constexpr):
-    """``v / scale`` (``scale [R, G]`` per 128-value group of ``v [R, G, 128]``): rounded to
-    nearest fp32 wherever ``|v / scale| >= 2^-20``, elsewhere a value under 2^-10 of ``v``'s
-    sign (zeros included), so the e4m3 codes are the IEEE division's (finite inputs; normal
-    scales, as ``max(amax, 1e-4) / 448`` is).
+    """``v / scale`` (``scale [R, G]`` per 128-value group of ``v [R, G, 128]``, positive):
+    rounded to nearest fp32 wherever ``|v / scale| >= 2^-20``, elsewhere a value under 2^-10
+    of ``v``'s sign (zeros included), so the e4m3 codes are the IEEE division's (normal
+    scales, as ``max(amax, 1e-4) / 448`` is for finite values). A group holding an infinity
+    has scale ``+inf``: ``+-0`` of ``v``'s sign for finite ``v``, NaN for ``+-inf``, as
+    IEEE division; NaN ``v``: NaN.
 
     ``QUANT_RCP``: one IEEE division per group, ``y = 1 / scale``, then per value ``q = v y``
     and two corrections ``q -= (scale q - v) y`` (fused): the first makes ``q`` faithful, the
     second correctly rounded (Markstein's theorem: faithful ``q``, ``y`` within half an ulp;
     no underflow above 2^-20). Written with ``scale q - v`` so ``-0`` stays ``-0``. Why: an
     IEEE division per value is a ~10-instruction chain behind its own slow-path branch, which
-    the compiler does not interleave with the next; this is 5 branch-free instructions."""
-    s = tl.broadcast_to(scale[:, :, None], v.shape)
+    the compiler does not interleave with the next; this is 5 branch-free instructions.
+    Scale ``+inf`` (``y = 0``) is used as 0 in the corrections, a select per group rather
+    than per value: ``inf * 0`` would turn the whole group NaN; with 0 they add signed zeros
+    to ``q = v * 0``, which is already the division's ``+-0`` (NaN for ``+-inf``)."""
     if QUANT == _QUANT_RCP:
         r = tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
         y = tl.broadcast_to(r[:, :, None], v.shape)
         ny = tl.broadcast_to((r * -1.0)[:, :, None], v.shape)
+        s = tl.broadcast_to(tl.where(scale == float("inf"), 0.0, scale)[:, :, None], v.shape)
         nv = v * -1.0  # a negation (``-v`` is ``0 - v``: +0 for +0, and one more instruction)
         q = v * y
         q = _fma(_fma(s, q, nv), ny, q)
         return _fma(_fma(s, q, nv), ny, q)
     else:
-        return tl.div_rn(v, s)
+        return tl.div_rn(v, tl.broadcast_to(scale[:, :, None], v.shape))
 
 
 @dl.jit
@@ -626,22 +634,23 @@ def dispatch_kernel(
 def quantize_kernel(x_ptr, sig_ptr, xst_sym, sst_sym, n_tokens, hidden, x_half, s_half, round_scale,
                     QUANT: tl.constexpr, VEC: tl.constexpr, BLOCK_R: tl.constexpr,
                     BLOCK_H: tl.constexpr):
-    """fp8 dispatch, ``split`` variant (no waits; one program per ``BLOCK_R`` x ``BLOCK_H``
-    tile of the token bound, those past ``n_tokens`` idle): this rank's tokens quantized into
-    the staging half of the coming dispatch epoch; the dispatch kernel (``STAGE`` False) then
-    only moves bytes. Why: the fused staging loop runs on the dispatch's few large programs
-    (one per SM), here many small ones fill the SMs. Same tile function, same bits. Writing
-    the half is safe for the dispatch kernel's reason (stream order: this rank's previous
-    dispatch waited for every peer's reads of it)."""
+    """fp8 dispatch, ``split`` variant (no waits): this rank's tokens quantized into the
+    staging half of the coming dispatch epoch; the dispatch kernel (``STAGE`` False) then only
+    moves bytes. Why: the fused staging loop runs on the dispatch's few large programs (one per
+    SM), here many small ones fill the SMs. Grid-stride over the ``BLOCK_R`` x ``BLOCK_H`` tiles
+    of ``n_tokens`` (a fixed grid, a few programs per SM: ``_launch.GPU_QUANT_PER_SM``), not a
+    program per tile of the token bound, most of them idle at small counts. Same tile
+    function, same bits. Writing the half is safe for the dispatch kernel's reason (stream
+    order: this rank's previous dispatch waited for every peer's reads of it)."""
     epoch = tl.load(sig_ptr + SIG_EPOCH_D, volatile=True).to(tl.int64) + 1
     parity = epoch % 2
     hidden = hidden // VEC * VEC
     x_half = x_half // VEC * VEC
     n_chunks = tl.cdiv(hidden, BLOCK_H)
-    tile = tl.program_id(0)
-    blk = tile // n_chunks
-    chk = tile % n_chunks
-    if blk * BLOCK_R < n_tokens:
+    n_tiles = tl.cdiv(n_tokens, BLOCK_R) * n_chunks
+    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        blk = tile // n_chunks
+        chk = tile % n_chunks
         cur = _x_tile(x_ptr, blk, chk, tile + 1, n_chunks, n_tokens, hidden, BLOCK_R, BLOCK_H)
         _quantize_tile(cur, blk * BLOCK_R + tl.arange(0, BLOCK_R), chk * BLOCK_H, n_tokens, hidden,
                        xst_sym + parity * x_half, sst_sym + parity * s_half, round_scale, QUANT, BLOCK_H)

@@ -56,14 +56,25 @@ GPU_SCAN, CPU_SCAN = (64, 32), (16, 16)
 """Layout scan tile: (chunks, experts) per step."""
 
 FP8_VARIANTS = ("div", "rcp", "split")
-"""How an fp8 dispatch quantizes (``Buffer._fp8_variant``; the same bits, measured against
-each other by the bench): ``div`` an IEEE division per value in the dispatch kernel's staging
-loop, ``rcp`` the group's reciprocal and two corrections there (``_kernels._quotient``),
-``split`` ``rcp`` in a kernel of its own before the dispatch kernel (``quantize_kernel``)."""
-GPU_QUANT_VALUES, CPU_QUANT_VALUES = 4096, 1024
-"""Values per ``quantize_kernel`` program (``split``): 4 warps, 32 values a thread, like a
-thread's share of the fused loop's tile, in many small programs."""
-GPU_QUANT_WARPS = 4
+"""How an fp8 dispatch quantizes (``Buffer._fp8_variant``; measured against each other by
+the bench): ``div`` an IEEE division per value in the dispatch kernel's staging loop, ``rcp``
+the group's reciprocal and two corrections there (``_kernels._quotient``), ``split`` ``rcp``
+in a kernel of its own before the dispatch kernel (``quantize_kernel``). The same codes and
+scales, bit for bit, for any tokens (groups with +-inf or NaN included: the same NaN codes)."""
+GPU_QUANT_VALUES, CPU_QUANT_VALUES = 4096, 512
+"""Values per ``quantize_kernel`` tile (``split``): 4 warps, 32 values a thread, like a
+thread's share of the fused loop's tile, in many small programs (the interpreter: small, so
+the tests' 6 tokens of 256 channels are 3 tiles, 2 on one program)."""
+GPU_QUANT_WARPS, GPU_QUANT_REGS = 4, 64
+"""``quantize_kernel``: 4 warps, at most 64 registers a thread (``maxnreg``): the grid-stride
+loop's bookkeeping took 66-72 (allocated as 72: 7 programs an SM, not 8); capped, sm_90a
+shows no spills and about the same instructions (``tools/sm90_compile.py``)."""
+GPU_QUANT_PER_SM, CPU_QUANT_PROGRAMS = 8, 2
+"""``quantize_kernel`` programs P: 8 per SM of the rank's share (8 x 4 warps x 64 registers:
+an SM's registers, 32 warps), fewer when the token bound has fewer tiles; program p quantizes the
+call's tiles p, p + P, ... Why: one program per tile of the bound left most of them idle at
+small token counts (7168 programs for 128 tokens of a 4096 bound). The interpreter's 2
+programs stride too."""
 
 GPU_WARPS_COMBINE = 16
 """Warps per combine program: with one program per SM, 16 warps that never wait for each
@@ -337,12 +348,14 @@ class DispatchPlan:
             bh = cfg["BLOCK_SH"]
             br = _rows_for(GPU_QUANT_VALUES if gpu else CPU_QUANT_VALUES, bh)
             tiles = max(1, -(-reg.max_tokens // br) * -(-hid // bh))
+            most = GPU_QUANT_PER_SM * group.sm_share() if gpu else CPU_QUANT_PROGRAMS
             self.stage = BoundKernel(
-                quantize_kernel, (tiles,),
+                quantize_kernel, (min(tiles, most),),
                 (x, views["sig"], x_view, views["scales"], 0, hid, reg.x_half_bytes, reg.s_half,
                  int(round_scale)),
                 dict(QUANT=quant, VEC=vec(x_dtype, fp8), BLOCK_R=br, BLOCK_H=bh,
-                     num_warps=GPU_QUANT_WARPS if gpu else CPU_DISPATCH["num_warps"]),
+                     **(dict(num_warps=GPU_QUANT_WARPS, maxnreg=GPU_QUANT_REGS) if gpu
+                        else dict(num_warps=CPU_DISPATCH["num_warps"]))),
                 vary=("x_ptr", "n_tokens"), device=device)
 
     def launch_layout(self, idx: torch.Tensor, n_entries: int) -> None:

@@ -38,8 +38,8 @@ from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group
 from ..runtime.plan import PlanCache
 from . import _kernels
-from ._launch import (DTYPES, INDEX_DTYPES, CombinePlan, DispatchPlan, Regions, Scratch,
-                      programs_per_rank)
+from ._launch import (DTYPES, FP8_VARIANTS, INDEX_DTYPES, CombinePlan, DispatchPlan, Regions,
+                      Scratch, programs_per_rank)
 
 LAYOUTS = ("expert_padded", "expert_contig")
 _ids = itertools.count()
@@ -189,7 +189,11 @@ class Buffer:
     dtype : torch.dtype
         Token dtype: bf16 / fp16 / fp32 (the interpreter: fp16 / fp32).
     fp8 : bool
-        Quantize dispatched tokens to e4m3 per token and 128 channels in the dispatch kernel.
+        Quantize dispatched tokens to e4m3 per token and 128 channels in the dispatch kernel:
+        ``moe.reference.quantize_fp8``'s codes and scales bit for bit for finite tokens; a
+        group holding +-inf has scale inf, +-0 codes and NaN codes for the infinities as
+        there (a NaN code's sign may differ); a group holding NaN has NaN codes for its NaNs,
+        its scale and other codes unspecified (the kernels' amax may skip NaN, torch's not).
     round_scale : bool
         fp8: round each scale up to a power of two.
     max_recv_tokens : int, optional
@@ -263,9 +267,7 @@ class Buffer:
         self.claim = torch.zeros(1, dtype=torch.int64, device=group.device)
         self._failure: Optional[BaseException] = None
         self._held_y: Optional[torch.Tensor] = None  # run_combine's in-place input
-        self._fp8_variant = "div"
-        """How fp8 dispatches quantize (``_launch.FP8_VARIANTS``, the same bits): private, for
-        the bench's A/B of the quantization (``ditron_ops.bench.moe``)."""
+        self._fp8_quant = "div"  # ``_fp8_variant``
         self.plans = PlanCache(group)  # plans view this Buffer's memory: they go with it
         self.dispatch_calls = self.combine_calls = 0
         self.name = f"{group.group_name}/moe{next(_ids)}"
@@ -296,6 +298,29 @@ class Buffer:
         if layout == "expert_padded":
             return self.experts_local * self.group.world_size * self.max_tokens
         return self.capacity + self.experts_local * (expert_alignment - 1)
+
+    @property
+    def _fp8_variant(self) -> str:
+        """How fp8 dispatches quantize (``_launch.FP8_VARIANTS``, the same bits): private, for
+        the bench's A/B of the quantization (``ditron_ops.bench.moe``) and the tests.
+
+        Set on every rank at the same point of its call sequence, like a collective call; a
+        change has the ranks meet before the next waiting launch (``Group.meet_before_next_wait``,
+        what a new agreed call signature does). Why: the variant is in the dispatch plan key
+        but not in the signature the ranks agree on, so the next dispatch may compile its
+        kernels on one rank while a peer's dispatch kernel already waits (past the wait bound
+        with a cold Triton cache). A setter rather than a constructor argument: the bench
+        times every variant on one Buffer. Not agreed on: ranks that disagree exchange the
+        same bytes."""
+        return self._fp8_quant
+
+    @_fp8_variant.setter
+    def _fp8_variant(self, variant: str) -> None:
+        if variant not in FP8_VARIANTS:
+            raise ValueError(f"moe Buffer: fp8 variant {variant!r} is not one of {FP8_VARIANTS}")
+        if variant != self._fp8_quant and self.group.world_size > 1:
+            self.group.meet_before_next_wait()
+        self._fp8_quant = variant
 
     # -- public calls ---------------------------------------------------------------------------
     def dispatch(self, x: torch.Tensor, topk_idx: Optional[torch.Tensor] = None,

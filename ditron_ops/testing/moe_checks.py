@@ -3,19 +3,19 @@
 ``check_dispatch_combine`` runs one deterministic dispatch and an identity-expert combine and
 compares them with ``moe.reference`` (the all-to-all oracle) bit for bit; ``identity_combine``
 is the expected combine of identity experts computed on this rank alone (the same fp32
-operations in the same order), for cheap checks of long call sequences.
+operations in the same order), for cheap checks of long call sequences;
+``quotient_mismatches`` checks the fp8 quotient against IEEE division (its kernel:
+``_moe_check_kernels``).
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
-import triton.language as tl
 
-from .. import language as dl
 from ..moe import Buffer, reference
-from ..moe import _kernels
 from ..runtime.group import Group
+from ._moe_check_kernels import quotient_kernel
 
 
 def routing(group: Group, tokens: int, num_experts: int, topk: int, kind: str, seed: int,
@@ -133,23 +133,14 @@ def combine_with_rank_1_missing(group: Group, buf: Buffer, count: int, dtype: to
     return "no error"
 
 
-@dl.jit
-def _quotient_kernel(v_ptr, s_ptr, q_ptr, c_ptr, QUANT: tl.constexpr, R: tl.constexpr):
-    """``_kernels._quotient`` of ``R`` rows of 128 values per program, and the e4m3 codes."""
-    r = tl.program_id(0) * R + tl.arange(0, R)
-    offs = r[:, None, None] * 128 + tl.arange(0, 128)[None, None, :]
-    v = tl.load(v_ptr + offs)
-    q = _kernels._quotient(v, tl.load(s_ptr + r)[:, None], QUANT)
-    tl.store(q_ptr + offs, q)
-    tl.store(c_ptr + offs, _kernels._e4m3(q))
-
-
 def quotient_cases(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(v fp32 [rows, 128], scale fp32 [rows])`` (rows a multiple of 128) that are hard for
     a quotient by a reciprocal: scales over 2^-24 .. 2^40 (a quarter ``amax / 448`` as the
     kernels make them, an eighth with all-ones mantissas, some powers of two), half the values
     one to four ulps around an e4m3 value or rounding midpoint times the scale, the others
-    uniform in ``[-448, 448] x scale``; per row ``+-0``, subnormal and tiny values."""
+    uniform in ``[-448, 448] x scale``; per row ``+-0``, subnormal and tiny values, NaN of
+    both signs; the last 1/64 of the rows a group holding ``+-inf`` (scale ``+inf``, what the
+    kernels compute for it), their other values finite."""
     gen = torch.Generator().manual_seed(seed)
     s = torch.ldexp(1 + torch.rand(rows, generator=gen), torch.randint(-24, 40, (rows,), generator=gen)).float()
     n = rows // 8
@@ -166,18 +157,28 @@ def quotient_cases(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     v[:, :64] *= torch.where(torch.rand(rows, 64, generator=gen) < 0.5, -1.0, 1.0)
     v[:, 64:68] = torch.tensor([0.0, -0.0, 1e-40, -3e-42])
     v[:, 68:72] *= 1e-7
+    v[:, 72:74] = torch.tensor([float("nan"), -float("nan")])
+    k = rows // 64
+    v[-k:] = v[:k]  # finite values of all sizes, zeros and NaN
+    v[-k:, 74:76] = torch.tensor([float("inf"), -float("inf")])
+    s[-k:] = float("inf")
     return v, s
 
 
 def quotient_mismatches(device: torch.device, quant: int, rows: int = 1024, seed: int = 0) -> int:
     """Values of ``quotient_cases`` whose ``_kernels._quotient`` differs from fp32 IEEE division
-    (torch's, on ``device``): the codes anywhere, the fp32 bits where ``|v / s| >= 2^-20``."""
+    (torch's, on ``device``): NaN where the division is NaN (any NaN bits), the fp32 bits where
+    ``|v / s| >= 2^-20`` or ``s`` is ``+inf`` (``+-0`` of v's sign), the e4m3 codes everywhere,
+    a NaN code of either sign where the division is NaN (torch's cast keeps the sign of its
+    NaN, the GPU's may not)."""
     v, s = (t.to(device) for t in quotient_cases(rows, seed))
     want = v / s[:, None]
     q = torch.empty_like(v)
     c = torch.empty(v.shape, dtype=torch.uint8, device=device)
-    _quotient_kernel[(rows // 16,)](v, s, q, c, QUANT=quant, R=16)
-    big = want.abs() >= 2.0 ** -20
-    bad = (c != want.to(torch.float8_e4m3fn).view(torch.uint8)).sum()
-    bad += (q[big].view(torch.int32) != want[big].view(torch.int32)).sum()
+    quotient_kernel[(rows // 16,)](v, s, q, c, QUANT=quant, R=16)
+    nan = want.isnan()
+    bad = (q.isnan() != nan).sum()
+    bad += torch.where(nan, (c & 0x7F) != 0x7F, c != want.to(torch.float8_e4m3fn).view(torch.uint8)).sum()
+    exact = ~nan & ((want.abs() >= 2.0 ** -20) | s.isinf()[:, None])
+    bad += (q[exact].view(torch.int32) != want[exact].view(torch.int32)).sum()
     return int(bad)

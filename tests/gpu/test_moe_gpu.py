@@ -67,13 +67,15 @@ def test_fp8_bits_match_torch_formula(round_scale, variant):
 
 
 def test_fp8_reciprocal_quotient_is_the_ieee_division():
-    """The reciprocal quotient of the fp8 variants (``_kernels._quotient``, hardware FMA) equals
-    CUDA's IEEE division: fp32 bits from 2^-20 up, e4m3 codes everywhere, on values made hard
-    for it (``moe_checks.quotient_cases``)."""
+    """The reciprocal quotient of the fp8 variants (``_kernels._quotient``, hardware FMA), and
+    the division one, equal CUDA's IEEE division: fp32 bits from 2^-20 up, e4m3 codes
+    everywhere (NaN codes of either sign), on values made hard for it, NaN and groups holding
+    +-inf included (``moe_checks.quotient_cases``)."""
     from ditron_ops.moe import _kernels
 
-    for seed in range(4):
-        assert mc.quotient_mismatches(torch.device("cuda"), _kernels.QUANT_RCP, rows=8192, seed=seed) == 0, seed
+    for quant in (_kernels.QUANT_DIV, _kernels.QUANT_RCP):
+        for seed in range(4):
+            assert mc.quotient_mismatches(torch.device("cuda"), quant, rows=8192, seed=seed) == 0, (quant, seed)
 
 
 def test_run_to_run_and_batch_invariance():
