@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from .. import language as dl
-from ._core_kernels import _tile_coords
+from ._core_kernels import _tile_coords, tile_matmul
 
 
 @dl.jit(do_not_specialize=("M", "N", "K", "stride_am", "stride_b", "stride_cm"))
@@ -49,20 +49,13 @@ def ws_gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_b, stride_cm,
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     group_tiles = GROUP_M * tiles_n
-    steps = tl.cdiv(K, BLOCK_K)
     tile_c = pid - nprog
     for tile in tl.range(pid, tiles_m * tiles_n, nprog, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile, tiles_m, group_tiles, 0, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(steps):
-            a = a_desc.load([off_m, ki * BLOCK_K])
-            if B_KN:
-                b = b_desc.load([ki * BLOCK_K, off_n])
-            else:
-                b = b_desc.load([off_n, ki * BLOCK_K]).T
-            acc = tl.dot(a, b, acc)
+        acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), off_m,
+                          off_n, K, B_KN, BLOCK_K)
         tile_c += nprog
         pid_m, pid_n = _tile_coords(tile_c, tiles_m, group_tiles, 0, GROUP_M)
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
