@@ -209,3 +209,12 @@ def test_the_sweep_bench_measures_every_candidate():
 
     for c in rules.GPU_CANDIDATES:
         assert CANDIDATES.get(c.name) == c.cfg, c.name
+
+
+def test_the_sweep_bench_can_measure_the_candidates_alone():
+    """``--only configs,candidates`` times exactly the rule's candidates (the calibration run)."""
+    from ditron_ops.bench.gemm_sweep import CANDIDATES, configs_measured
+
+    assert configs_measured(("configs",)) == CANDIDATES
+    assert configs_measured(("configs", "candidates")) == {c.name: c.cfg
+                                                           for c in rules.GPU_CANDIDATES}

@@ -16,7 +16,7 @@ geo-mean row per dtype, and the registered model shapes at M = 8192 (``case = "m
 Targets (issue 20): geo-mean >= 0.97x, no shape below 0.85x, model shapes >= 0.98x.
 ``--only configs``: instead, bf16 only, every tile configuration of ``CANDIDATES`` on every
 sweep shape (``case = "configs bf16"``, ``impl`` = the configuration): the data a shape-aware
-rule is fitted to and checked against.
+rule is fitted to and checked against; ``--only configs,candidates``: the rule's candidates only.
 ``--only splitk``: instead, bf16 only, the split-K calibration (``splitk_shapes``: the sweep
 shapes where some candidate has fewer tiles than the SMs): every such candidate with K forced
 into S in ``SPLITS`` slices (and the rule's own choice), paired with cuBLAS (``case = "splitk
@@ -108,11 +108,19 @@ def _inputs(group, m: int, n: int, k: int, dtype: torch.dtype):
     return a, w.t()
 
 
+def configs_measured(only: tuple[str, ...]) -> dict[str, TileConfig]:
+    """What ``--only configs`` times: every ``CANDIDATES`` entry, or with ``candidates`` only the
+    rule's own (``GPU_CANDIDATES``: what its efficiencies are fitted to, in a third of the time)."""
+    if "candidates" in only:
+        return {c.name: c.cfg for c in rules.GPU_CANDIDATES}
+    return CANDIDATES
+
+
 def _configs(group, cfg: BenchConfig, m: int, n: int, k: int) -> list[Result]:
-    """Every ``CANDIDATES`` configuration on one shape, bf16, paired with cuBLAS."""
+    """The ``configs_measured`` configurations on one shape, bf16, paired with cuBLAS."""
     a, b = _inputs(group, m, n, k, torch.bfloat16)
     fns = {"cublas": lambda: torch.matmul(a, b)}
-    for name, tc in CANDIDATES.items():
+    for name, tc in configs_measured(cfg.only).items():
         try:  # a configuration that does not fit (shared memory, registers) is reported and left out
             matmul(a, b, cfg=tc)
         except Exception as exc:  # noqa: BLE001
