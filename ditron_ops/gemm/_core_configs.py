@@ -34,8 +34,9 @@ partials, then one reduce kernel sums them in slice order. Its time, in microsec
                  + S x M x N x 8 bytes / PARTIAL_BYTES_PER_S + SPLIT_LAUNCH_US
 
 (``time(c, 1)`` is the tile rule's time x steps x ``STEP_US``: an S = 1 choice is always
-``select``'s). The constants are guesses until ``bench gemm_sweep --only splitk`` measures S in
-{1, 2, 4, 8} (``tools/gemm_rule_fit.py --splitk`` fits them on its CSV).
+``select``'s). The partial-traffic and fixed costs below are too low for the H200: with them the
+rule splits shapes where the split runs slower (benchmarks/NOTES.md, GEMM core, the sweep's
+split runs); ``tools/gemm_rule_fit.py`` fits them on the sweep's or ``--only splitk``'s CSV.
 """
 from __future__ import annotations
 
@@ -219,13 +220,14 @@ with fewer tiles than SMs in the H200 sweep data (0.45-0.85; ``tools/gemm_rule_f
 prints it). Only its ratio to the costs below matters."""
 SPLIT_STEP_US = 0.73
 """The same step with K split: the median over the candidates' 105 rows of one wave or more
-(a split fills the SMs, which then share the memory and the power; a guess until measured)."""
+(a split fills the SMs, which then share the memory and the power)."""
 PARTIAL_BYTES_PER_S = 3.5e12
 """Rate of the fp32 partials' traffic (each written once by the split GEMM and read once by the
 reduce: ``S x M x N x 8`` bytes), bytes/s: about the H200's HBM bandwidth (4.8 TB/s peak) at
-copy efficiency; partials that stay in the 50 MB L2 go faster (a guess until measured)."""
+copy efficiency (an estimate; the sweep's split runs put it nearer 1.1 TB/s)."""
 SPLIT_LAUNCH_US = 3.0
-"""The reduce kernel's launch and its tail (one more kernel per call), microseconds (a guess)."""
+"""The reduce kernel's launch and its tail (one more kernel per call), microseconds (an
+estimate; the sweep's split runs put the fixed cost nearer 10)."""
 MAX_SPLIT = 8
 """Most K slices the rule picks (what ``bench gemm_sweep --only splitk`` measures: 1, 2, 4, 8)."""
 MIN_SLICE_STEPS = 4
