@@ -11,8 +11,6 @@
 #   bash tools/h200_session.sh bench:moe  # one bench (bench.log), CSV under $OUT/bench
 #   bash tools/h200_session.sh splitk     # split-K calibration: gemm_sweep --only splitk (CSV under
 #                                         # $OUT/splitk), then tools/gemm_rule_fit.py --splitk on it
-#   bash tools/h200_session.sh ws         # warp-specialized GEMM experiment: its GPU test, then
-#                                         # gemm_sweep --only ws (CSV under $OUT/ws; about 4 minutes)
 #   bash tools/h200_session.sh cache      # the Triton cache back as $OUT/tcache.tgz.NN (15 MB parts)
 #
 # nvshmem4py is installed from .whl when the call carries it (../shared/tools/gpu-wheels.sh
@@ -85,19 +83,10 @@ for part in "$@"; do
         > "$OUT/splitk_fit.log" 2>&1
       sed -n '/^split-K calibration/,$p' "$OUT/splitk_fit.log" | grep -E "fitted|constants:"
       ;;
-    ws)
-      timeout 150 python -m pytest -q tests/gpu/test_gemm_ws_gpu.py > "$OUT/ws_tests.log" 2>&1
-      rc=$?; echo "test_gemm_ws_gpu: rc=$rc $(grep -E "passed|failed|error" "$OUT/ws_tests.log" | tail -1)"
-      if [ $rc = 124 ]; then echo "ws: the GPU test timed out (a hang?): no sweep"; continue; fi
-      timeout 400 python -m ditron_ops.bench gemm_sweep --only ws --rounds 5 --target-ms 10 \
-        --out "$OUT/ws" ${COMMIT:+--commit "$COMMIT"} > "$OUT/ws.log" 2>&1
-      echo "bench gemm_sweep --only ws: rc=$?"; grep -E "^ws geo|failed" "$OUT/ws.log" | cut -c1-220
-      rm -f "$OUT"/ws/*.png
-      ;;
     soak) timeout 300 python tools/soak.py --out "$OUT/soak" ${COMMIT:+--commit "$COMMIT"} > "$OUT/soak.log" 2>&1; echo "soak: rc=$?"; tail -12 "$OUT/soak.log" ;;
     cache)
       tar czf - -C /tmp tcache | split -b 15m -d - "$OUT/tcache.tgz."; ls -la "$OUT"/tcache.tgz.*
       ;;
-    *) echo "unknown part: $part (tests, benches, main, overhead, bench:NAME, splitk, ws, soak, cache)"; exit 2 ;;
+    *) echo "unknown part: $part (tests, benches, main, overhead, bench:NAME, splitk, soak, cache)"; exit 2 ;;
   esac
 done

@@ -6,7 +6,6 @@ says which kernels fit on one SM beside a dispatch program::
 
     PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all] [flash_decode] [gemm] [moe]
     PYTHONPATH=. python tools/sm90_compile.py splitk   # gemm's split-K variants only
-    PYTHONPATH=. python tools/sm90_compile.py ws       # the warp-specialized GEMM experiment
 
 How: the kernels are imported as compiled-mode ``triton.jit`` functions (``ditron_ops`` imported
 while ``torch.cuda.is_available`` answers True) and ``JITFunction.warmup`` runs against a
@@ -308,49 +307,6 @@ def splitk() -> list[str]:
     return gemm(only=("splitk_gemm_kernel", "splitk_reduce_kernel"))
 
 
-def ws() -> list[str]:
-    """The experimental warp-specialized GEMM (``gemm._ws.WS_VARIANTS``, bf16 A and B): both B
-    layouts, bf16 C and fp32 C (stages fitted as ``_ws.ws_stages`` does on the H200; a variant
-    that does not fit is reported as such). Per variant, besides ptxas's resources, the evidence
-    that Triton warp specialized it: ``ttg.warp_specialize`` and its partitions in the TTGIR,
-    the ``setmaxnreg`` register counts in the PTX and the warps launched; a ``WS`` variant
-    without them, or a ``nows`` one with them, fails the run."""
-    import dataclasses
-    import re
-
-    import torch
-
-    from ditron_ops.gemm import _ws
-
-    lines = []
-    for (name, v), b_kn, out_dtype in itertools.product(
-            _ws.WS_VARIANTS.items(), (False, True), (torch.bfloat16, torch.float32)):
-        what = f"{name} B_KN={int(b_kn)} C={str(out_dtype)[6:]}"
-        try:
-            cfg = _ws.ws_stages(v.cfg, 2, out_dtype.itemsize, SHARED_LIMIT)
-        except ValueError:
-            lines.append(f"{what}: does not fit {SHARED_LIMIT} B")
-            print(lines[-1], flush=True)
-            continue
-        v = dataclasses.replace(v, cfg=cfg)
-        a = torch.zeros(256, 256, dtype=torch.bfloat16)
-        args, kwargs = _ws.kernel_args(a, a, torch.zeros(256, 256, dtype=out_dtype), 256, b_kn, v)
-        t0 = time.time()
-        k = _ws.ws_gemm_kernel.warmup(*args, grid=(1,), **kwargs)
-        ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
-        specialized = "ttg.warp_specialize" in ttgir
-        parts = len(re.findall(r"^\s*partition\d+\(", ttgir, re.M))
-        nreg = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)))
-        lines.append(report(f"{what} s{cfg.num_stages}", k)
-                     + f", warps run {k.metadata.num_warps}, ttg.warp_specialize "
-                     f"{'yes' if specialized else 'no'} (default + {parts} partitions), "
-                     f"setmaxnreg {' '.join(f'{d} {r}' for d, r in nreg) or 'none'} "
-                     f"({time.time() - t0:.1f} s)")
-        print(lines[-1], flush=True)
-        assert specialized == v.warp_specialize and bool(nreg) == v.warp_specialize, what
-    return lines
-
-
 def moe() -> list[str]:
     """The MoE kernels with the GPU tile rules (``moe._launch``) for DeepSeek-V3's layer (hidden
     7168, top-8 of 256 experts; W = 8, 16 tokens a rank: the tiles do not depend on the token
@@ -446,6 +402,6 @@ def moe() -> list[str]:
 if __name__ == "__main__":
     _compiled_mode()
     kinds = {"ulysses": ulysses, "all_to_all": all_to_all, "flash_decode": flash_decode,
-             "gemm": gemm, "splitk": splitk, "moe": moe, "ws": ws}
-    for what in sys.argv[1:] or [k for k in kinds if k not in ("splitk", "ws")]:  # (ws: experiment)
+             "gemm": gemm, "splitk": splitk, "moe": moe}
+    for what in sys.argv[1:] or [k for k in kinds if k != "splitk"]:  # (gemm covers it)
         kinds[what]()

@@ -24,11 +24,6 @@ bf16"``, ``impl = "<config> S=<slices>"``; columns ``config``, ``split_k`` (the 
 ``tiles``, ``pred_us`` (the model's time, ``_core_configs.split_time_us``), ``rule`` (1 on the
 rule's choice), ``rel_err``): what ``tools/gemm_rule_fit.py --splitk`` fits the split-K
 constants to. Write it apart from the sweep (``--out``): both are ``gemm_sweep-bf16-cuda.csv``.
-``--only ws``: instead, the experimental warp-specialized kernel (``gemm._ws.WS_VARIANTS``,
-never the rule's) on every sweep shape (``case = "ws bf16"``) and the model shapes (``"ws
-models bf16"``), bf16: each variant, the rule's ``matmul`` (``impl = "rule"``, its tiles in
-``config``) and cuBLAS in one paired run, each checked against the fp32 product (``rel_err``);
-a geo-mean row per impl and case.
 ``--quick`` (CPU, the interpreter): three tiny fp16 shapes, to test the plumbing (``--only
 splitk``: two, forced splits).
 """
@@ -41,7 +36,6 @@ import torch
 
 from ..gemm import _core_configs as rules
 from ..gemm._core import GPU_CONFIGS, TileConfig, matmul, matmul_split, program_budget
-from ..gemm._ws import WS_VARIANTS, ws_matmul
 from ..runtime.virtual import launch
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
@@ -185,37 +179,6 @@ def _splitk(group, cfg: BenchConfig, m: int, n: int, k: int, dtype: torch.dtype,
     return rows
 
 
-def _ws(group, cfg: BenchConfig, case: str, m: int, n: int, k: int, dtype: torch.dtype,
-        model: str = "") -> list[Result]:
-    """One shape of ``--only ws``: the rule's ``matmul`` and every ``WS_VARIANTS`` variant in one
-    paired run with cuBLAS, each checked against the fp32 product first."""
-    a, b = _inputs(group, m, n, k, dtype)
-    fns = {"cublas": lambda: torch.matmul(a, b), "rule": lambda: matmul(a, b, deterministic=False)}
-    fns.update({name: lambda name=name: ws_matmul(a, b, name) for name in WS_VARIANTS})
-    ref, errs, got = torch.matmul(a.float(), b.float()), {}, None
-    for name in list(fns)[1:]:
-        try:  # a variant that fails to compile or launch is reported and left out
-            got = fns[name]().float()
-        except Exception as exc:  # noqa: BLE001
-            print(f"ws: {name} on {m}x{n}x{k} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
-            del fns[name]
-            continue
-        errs[name] = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
-    del ref, got
-    times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
-    rule, split = rules.select_split(m, n, k, program_budget(group.device, None), group.device,
-                                     deterministic=False)
-    dtype_name = case.split()[-1]
-    rows = [Result("gemm_sweep", case, 1, dtype_name, name, times[name], "cuBLAS torch.matmul",
-                   times["cublas"], shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model,
-                   extra={"tflops": round(2 * m * n * k / times[name] / 1e6, 1),
-                          "rel_err": f"{errs[name]:.1e}",
-                          "config": f"{rule.name} S={split}" if name == "rule" else name})
-            for name in fns if name != "cublas"]
-    print(f"ws {m}x{n}x{k}: " + ", ".join(f"{r.impl} {r.ratio:.3f}" for r in rows), flush=True)
-    return rows
-
-
 def _measure(group, cfg: BenchConfig, case: str, m: int, n: int, k: int, dtype: torch.dtype,
              dtype_name: str, model: str = "") -> Result:
     a, b = _inputs(group, m, n, k, dtype)
@@ -255,21 +218,6 @@ def run(cfg: BenchConfig) -> list[Result]:
             name, dtype = ("bf16", torch.bfloat16) if gpu else ("fp16", torch.float16)
             for m, n, k in todo:
                 out.extend(_splitk(group, cfg, m, n, k, dtype, name))
-            return
-        if "ws" in cfg.only:
-            name, dtype = ("bf16", torch.bfloat16) if gpu else ("fp16", torch.float16)
-            models = _model_shapes() if gpu and not cfg.quick else {}
-            for case, todo in ((f"ws {name}", dict.fromkeys(shapes, "")),
-                               (f"ws models {name}", models)):
-                if not todo:
-                    continue
-                rows = [r for (m, n, k), model in todo.items()
-                        for r in _ws(group, cfg, case, m, n, k, dtype, model)]
-                geo = [geo_mean_row([r for r in rows if r.impl == impl], case)
-                       for impl in dict.fromkeys(r.impl for r in rows)]
-                print(f"{case} geo-mean: " + ", ".join(f"{r.impl} {r.ratio:.3f}" for r in geo),
-                      flush=True)
-                out.extend(rows + geo)
             return
         if "configs" in cfg.only:
             if not gpu:
