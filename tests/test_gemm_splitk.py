@@ -163,31 +163,31 @@ def test_rule_properties_on_the_gpu_candidates():
         assert tiles < p and 2 <= s <= rules.MAX_SPLIT and used == s, (m, n, k, p, s)
         assert steps >= rules.MIN_SLICE_STEPS
         assert (rules.split_time_us(cand, m, n, k, p, s)
-                < rules.split_time_us(first, m, n, k, p, 1))
+                < rules.SPLIT_MARGIN * rules.split_time_us(first, m, n, k, p, 1))
         assert cand in rules.candidates(CUDA, False)
     assert splits > 20
 
 
 def test_rule_choices_with_the_sweep_fitted_constants():
     """On an H200's 132 SMs, with the split-K constants fitted to the sweep's split runs at
-    4fc45e4 (``tools/gemm_rule_fit.py --split-sweep``): of the 48 sweep shapes only
-    800x768x10760 splits (128x128 in 3 slices, predicted; its 6-slice 128x256 split ran at 0.57x
-    cuBLAS, the same tiles unsplit 0.43x); the
-    shapes whose split lost to the same tiles unsplit stay unsplit (200x4736x4504 0.57x against
-    0.82x, 1480x1792x10432 0.50x against 0.68x, 1496x768x7320, 1112x960x8640, 3616x256x7872),
-    as do the registered model shapes at M = 8192 (many waves) and short K."""
+    4fc45e4 (``tools/gemm_rule_fit.py --split-sweep``) and ``SPLIT_MARGIN``: no sweep shape
+    splits (800x768x10760, whose 128x128 3-slice split the model put 3% ahead, ran 8% behind
+    64x128 unsplit at 14b370e), nor do the shapes whose split lost to the same tiles unsplit at
+    4fc45e4 (200x4736x4504 0.57x against 0.82x, 1480x1792x10432 0.50x against 0.68x, ...), the
+    registered model shapes at M = 8192 and short K; a few tiles over a long K still split."""
     def rule(m, n, k, p=132):
         cand, s = rules.select_split(m, n, k, p, CUDA, deterministic=False)
         return cand.name, s
 
-    assert rule(800, 768, 10760) == ("128x128x64/s5/w4", 3)  # 42 tiles x 3 slices = 126 units
-    for shape in ((200, 4736, 4504), (1480, 1792, 10432), (1496, 768, 7320), (1112, 960, 8640),
-                  (3616, 256, 7872)):
+    for shape in ((800, 768, 10760), (200, 4736, 4504), (1480, 1792, 10432), (1496, 768, 7320),
+                  (1112, 960, 8640), (3616, 256, 7872)):
         assert rule(*shape)[1] == 1, shape
     for m, n, k in _model_shapes():
         assert rule(m, n, k)[1] == 1, (m, n, k)
     assert rule(800, 768, 512)[1] == 1  # 8 K steps: the reduce costs more than it saves
-    assert [s for s in sweep_shapes() if rule(*s)[1] > 1] == [(800, 768, 10760)]
+    assert [s for s in sweep_shapes() if rule(*s)[1] > 1] == []
+    assert rule(256, 512, 65536)[1] >= 4  # 4 or 8 tiles under 132 programs, 1024 K steps
+    assert rule(512, 512, 32768)[1] > 1 and rule(1024, 1024, 32768)[1] == 1  # 128 tiles of 64x128: a wave
 
 
 def test_a_repeated_split_call_builds_and_binds_nothing(monkeypatch):
