@@ -91,14 +91,27 @@ def test_fp8_variant_change_meets_before_the_next_wait(monkeypatch):
         with Buffer(group, num_experts=2 * group.world_size, max_tokens_per_rank=2, hidden=128,
                     topk=1, dtype=F32, fp8=True) as buf:
             meets.clear()  # the Buffer's own agreement
-            buf._fp8_variant = "div"
+            first = buf._fp8_variant  # the rule's, for a 2-token bound
+            buf._fp8_variant = "rcp"
             buf._fp8_variant = "split"
             buf._fp8_variant = "split"
             buf._fp8_variant = "div"
             with pytest.raises(ValueError, match="not one of"):
                 buf._fp8_variant = "fast"
-            return (len(meets), buf._fp8_variant)
-    assert ditron_ops.launch(body, 2) == [(2, "div")] * 2
+            return (first, len(meets), buf._fp8_variant)
+    assert ditron_ops.launch(body, 2) == [("rcp", 2, "div")] * 2
+
+
+def test_fp8_variant_rule():
+    """A Buffer's fp8 variant comes from its token bound times hidden (``fp8_variant``): ``rcp``
+    for the low-latency bound, ``split`` for the throughput one, switching at
+    ``FP8_SPLIT_MIN_VALUES`` whatever the split of that product into tokens and channels."""
+    from ditron_ops.moe._launch import FP8_SPLIT_MIN_VALUES as LIMIT, fp8_variant
+
+    assert fp8_variant(128, 7168) == "rcp" and fp8_variant(4096, 7168) == "split"
+    for hidden in (128, 1024, 7168, 16384):
+        at = -(-LIMIT // hidden)
+        assert (fp8_variant(at - 1, hidden), fp8_variant(at, hidden)) == ("rcp", "split"), hidden
 
 
 def test_fp8_reciprocal_quotient_is_the_ieee_division():

@@ -508,7 +508,7 @@ def test_bench_quick_writes_rows(tmp_path):
         ("T=4 padded fp32", i) for i in ("dispatch det", "dispatch default", "dispatch cached", "combine",
                                          "combine staged")] + [
         ("T=8 contig fp8", i) for i in ("dispatch det", "dispatch default", "dispatch cached",
-                                        "dispatch default rcp", "dispatch cached rcp", "dispatch default split",
+                                        "dispatch default div", "dispatch cached div", "dispatch default split",
                                         "dispatch cached split", "combine", "combine staged", "combine zero-copy")]
     for r in rows:
         assert r["world_size"] == "2" and float(r["time_us"]) > 0 and float(r["baseline_us"]) > 0
@@ -517,7 +517,9 @@ def test_bench_quick_writes_rows(tmp_path):
         assert r["programs"] == "1" and r["sms"] == "2"
         assert float(r["max_err"]) == 0.0 if "fp32" in r["case"] else float(r["max_err"]) < 0.5
     assert all(float(r["det_cost"]) > 0 for r in rows if r["impl"] == "dispatch default")
-    assert [r["same_bits"] for r in rows if r["impl"].endswith(("rcp", "split"))] == ["1"] * 4
+    assert [r["same_bits"] for r in rows if r["impl"].endswith(("div", "split"))] == ["1"] * 4
+    assert [r["variant"] for r in rows if r["case"].endswith("fp8") and r["impl"].startswith("dispatch")
+            and not r["same_bits"]] == ["rcp"] * 3  # the rule's, at this token bound
     assert main(["moe", "--quick", "--dtype", "fp32", "--only", "combine", "--out", str(tmp_path / "only")]) == 0
     rows = list(csv.DictReader(open(tmp_path / "only" / "moe-fp32-cpu-quick.csv")))
     assert [(r["case"], r["impl"]) for r in rows] == [("T=4 padded fp32", "combine"), ("T=4 padded fp32", "combine staged")]

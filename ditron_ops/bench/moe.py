@@ -9,11 +9,12 @@ replaying CUDA graphs of back-to-back calls, every function in turns (``paired_g
     dispatch det / default    a fresh layout, deterministic and atomic placement (det_cost =
                               det / default on the default row)
     dispatch cached           with the layout of a previous dispatch (no layout kernels, no counts)
-    dispatch default / cached rcp, split
-                              fp8 cases: the same calls with the other quantization variants
-                              (``moe._launch.FP8_VARIANTS``; the unnamed rows are ``div``);
-                              ``same_bits``: their deterministic dispatch equals ``div``'s (codes
-                              and scales of the received rows, weights, layout)
+    dispatch default / cached div, rcp, split
+                              fp8 cases: the same calls with the quantization variants other
+                              than the Buffer's (``moe._launch.FP8_VARIANTS``; the unnamed rows
+                              use ``fp8_variant``, the rule's, named in column ``variant``);
+                              ``same_bits``: their deterministic dispatch equals the rule
+                              variant's (codes and scales of the received rows, weights, layout)
     combine                   weighted sum back to the tokens, the virtual world's path: peers
                               read each rank's expert outputs where they are (no copy)
     combine staged            the path of every other backend: each rank first copies its
@@ -39,7 +40,9 @@ identity experts' combine vs the local expectation (bitwise 0 for bf16).
 ``--only`` narrows the run (comma list): ``dispatch`` / ``combine`` (the rows timed; a combine
 run leaves out the fp8 cases, whose combine is the bf16 one, unless ``fp8`` is named), and
 ``padded`` / ``contig``, ``fp8`` / the dtype name (the cases), e.g. ``--only combine,contig``
-for an A/B of the throughput combine.
+for an A/B of the throughput combine. ``--only tokens``: instead, fp8 dispatch in the contig
+layout at 256-2048 tokens per rank (where ``moe._launch.FP8_SPLIT_MIN_VALUES`` puts the switch
+between the variants), e.g. ``--only dispatch,tokens``.
 """
 from __future__ import annotations
 
@@ -70,6 +73,8 @@ def _cases(cfg: BenchConfig):
     """``(tokens, hidden, topk, experts, layout, fp8)`` per case, narrowed by ``--only``."""
     if cfg.quick:
         cases = [(4, 128, 2, 8, "expert_padded", False), (8, 128, 2, 8, "expert_contig", True)]
+    elif "tokens" in cfg.only:
+        cases = [(t, 7168, 8, 256, "expert_contig", True) for t in (256, 512, 1024, 2048)]
     else:
         cases = [(t, 7168, 8, 256, layout, fp8) for t, layout in ((128, "expert_padded"), (4096, "expert_contig"))
                  for fp8 in (False, True)]
@@ -83,7 +88,7 @@ def _cases(cfg: BenchConfig):
 
 
 def _only(cfg: BenchConfig) -> set:
-    known = {"dispatch", "combine", "padded", "contig", "fp8", cfg.dtype_name}
+    known = {"dispatch", "combine", "padded", "contig", "fp8", "tokens", cfg.dtype_name}
     only = set(cfg.only)
     if only - known:
         raise ValueError(f"moe bench: --only takes {', '.join(sorted(known))}; got {', '.join(sorted(only - known))}")
@@ -211,7 +216,7 @@ def _measure(group, cfg: BenchConfig, buf: Buffer, copy_gbs: float, tokens: int,
         fns.update({"dispatch det": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=True),
                     "dispatch default": lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=False),
                     "dispatch cached": lambda: buf.dispatch(x, None, w, handle=d.handle)})
-        for variant in (v for v in FP8_VARIANTS if fp8 and v != "div"):
+        for variant in (v for v in FP8_VARIANTS if fp8 and v != buf._fp8_variant):
             got = _with_variant(buf, variant, lambda: buf.dispatch(x, idx, w, layout=layout, deterministic=True))
             same[variant] = int(_same_bits(group, got, d))
             fns[f"dispatch default {variant}"] = lambda v=variant: _with_variant(
@@ -259,6 +264,8 @@ def _measure(group, cfg: BenchConfig, buf: Buffer, copy_gbs: float, tokens: int,
             extra["det_cost"] = round(times["dispatch det"] / times[impl], 3)
         if impl.split()[-1] in same:
             extra["same_bits"] = same[impl.split()[-1]]
+        elif fp8 and is_dispatch:
+            extra["variant"] = buf._fp8_variant
         rows.append(Result("moe", label, world, cfg.dtype_name, impl, times[impl], BASELINE, base,
                            shape=f"{tokens}x{hidden} k{topk} E{experts}", m=tokens, n=hidden, k=topk,
                            nbytes=nbytes, model="DeepSeek-V3", extra=extra))

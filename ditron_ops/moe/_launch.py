@@ -61,6 +61,14 @@ the bench): ``div`` an IEEE division per value in the dispatch kernel's staging 
 the group's reciprocal and two corrections there (``_kernels._quotient``), ``split`` ``rcp``
 in a kernel of its own before the dispatch kernel (``quantize_kernel``). The same codes and
 scales, bit for bit, for any tokens (groups with +-inf or NaN included: the same NaN codes)."""
+FP8_SPLIT_MIN_VALUES = 1 << 22
+"""The fp8 variant a Buffer uses (``fp8_variant``): ``split`` from this many token values per
+rank (``max_tokens_per_rank x hidden``; 4M: about 585 tokens of 7168), ``rcp`` below. Why: on
+the H200 (W = 8, hidden 7168, bench ``moe``) ``split`` was the fastest at 4096 tokens (0.63 of
+copy bandwidth against ``rcp``'s 0.59 and ``div``'s 0.56) and the slowest at 128 (its extra
+launch and second pass over the staged codes outweigh a lighter dispatch loop), where ``rcp``
+was the fastest; the bound in between is where ``bench moe --only dispatch,fp8,tokens``
+measures the crossover."""
 GPU_QUANT_VALUES, CPU_QUANT_VALUES = 4096, 512
 """Values per ``quantize_kernel`` tile (``split``): 4 warps, 32 values a thread, like a
 thread's share of the fused loop's tile, in many small programs (the interpreter: small, so
@@ -75,6 +83,12 @@ an SM's registers, 32 warps), fewer when the token bound has fewer tiles; progra
 call's tiles p, p + P, ... Why: one program per tile of the bound left most of them idle at
 small token counts (7168 programs for 128 tokens of a 4096 bound). The interpreter's 2
 programs stride too."""
+
+def fp8_variant(max_tokens: int, hidden: int) -> str:
+    """The quantization variant of an fp8 Buffer (``FP8_SPLIT_MIN_VALUES``): fixed per Buffer,
+    so every rank of a group picks the same one and every plan is built before a wait."""
+    return "split" if max_tokens * hidden >= FP8_SPLIT_MIN_VALUES else "rcp"
+
 
 GPU_WARPS_COMBINE = 16
 """Warps per combine program: with one program per SM, 16 warps that never wait for each

@@ -39,7 +39,7 @@ from ..runtime.group import Group, current_group
 from ..runtime.plan import PlanCache
 from . import _kernels
 from ._launch import (DTYPES, FP8_VARIANTS, INDEX_DTYPES, CombinePlan, DispatchPlan, Regions,
-                      Scratch, programs_per_rank)
+                      Scratch, fp8_variant, programs_per_rank)
 
 LAYOUTS = ("expert_padded", "expert_contig")
 _ids = itertools.count()
@@ -267,7 +267,7 @@ class Buffer:
         self.claim = torch.zeros(1, dtype=torch.int64, device=group.device)
         self._failure: Optional[BaseException] = None
         self._held_y: Optional[torch.Tensor] = None  # run_combine's in-place input
-        self._fp8_quant = "div"  # ``_fp8_variant``
+        self._fp8_quant = fp8_variant(max_tokens_per_rank, hidden)  # ``_fp8_variant``
         self.plans = PlanCache(group)  # plans view this Buffer's memory: they go with it
         self.dispatch_calls = self.combine_calls = 0
         self.name = f"{group.group_name}/moe{next(_ids)}"
@@ -301,8 +301,9 @@ class Buffer:
 
     @property
     def _fp8_variant(self) -> str:
-        """How fp8 dispatches quantize (``_launch.FP8_VARIANTS``, the same bits): private, for
-        the bench's A/B of the quantization (``ditron_ops.bench.moe``) and the tests.
+        """How fp8 dispatches quantize (``_launch.FP8_VARIANTS``, the same bits): by default
+        ``_launch.fp8_variant`` of the token bound; settable for the bench's A/B of the
+        quantization (``ditron_ops.bench.moe``) and the tests.
 
         Set on every rank at the same point of its call sequence, like a collective call; a
         change has the ranks meet before the next waiting launch (``Group.meet_before_next_wait``,
