@@ -75,7 +75,6 @@ def test_fp8_variants_same_bits(world_size):
                         for name in ("src_of_row", "dest", "cstart"):
                             assert torch.equal(getattr(det.handle, name), getattr(base[0].handle, name)), what
                         _same_rows(_fp8_rows(buf, fresh), _fp8_rows(buf, base[1]), what + " default mode")
-                buf._fp8_variant = "div"
         return True
     assert ditron_ops.launch(body, world_size) == [True] * world_size
 
@@ -112,6 +111,32 @@ def test_fp8_variant_rule():
     for hidden in (128, 1024, 7168, 16384):
         at = -(-LIMIT // hidden)
         assert (fp8_variant(at - 1, hidden), fp8_variant(at, hidden)) == ("rcp", "split"), hidden
+
+
+def test_a_buffer_over_the_bound_quantizes_apart(monkeypatch):
+    """A Buffer whose token bound reaches ``FP8_SPLIT_MIN_VALUES`` (lowered here to 6 x 256
+    values) runs ``split`` by default, and its dispatch gives ``div``'s bits."""
+    from ditron_ops.moe import _launch
+
+    monkeypatch.setattr(_launch, "FP8_SPLIT_MIN_VALUES", 6 * 256)
+
+    def body(group):
+        with Buffer(group, num_experts=2 * group.world_size, max_tokens_per_rank=6, hidden=256,
+                    topk=2, dtype=F32, fp8=True) as buf, \
+                Buffer(group, num_experts=2 * group.world_size, max_tokens_per_rank=5, hidden=256,
+                       topk=2, dtype=F32, fp8=True) as small:
+            assert (buf._fp8_variant, small._fp8_variant) == ("split", "rcp")
+            idx, w = mc.routing(group, 6, buf.num_experts, 2, "random", 7)
+            x = mc.tokens(group, 6, 256, F32, 7)
+            got = buf.dispatch(x, idx, w, layout="expert_contig", deterministic=True)
+            assert any(k[-1] == "split" for k in buf.plans._plans)
+            mc._settle(group)
+            buf._fp8_variant = "div"
+            want = buf.dispatch(x, idx, w, layout="expert_contig", deterministic=True)
+            mc._settle(group)
+            _same_rows(_fp8_rows(buf, got), _fp8_rows(buf, want), f"rank {group.rank}")
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
 
 
 def test_fp8_reciprocal_quotient_is_the_ieee_division():

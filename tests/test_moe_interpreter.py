@@ -525,6 +525,9 @@ def test_bench_quick_writes_rows(tmp_path):
     assert [(r["case"], r["impl"]) for r in rows] == [("T=4 padded fp32", "combine"), ("T=4 padded fp32", "combine staged")]
     with pytest.raises(ValueError, match="--only takes"):
         main(["moe", "--quick", "--dtype", "fp32", "--only", "combin", "--out", str(tmp_path / "bad")])
+    for only in ("tokens", "tokens,combine", "tokens,padded"):  # GPU-only cases; fp8 dispatch only
+        with pytest.raises(ValueError, match="tokens"):
+            main(["moe", "--quick", "--dtype", "fp32", "--only", only, "--out", str(tmp_path / "bad")])
 
 
 def test_precompile_builds_every_combine_variant(monkeypatch):

@@ -364,7 +364,7 @@ def moe() -> list[str]:
             for det, cached in ((True, False), (False, False), (False, True)):
                 plan = L.DispatchPlan(buf, x_dtype=dtype, idx_dtype=None if cached else torch.int64,
                                       fp8=fp8, round_scale=False, det=det, has_w=True, cached=cached,
-                                      padded=False, alignment=1, rows=reg.capacity)
+                                      padded=False, alignment=1, rows=reg.capacity, variant="div")
                 if not fp8 and not cached:
                     for bound in plan.layout:
                         add(f"moe {bound.name} {name}", bound)
@@ -385,11 +385,11 @@ def moe() -> list[str]:
     name = "bfloat16 H=7168 k=8"
     layouts = [n for n in seen if n.startswith("moe layout") and n.endswith(name)]
     quantize = [n for n in seen if n.startswith("moe quantize_kernel") and name in n]
-    for fp8, variant in ((False, ""), (True, ""), (True, " variant=split")):
+    for fp8, variant in ((False, ""), (True, ""), (True, " variant=rcp"), (True, " variant=split")):
         d = seen[f"moe dispatch {name} fp8={fp8} det=False cached=False{variant}"]
         regs, _, _ = sm_footprint(d)
         fits = ", ".join(f"{n.split()[1]} {'yes' if fits_beside(d, seen[n]) else 'NO'}"
-                         f" ({sm_footprint(seen[n])[0]} regs)" for n in layouts + (quantize if variant else []))
+                         f" ({sm_footprint(seen[n])[0]} regs)" for n in layouts + (quantize if "split" in variant else []))
         scan = [seen[n] for n in layouts if "scan" in n]
         chunk = [seen[n] for n in layouts if "chunk" in n]
         both = fits_beside(d, *chunk, *scan) if chunk and scan else None

@@ -40,9 +40,9 @@ identity experts' combine vs the local expectation (bitwise 0 for bf16).
 ``--only`` narrows the run (comma list): ``dispatch`` / ``combine`` (the rows timed; a combine
 run leaves out the fp8 cases, whose combine is the bf16 one, unless ``fp8`` is named), and
 ``padded`` / ``contig``, ``fp8`` / the dtype name (the cases), e.g. ``--only combine,contig``
-for an A/B of the throughput combine. ``--only tokens``: instead, fp8 dispatch in the contig
-layout at 256-2048 tokens per rank (where ``moe._launch.FP8_SPLIT_MIN_VALUES`` puts the switch
-between the variants), e.g. ``--only dispatch,tokens``.
+for an A/B of the throughput combine. ``--only tokens``: instead, the fp8 dispatch rows alone,
+contig layout, at 256-2048 tokens per rank (where ``moe._launch.FP8_SPLIT_MIN_VALUES`` puts the
+switch between the variants); it names the same CSV as a full run: write it apart (``--out``).
 """
 from __future__ import annotations
 
@@ -71,6 +71,8 @@ def _copy_bandwidth(group, cfg: BenchConfig) -> float:
 
 def _cases(cfg: BenchConfig):
     """``(tokens, hidden, topk, experts, layout, fp8)`` per case, narrowed by ``--only``."""
+    if cfg.quick and "tokens" in cfg.only:
+        raise ValueError("moe bench: --only tokens has no --quick cases")
     if cfg.quick:
         cases = [(4, 128, 2, 8, "expert_padded", False), (8, 128, 2, 8, "expert_contig", True)]
     elif "tokens" in cfg.only:
@@ -92,10 +94,14 @@ def _only(cfg: BenchConfig) -> set:
     only = set(cfg.only)
     if only - known:
         raise ValueError(f"moe bench: --only takes {', '.join(sorted(known))}; got {', '.join(sorted(only - known))}")
+    if "tokens" in only and only & {"combine", "padded", cfg.dtype_name}:
+        raise ValueError("moe bench: --only tokens times fp8 dispatch in the contig layout only")
     return only
 
 
 def _families(cfg: BenchConfig) -> set:
+    if "tokens" in _only(cfg):
+        return {"dispatch"}
     return (_only(cfg) & {"dispatch", "combine"}) or {"dispatch", "combine"}
 
 

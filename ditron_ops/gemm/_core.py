@@ -6,8 +6,8 @@ wave-quantization model over a few compiled candidates) while a call's plan is b
 configurations and the rule live in ``_core_configs`` and are re-exported here.
 
 Split-K (``SplitKGemm``): the default mode's plain ``matmul`` only, where the same model
-(``select_split``) predicts that K in S slices beats the unsplit tiles (fewer tiles than a wave,
-long K)::
+(``select_split``) predicts that K in S slices beats the unsplit tiles by a margin
+(``SPLIT_MARGIN``; fewer tiles than a wave, long K)::
 
     splitk_gemm_kernel:   (tile, slice) units  -> fp32 partials  P [S, M_pad, N_pad]  (the plan's)
     splitk_reduce_kernel: P_0 + P_1 + ... (+ bias), in slice order -> out (its dtype)
@@ -418,8 +418,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     split_k : int, optional
         K slices forced (benches and tests; default mode only): 1 runs the unsplit GEMM, S > 1
         fp32 partials of S slices summed in slice order (fewer when K has fewer ``BLOCK_K``
-        steps to share). Default the rule's: a split only where the model predicts one faster
-        (fewer tiles than the SMs, long K).
+        steps to share). Default the rule's: a split only where the model predicts one
+        clearly faster (``SPLIT_MARGIN``: fewer tiles than the SMs, long K).
 
     Returns
     -------

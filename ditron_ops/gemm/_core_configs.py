@@ -28,7 +28,8 @@ Split-K (``select_split``; the default mode's plain ``matmul`` only, never deter
 whose K order per element is fixed, and never the fused ops' waiting kernels): where a
 candidate's tiles are fewer than the program budget (under one wave) and K is long, the K loop
 is cut into S slices of whole ``BLOCK_K`` steps, one program per (tile, slice) writing fp32
-partials, then one reduce kernel sums them in slice order. Its time, in microseconds::
+partials, then one reduce kernel sums them in slice order; taken only where the model puts it
+under ``SPLIT_MARGIN`` of the unsplit time. Its time, in microseconds::
 
     time(c, S) = SPLIT_STEP_US x [waves of tiles x S] x area(c) / efficiency(c) x ceil(steps / S)
                  + S x M x N x 8 bytes / PARTIAL_BYTES_PER_S + SPLIT_LAUNCH_US
@@ -233,8 +234,8 @@ SPLIT_MARGIN = 0.85
 the model's error on a split it had not been fitted to is larger than its fit's (rms log 0.06,
 0.09 leaving a shape out): its one split on the sweep, 800x768x10760 predicted 3% faster than
 the unsplit 64x128 tiles, ran 8% slower (H200, 14b370e); a split that wins by model noise is a
-coin toss that costs partial traffic and a launch. Under one wave with a long K (e.g. 2 tiles of
-64K steps) the split still wins many times over."""
+coin toss that costs partial traffic and a launch. Few tiles over a very long K still split
+(256x512x65536: 16 tiles of 64x128, 1024 K steps, 8 slices predicted 5x faster)."""
 MAX_SPLIT = 8
 """Most K slices the rule picks (what ``bench gemm_sweep --only splitk`` measures: 1, 2, 4, 8)."""
 MIN_SLICE_STEPS = 4
@@ -331,6 +332,6 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
     best, best_t = (first, 1), SPLIT_MARGIN * split_time_us(first, m, n, k, programs, 1)
     for c, s in split_options(m, n, k, programs, device, deterministic=False):
         t = split_time_us(c, m, n, k, programs, s)
-        if t < best_t:  # (the unsplit choice on a tie)
+        if t < best_t:  # (the unsplit choice exactly at the margin)
             best, best_t = (c, s), t
     return best

@@ -40,21 +40,6 @@ def tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN: tl.constexpr, BLOCK_
 
 
 @dl.jit
-def _steps_matmul(a_desc, b_desc, acc, off_m, off_n, lo, hi, B_KN: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
-    """``tile_matmul`` over K steps ``[lo, hi)`` only (a slice of K: split-K, default mode; the
-    batch-invariant path keeps ``tile_matmul``'s whole-K loop)."""
-    for ki in range(lo, hi):
-        a = a_desc.load([off_m, ki * BLOCK_K])
-        if B_KN:
-            b = b_desc.load([ki * BLOCK_K, off_n])
-        else:
-            b = b_desc.load([off_n, ki * BLOCK_K]).T
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
-@dl.jit
 def _wait_rows(sig_ptr, offsets_ptr, row_lo, row_hi, rank, world_size, epoch, deadline,
                err_claim, err_record, op_id, seen):
     """Wait for every chunk that overlaps gathered rows ``[row_lo, row_hi)`` and check its size,
@@ -218,8 +203,14 @@ def splitk_gemm_kernel(a_desc, b_desc, p_desc, p_ptr, M, N, K, rows, slices, sli
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         lo = s * slice_steps
-        acc = _steps_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), off_m,
-                            off_n, lo, tl.minimum(lo + slice_steps, steps), B_KN, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(lo, tl.minimum(lo + slice_steps, steps)):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            if B_KN:
+                b = b_desc.load([ki * BLOCK_K, off_n])
+            else:
+                b = b_desc.load([off_n, ki * BLOCK_K]).T
+            acc = tl.dot(a, b, acc)
         _store_tile(acc, p_desc, p_ptr, p_ptr, s * rows + off_m, off_n, slices * rows, cols,
                     cols, 1, 0, P_TMA, True)
 

@@ -63,12 +63,15 @@ in a kernel of its own before the dispatch kernel (``quantize_kernel``). The sam
 scales, bit for bit, for any tokens (groups with +-inf or NaN included: the same NaN codes)."""
 FP8_SPLIT_MIN_VALUES = 1 << 22
 """The fp8 variant a Buffer uses (``fp8_variant``): ``split`` from this many token values per
-rank (``max_tokens_per_rank x hidden``; 4M: about 585 tokens of 7168), ``rcp`` below. Why: on
-the H200 (W = 8, hidden 7168, bench ``moe``) ``split`` was the fastest at 4096 tokens (0.63 of
-copy bandwidth against ``rcp``'s 0.59 and ``div``'s 0.56) and the slowest at 128 (its extra
-launch and second pass over the staged codes outweigh a lighter dispatch loop), where ``rcp``
-was the fastest; the bound in between is where ``bench moe --only dispatch,fp8,tokens``
-measures the crossover."""
+rank (``max_tokens_per_rank x hidden``; 4M: from 586 tokens of 7168), ``rcp`` below. Why: on
+the H200 (W = 8, hidden 7168, ``bench moe``, 38005d8) ``split`` was the fastest fp8 dispatch at
+1024-4096 tokens (0.63 of copy bandwidth at 4096 against ``rcp``'s 0.58 and ``div``'s 0.56)
+and the slowest at 128-512 (its extra launch and second pass over the staged codes outweigh a
+lighter dispatch loop), where ``rcp`` and ``div`` were within 7% of each other; the
+crossover (``bench moe --only tokens``) lies between 512 and 1024 tokens. Chosen per Buffer,
+not per call, so every plan a Buffer runs is built before its first wait: a Buffer sized for
+prefill that also serves small decode batches runs ``split`` there (at 128 tokens, 18% over
+``rcp`` at W = 8); size a decode Buffer of its own."""
 GPU_QUANT_VALUES, CPU_QUANT_VALUES = 4096, 512
 """Values per ``quantize_kernel`` tile (``split``): 4 warps, 32 values a thread, like a
 thread's share of the fused loop's tile, in many small programs (the interpreter: small, so
@@ -83,12 +86,6 @@ an SM's registers, 32 warps), fewer when the token bound has fewer tiles; progra
 call's tiles p, p + P, ... Why: one program per tile of the bound left most of them idle at
 small token counts (7168 programs for 128 tokens of a 4096 bound). The interpreter's 2
 programs stride too."""
-
-def fp8_variant(max_tokens: int, hidden: int) -> str:
-    """The quantization variant of an fp8 Buffer (``FP8_SPLIT_MIN_VALUES``): fixed per Buffer,
-    so every rank of a group picks the same one and every plan is built before a wait."""
-    return "split" if max_tokens * hidden >= FP8_SPLIT_MIN_VALUES else "rcp"
-
 
 GPU_WARPS_COMBINE = 16
 """Warps per combine program: with one program per SM, 16 warps that never wait for each
@@ -285,6 +282,12 @@ class Scratch:
         self.route = torch.zeros(max(entries, 1), dtype=torch.int64, device=device)
 
 
+def fp8_variant(max_tokens: int, hidden: int) -> str:
+    """The quantization variant of an fp8 Buffer (``FP8_SPLIT_MIN_VALUES``): fixed per Buffer,
+    so every rank of a group picks the same one and every plan is built before a wait."""
+    return "split" if max_tokens * hidden >= FP8_SPLIT_MIN_VALUES else "rcp"
+
+
 def programs_per_rank(group: Group) -> int:
     """Programs of the waiting kernels on this rank (1 in the interpreter: it runs a grid's
     programs one after another, and a waiting program must not need a later one)."""
@@ -299,7 +302,7 @@ class DispatchPlan:
 
     def __init__(self, buf, *, x_dtype: torch.dtype, idx_dtype, fp8: bool, round_scale: bool,
                  det: bool, has_w: bool, cached: bool, padded: bool, alignment: int, rows: int,
-                 variant: str = "div"):
+                 variant: str):
         if variant not in FP8_VARIANTS:
             raise ValueError(f"moe dispatch: fp8 variant {variant!r} is not one of {FP8_VARIANTS}")
         group, reg, sc = buf.group, buf.regions, buf.scratch
@@ -446,16 +449,18 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     dtypes, both modes), dispatch (every dtype with and without fp8, fresh and cached),
     combine (every dtype, in its own and in fp32, in place and staged). Tile sizes follow the
     shapes (``dispatch_tiles``, ``combine_tiles``): a Buffer of other sizes compiles its own
-    variants when its plans are built (before any launch)."""
+    variants when its plans are built (before any launch). fp8: the two variants Buffers pick
+    (``fp8_variant``), not ``div``, which only a caller that sets it runs."""
     for dtype in (d for d in DTYPES if d in dtypes):
-        for fp8 in (False, True):
+        for fp8, variant in ((False, "div"), (True, "rcp"), (True, "split")):  # (``fp8_variant``'s)
             buf = _OneRank(device, dtype, fp8)
             for n, (idx_dtype, det) in enumerate(itertools.product(INDEX_DTYPES, (True, False))):
                 DispatchPlan(buf, x_dtype=dtype, idx_dtype=idx_dtype, fp8=fp8, round_scale=False,
                              det=det, has_w=True, cached=False, padded=n % 2 == 1, alignment=1,
-                             rows=8)
+                             rows=8, variant=variant)
             DispatchPlan(buf, x_dtype=dtype, idx_dtype=None, fp8=fp8, round_scale=False,
-                         det=False, has_w=True, cached=True, padded=False, alignment=1, rows=8)
+                         det=False, has_w=True, cached=True, padded=False, alignment=1, rows=8,
+                         variant=variant)
             if not fp8:
                 for (y_dtype, width), in_place in itertools.product(
                         ((dtype, buf.regions.hidden), (torch.float32, 8)), (True, False)):

@@ -189,7 +189,9 @@ class Buffer:
     dtype : torch.dtype
         Token dtype: bf16 / fp16 / fp32 (the interpreter: fp16 / fp32).
     fp8 : bool
-        Quantize dispatched tokens to e4m3 per token and 128 channels in the dispatch kernel:
+        Quantize dispatched tokens to e4m3 per token and 128 channels, in the dispatch kernel
+        or, from 4M token values per rank (``max_tokens_per_rank x hidden``), in a kernel of
+        its own before it (``_launch.fp8_variant``; the same bits either way):
         ``moe.reference.quantize_fp8``'s codes and scales bit for bit for finite tokens; a
         group holding +-inf has scale inf, +-0 codes and NaN codes for the infinities as
         there (a NaN code's sign may differ); a group holding NaN has NaN codes for its NaNs,

@@ -37,9 +37,10 @@ def _plan():
 
 
 def test_the_rule_splits_few_tile_long_k_shapes():
-    """On this GPU's SMs the rule's choice for the sweep's few-tile shapes is what the plan
-    runs (``RULE_SHAPES`` on an H200's 132 SMs), within bf16 rounding of the fp32 product, the
-    same bits call after call, and deterministic mode does not split them."""
+    """On this GPU's SMs the rule's choice for few-tile, long-K shapes (four of the sweep's, two
+    with a very long K) is what the plan runs (``RULE_SHAPES`` on an H200's 132 SMs), within
+    bf16 rounding of the fp32 product, the same bits call after call, and deterministic mode
+    does not split them."""
     budget = program_budget(DEV, None)
     for (m, n, k), splits in RULE_SHAPES.items():
         a, b = _normal(m, n, k)
