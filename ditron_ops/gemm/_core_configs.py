@@ -231,11 +231,9 @@ SPLIT_LAUNCH_US = 10.0
 split GEMM's exposed pipeline fill), microseconds, fitted to the sweep's split runs (10.3)."""
 SPLIT_MARGIN = 0.85
 """A split is taken only where the model puts it under this fraction of the unsplit time. Why:
-the model's error on a split it had not been fitted to is larger than its fit's (rms log 0.06,
-0.09 leaving a shape out): its one split on the sweep, 800x768x10760 predicted 3% faster than
-the unsplit 64x128 tiles, ran 8% slower (H200, 14b370e); a split that wins by model noise is a
-coin toss that costs partial traffic and a launch. Few tiles over a very long K still split
-(256x512x65536: 16 tiles of 64x128, 1024 K steps, 8 slices predicted 5x faster)."""
+the model errs more on shapes it was not fitted to than its fit says, so a split that wins by
+a few % of model time is a coin toss that costs partial traffic and a launch (the sweep's case:
+benchmarks/NOTES.md, GEMM core). Few tiles over a very long K still split (256x512x65536)."""
 MAX_SPLIT = 8
 """Most K slices the rule picks (what ``bench gemm_sweep --only splitk`` measures: 1, 2, 4, 8)."""
 MIN_SLICE_STEPS = 4

@@ -63,15 +63,12 @@ in a kernel of its own before the dispatch kernel (``quantize_kernel``). The sam
 scales, bit for bit, for any tokens (groups with +-inf or NaN included: the same NaN codes)."""
 FP8_SPLIT_MIN_VALUES = 1 << 22
 """The fp8 variant a Buffer uses (``fp8_variant``): ``split`` from this many token values per
-rank (``max_tokens_per_rank x hidden``; 4M: from 586 tokens of 7168), ``rcp`` below. Why: on
-the H200 (W = 8, hidden 7168, ``bench moe``, 38005d8) ``split`` was the fastest fp8 dispatch at
-1024-4096 tokens (0.63 of copy bandwidth at 4096 against ``rcp``'s 0.58 and ``div``'s 0.56)
-and the slowest at 128-512 (its extra launch and second pass over the staged codes outweigh a
-lighter dispatch loop), where ``rcp`` and ``div`` were within 7% of each other; the
-crossover (``bench moe --only tokens``) lies between 512 and 1024 tokens. Chosen per Buffer,
-not per call, so every plan a Buffer runs is built before its first wait: a Buffer sized for
-prefill that also serves small decode batches runs ``split`` there (at 128 tokens, 18% over
-``rcp`` at W = 8); size a decode Buffer of its own."""
+rank (``max_tokens_per_rank x hidden``; 4M: from 586 tokens of 7168), ``rcp`` below. Why: the
+separate quantization pass pays for its launch and second read only with many tokens (the
+measured crossover, ``bench moe --only tokens``, lies between 512 and 1024 tokens of 7168;
+figures in benchmarks/NOTES.md, moe). Per Buffer, not per call, so every plan a Buffer runs is
+built before its first wait: a Buffer sized for prefill runs ``split`` on small decode batches
+too; size a decode Buffer of its own."""
 GPU_QUANT_VALUES, CPU_QUANT_VALUES = 4096, 512
 """Values per ``quantize_kernel`` tile (``split``): 4 warps, 32 values a thread, like a
 thread's share of the fused loop's tile, in many small programs (the interpreter: small, so
