@@ -11,8 +11,6 @@
 #   bash tools/h200_session.sh bench:moe  # one bench (bench.log), CSV under $OUT/bench
 #   bash tools/h200_session.sh splitk     # split-K calibration: gemm_sweep --only splitk (CSV under
 #                                         # $OUT/splitk), then tools/gemm_rule_fit.py --splitk on it
-#   bash tools/h200_session.sh streamk    # stream-K experiment: its GPU test, then gemm_sweep --only streamk
-#                                         # (CSV under $OUT/streamk)
 #   bash tools/h200_session.sh cache      # the Triton cache back as $OUT/tcache.tgz.NN (15 MB parts)
 #
 # nvshmem4py is installed from .whl when the call carries it (../shared/tools/gpu-wheels.sh
@@ -85,18 +83,10 @@ for part in "$@"; do
         > "$OUT/splitk_fit.log" 2>&1
       sed -n '/^split-K calibration/,$p' "$OUT/splitk_fit.log" | grep -E "fitted|constants:"
       ;;
-    streamk)
-      timeout 150 python -m pytest -q tests/gpu/test_gemm_streamk_gpu.py > "$OUT/streamk_test.log" 2>&1
-      echo "test_gemm_streamk_gpu: rc=$? $(grep -E "passed|failed" "$OUT/streamk_test.log" | tail -1)"
-      timeout 420 python -m ditron_ops.bench gemm_sweep --only streamk --rounds 5 --target-ms 10 \
-        --out "$OUT/streamk" ${COMMIT:+--commit "$COMMIT"} > "$OUT/streamk.log" 2>&1
-      echo "bench gemm_sweep --only streamk: rc=$?"; grep -E "^streamk " "$OUT/streamk.log" | cut -c1-200
-      rm -f "$OUT"/streamk/*.png
-      ;;
     soak) timeout 300 python tools/soak.py --out "$OUT/soak" ${COMMIT:+--commit "$COMMIT"} > "$OUT/soak.log" 2>&1; echo "soak: rc=$?"; tail -12 "$OUT/soak.log" ;;
     cache)
       tar czf - -C /tmp tcache | split -b 15m -d - "$OUT/tcache.tgz."; ls -la "$OUT"/tcache.tgz.*
       ;;
-    *) echo "unknown part: $part (tests, benches, main, overhead, bench:NAME, splitk, streamk, soak, cache)"; exit 2 ;;
+    *) echo "unknown part: $part (tests, benches, main, overhead, bench:NAME, splitk, soak, cache)"; exit 2 ;;
   esac
 done

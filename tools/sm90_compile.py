@@ -6,7 +6,6 @@ says which kernels fit on one SM beside a dispatch program::
 
     PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all] [flash_decode] [gemm] [moe]
     PYTHONPATH=. python tools/sm90_compile.py splitk   # gemm's split-K variants only
-    PYTHONPATH=. python tools/sm90_compile.py streamk  # the stream-K experiment
 
 How: the kernels are imported as compiled-mode ``triton.jit`` functions (``ditron_ops`` imported
 while ``torch.cuda.is_available`` answers True) and ``JITFunction.warmup`` runs against a
@@ -277,14 +276,6 @@ def gemm(dtypes=("bf16",), only=None) -> list[str]:
             args[3], args[4] = TensorDescriptor(out, [64, 64], [64, 1], half), out
             made.append(type("K", (), dict(fn=k.fn, args=args, grid=k.grid, name=k.name,
                                            kwargs=dict(k.kwargs, C_TMA=True)))())
-    return _compile_made(made, only)
-
-
-def _compile_made(made, only=None) -> list[str]:
-    """Compile and report every kernel of ``made`` (``BoundKernel``-like: fn, args, grid, name,
-    kwargs) once per (name, constexprs, dtypes)."""
-    import torch
-
     lines, seen = [], set()
     for k in made:
         if only is not None and k.name not in only:
@@ -309,37 +300,6 @@ def _compile_made(made, only=None) -> list[str]:
     print(f"gemm: {len(lines)} variants, {len(over)} over {SHARED_LIMIT} B of shared memory",
           flush=True)
     return lines
-
-
-def streamk() -> list[str]:
-    """The stream-K experiment (``_core.StreamKGemm``): every rule candidate, bf16, both B
-    layouts, C through the TMA descriptor as on a GPU (the owner's partial loads and the
-    non-owner's partial store sit beside the accumulator: spills show here)."""
-    import torch
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from ditron_ops.gemm import _core, _core_configs
-    from ditron_ops.runtime import compiler
-
-    fit = _core.fit_stages
-    _core._shared_memory_limit = lambda index: SHARED_LIMIT
-    _core.fit_stages = lambda cfg, device, i, o: fit(cfg, torch.device("cuda", 0), i, o)
-    made = []
-    compiler.prepare = made.append
-    m, n, k = 800, 768, 10760
-    for cand, kn in itertools.product(_core_configs.GPU_CANDIDATES, (True, False)):
-        cfg = cand.cfg
-        a = torch.empty(m, k, dtype=torch.bfloat16)
-        b = torch.empty(k, n, dtype=torch.bfloat16) if kn else torch.empty(n, k, dtype=torch.bfloat16).t()
-        out = torch.empty(m, n, dtype=torch.bfloat16)
-        a_desc = TensorDescriptor(a, [m, k], [k, 1], [cfg.block_m, cfg.block_k])
-        _core.StreamKGemm(a_desc, b, out, None, m=m, cfg=cfg, programs=132, a_varies=True)
-    for i, kern in enumerate(made):
-        args = list(kern.args)
-        args[2] = TensorDescriptor(out, [m, n], [n, 1], [kern.kwargs["BLOCK_M"], kern.kwargs["BLOCK_N"] // 2])
-        made[i] = type("K", (), dict(fn=kern.fn, args=args, grid=kern.grid, name=kern.name,
-                                     kwargs=dict(kern.kwargs, C_TMA=True)))()
-    return _compile_made(made)
 
 
 def splitk() -> list[str]:
@@ -442,6 +402,6 @@ def moe() -> list[str]:
 if __name__ == "__main__":
     _compiled_mode()
     kinds = {"ulysses": ulysses, "all_to_all": all_to_all, "flash_decode": flash_decode,
-             "gemm": gemm, "splitk": splitk, "streamk": streamk, "moe": moe}
-    for what in sys.argv[1:] or [k for k in kinds if k not in ("splitk", "streamk")]:
+             "gemm": gemm, "splitk": splitk, "moe": moe}
+    for what in sys.argv[1:] or [k for k in kinds if k != "splitk"]:  # (gemm covers it)
         kinds[what]()

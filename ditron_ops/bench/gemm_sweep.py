@@ -24,12 +24,6 @@ bf16"``, ``impl = "<config> S=<slices>"``; columns ``config``, ``split_k`` (the 
 ``tiles``, ``pred_us`` (the model's time, ``_core_configs.split_time_us``), ``rule`` (1 on the
 rule's choice), ``rel_err``): what ``tools/gemm_rule_fit.py --splitk`` fits the split-K
 constants to. Write it apart from the sweep (``--out``): both are ``gemm_sweep-bf16-cuda.csv``.
-``--only streamk``: instead, bf16 only, the stream-K experiment (``matmul(..., stream_k=True)``)
-on the sweep and model shapes: the rule's ``matmul``, and stream-K with each rule candidate
-whose tiles do not fill whole waves (``_core.streamk_split``), paired with cuBLAS (``case =
-"streamk bf16"`` / ``"streamk models bf16"``, ``impl = "rule"`` or ``"sk <config>"``; columns
-``config``, ``dp_tiles``, ``sk_tiles``, ``rel_err``), a geo-mean row per impl and one for the
-best stream-K row per shape (``sk best``), where a shape without a stream-K row counts the rule.
 ``--quick`` (CPU, the interpreter): three tiny fp16 shapes, to test the plumbing (``--only
 splitk``: two, forced splits).
 """
@@ -41,8 +35,7 @@ import random
 import torch
 
 from ..gemm import _core_configs as rules
-from ..gemm._core import (GPU_CONFIGS, TileConfig, matmul, matmul_split, program_budget,
-                          streamk_split)
+from ..gemm._core import GPU_CONFIGS, TileConfig, matmul, matmul_split, program_budget
 from ..runtime.virtual import launch
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
@@ -186,47 +179,6 @@ def _splitk(group, cfg: BenchConfig, m: int, n: int, k: int, dtype: torch.dtype,
     return rows
 
 
-def _streamk(group, cfg: BenchConfig, case: str, m: int, n: int, k: int, dtype: torch.dtype,
-             dtype_name: str) -> list[Result]:
-    """One shape of ``--only streamk``: the rule's ``matmul`` and stream-K with every rule
-    candidate it applies to, in one paired run with cuBLAS; each checked against fp32."""
-    a, b = _inputs(group, m, n, k, dtype)
-    device, budget = group.device, program_budget(group.device, None)
-    chosen, split = rules.select_split(m, n, k, budget, device, deterministic=False)
-    runs = {"rule": (chosen, None)}
-    for c in rules.candidates(device, False):
-        tiles = -(-m // c.cfg.block_m) * -(-n // c.cfg.block_n)
-        sk = streamk_split(tiles, -(-k // c.cfg.block_k), budget)
-        if sk is not None:
-            runs[f"sk {c.name}"] = (c, sk)
-    ref = torch.matmul(a.float(), b.float())
-    fns, errs = {"cublas": lambda: torch.matmul(a, b)}, {}
-    for name, (c, sk) in runs.items():
-        fns[name] = ((lambda: matmul(a, b, deterministic=False)) if sk is None else
-                     (lambda c=c: matmul(a, b, cfg=c.cfg, stream_k=True, deterministic=False)))
-        got = fns[name]().float()
-        errs[name] = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
-    if device.type == "cuda":
-        times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
-    else:  # the interpreter: plumbing only
-        times = {name: time_spmd(group, fn, rounds=1, max_iters=1) for name, fn in fns.items()}
-    rows = []
-    for name, (c, sk) in runs.items():
-        rows.append(Result("gemm_sweep", case, 1, dtype_name, name, times[name],
-                           "cuBLAS torch.matmul", times["cublas"], shape=f"{m}x{n}x{k}", m=m,
-                           n=n, k=k, extra={"tflops": round(2 * m * n * k / times[name] / 1e6, 1),
-                                            "rel_err": f"{errs[name]:.1e}", "config": c.name,
-                                            "split_k": split if sk is None else 1,
-                                            "dp_tiles": "" if sk is None else sk[0],
-                                            "sk_tiles": "" if sk is None else sk[1]}))
-    best = min(rows, key=lambda r: r.time_us)
-    rows.append(Result("gemm_sweep", case, 1, dtype_name, "sk best", best.time_us,
-                       "cuBLAS torch.matmul", times["cublas"], shape=f"{m}x{n}x{k}", m=m, n=n,
-                       k=k, extra={"config": best.extra["config"], "rel_err": best.extra["rel_err"]}))
-    print(f"{case} {m}x{n}x{k}: " + ", ".join(f"{r.impl} {r.ratio:.3f}" for r in rows), flush=True)
-    return rows
-
-
 def _measure(group, cfg: BenchConfig, case: str, m: int, n: int, k: int, dtype: torch.dtype,
              dtype_name: str, model: str = "") -> Result:
     a, b = _inputs(group, m, n, k, dtype)
@@ -266,21 +218,6 @@ def run(cfg: BenchConfig) -> list[Result]:
             name, dtype = ("bf16", torch.bfloat16) if gpu else ("fp16", torch.float16)
             for m, n, k in todo:
                 out.extend(_splitk(group, cfg, m, n, k, dtype, name))
-            return
-        if "streamk" in cfg.only:
-            name, dtype = ("bf16", torch.bfloat16) if gpu else ("fp16", torch.float16)
-            todo = [(f"streamk {name}", s) for s in shapes]
-            if gpu and not cfg.quick:
-                todo += [(f"streamk models {name}", s) for s in _model_shapes()]
-            rows = [r for case, (m, n, k) in todo
-                    for r in _streamk(group, cfg, case, m, n, k, dtype, name)]
-            out.extend(rows)
-            for case in dict.fromkeys(case for case, _ in todo):
-                for impl in dict.fromkeys(r.impl for r in rows if r.case == case):
-                    if impl in ("rule", "sk best"):
-                        picked = [r for r in rows if r.case == case and r.impl == impl]
-                        out.append(geo_mean_row(picked, case))
-                        print(f"{case} {impl} geo-mean {out[-1].ratio:.3f}", flush=True)
             return
         if "configs" in cfg.only:
             if not gpu:

@@ -33,8 +33,7 @@ from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import register_precompile
 from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, TileConfig, rule_configs,  # noqa: F401
                             select_config, select_split, slices, tail_tiles)
-from ._core_kernels import (persistent_gemm_kernel, splitk_gemm_kernel, splitk_reduce_kernel,
-                            streamk_gemm_kernel)
+from ._core_kernels import persistent_gemm_kernel, splitk_gemm_kernel, splitk_reduce_kernel
 
 
 INTERPRETER_PROGRAMS = 1
@@ -326,75 +325,6 @@ class SplitKGemm:
         return out
 
 
-def streamk_split(tiles: int, steps: int, programs: int) -> Optional[tuple[int, int]]:
-    """``(dp_tiles, sk_tiles)`` of stream-K on ``programs``: whole waves data-parallel but the
-    last one, that wave and the partial one as stream-K iterations (between one and two waves'
-    worth: the run per program stays at least a tile's K); None where stream-K has nothing to
-    balance (a whole number of waves) or fewer iterations than programs."""
-    if tiles % programs == 0:
-        return None
-    dp = max(0, tiles // programs - 1) * programs
-    if (tiles - dp) * steps < programs:
-        return None
-    return dp, tiles - dp
-
-
-class StreamKGemm:
-    """``out = A @ b (+ bias)`` by stream-K (``streamk_gemm_kernel``), bound once for a plan:
-    default-mode ``matmul`` with ``stream_k=True`` (an experiment the benches and tests run;
-    the rule does not pick it). Owns the fp32 partial slots (``[programs, BLOCK_M, BLOCK_N]``:
-    132 x 128 KB with 128x256 tiles on an H200), the flags and the ticket counter, all reused
-    call after call (the kernel leaves them zero). Arguments as ``SplitKGemm``'s; ``programs``
-    the grid (``program_budget``)."""
-
-    def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
-                 bias: Optional[torch.Tensor], *, m: int, cfg: TileConfig, programs: int,
-                 a_varies: bool, b_pad: Optional[torch.Tensor] = None):
-        device = out.device
-        cfg = fit_stages(dataclasses.replace(cfg, split_tail=False), device, b.element_size(),
-                         out.element_size())
-        self.cfg = cfg
-        self._b_pad, b_desc, b_kn = b_operand(b, cfg, b_pad)
-        if self._b_pad is not None:
-            b = self._b_pad
-        n, k = b.shape[1], b.shape[0]
-        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-        split = streamk_split(tiles, -(-k // cfg.block_k), programs)
-        if split is None:
-            raise ValueError(f"ditron.matmul: stream_k has nothing to balance for {m}x{n}x{k} "
-                             f"({tiles} tiles of {cfg.block_m}x{cfg.block_n} on {programs} programs)")
-        self.dp_tiles, self.sk_tiles = split
-        self.parts = torch.empty(programs * cfg.block_m * cfg.block_n, dtype=torch.float32,
-                                 device=device)
-        self.flags = torch.zeros(programs, dtype=torch.int32, device=device)
-        self.ticket = torch.zeros(1, dtype=torch.int32, device=device)
-        c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
-        self._a_varies, self._b_varies, self._c_tma = a_varies, self._b_pad is None, c_desc is not None
-        vary = ((("a_desc",) if a_varies else ()) + (("b_desc",) if self._b_varies else ())
-                + (("c_desc",) if c_desc is not None else ()) + ("c_ptr", "bias_ptr"))
-        self.kernel = BoundKernel(
-            streamk_gemm_kernel, (programs,),
-            (a_desc, b_desc, c_desc, out, bias if bias is not None else out, self.parts,
-             self.flags, self.ticket, m, n, k, out.stride(0), out.stride(1),
-             int(bias is not None), self.dp_tiles, self.sk_tiles),
-            dict(B_KN=b_kn, C_TMA=c_desc is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                 BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
-                 num_stages=cfg.num_stages), vary=vary, device=device)
-
-    def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
-            bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """One launch on the current stream (``a`` only when it varies, else None)."""
-        values = [a] if self._a_varies else []
-        if self._b_varies:
-            values.append(b)
-        else:
-            self._b_pad.copy_(b)
-        if self._c_tma:
-            values.append(out)
-        self.kernel.launch(*values, out, bias if bias is not None else out)
-        return out
-
-
 def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
                     bias: Optional[torch.Tensor], *, group: Optional[Group], wait: bool,
                     sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
@@ -427,12 +357,9 @@ class _MatmulPlan:
     reads as it is through a padded buffer of the plan (copied per call), then the bound core
     (``CoreGemm``, or ``SplitKGemm`` when K is split; ``self.split``: the slices, 1 unsplit)."""
 
-    def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None, stream_k=False):
+    def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None):
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
         split = 1
-        if stream_k and cfg is None:  # the rule's unsplit tiles, run by stream-K
-            cfg = select_split(m, n, k, program_budget(a.device, None), a.device,
-                               deterministic=False, split=1)[0].cfg
         if cfg is None:
             chosen, split = select_split(m, n, k, program_budget(a.device, None), a.device,
                                          deterministic=deterministic, split=split_k)
@@ -443,12 +370,6 @@ class _MatmulPlan:
         a_ex = a if self.a_pad is None else self.a_pad
         a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
                                   [cfg.block_m, cfg.block_k])
-        if stream_k:
-            self.core = StreamKGemm(a_desc, b, out, bias, m=m, cfg=cfg,
-                                    programs=program_budget(a.device, None),
-                                    a_varies=self.a_pad is None)
-            self.split = 1
-            return
         if split > 1:
             self.core = SplitKGemm(a_desc, b, out, bias, m=m, cfg=cfg, split=split,
                                    a_varies=self.a_pad is None)
@@ -474,8 +395,7 @@ ranks (threads) must not share."""
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
            out: Optional[torch.Tensor] = None, cfg: Optional[TileConfig] = None, *,
-           deterministic: Optional[bool] = None, split_k: Optional[int] = None,
-           stream_k: bool = False) -> torch.Tensor:
+           deterministic: Optional[bool] = None, split_k: Optional[int] = None) -> torch.Tensor:
     """Our persistent Triton GEMM alone (the ag_gemm consumer without waits): ``a @ b + bias``.
 
     Parameters
@@ -500,10 +420,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         fp32 partials of S slices summed in slice order (fewer when K has fewer ``BLOCK_K``
         steps to share). Default the rule's: a split only where the model predicts one
         clearly faster (``SPLIT_MARGIN``: fewer tiles than the SMs, long K).
-    stream_k : bool
-        Experiment (benches and tests; default mode only, not with ``split_k``): the tiles
-        (``cfg``, else the rule's) run by stream-K (``StreamKGemm``); a ValueError where the
-        tiles fill whole waves or K is too short to share.
 
     Returns
     -------
@@ -526,22 +442,20 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     if a.shape[1] == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
     det = resolve_deterministic(deterministic)
-    if stream_k and (det or split_k is not None):
-        raise ValueError("ditron.matmul: stream_k runs in default mode only, without split_k")
     if det and split_k is not None and split_k > 1:
         raise ValueError(f"ditron.matmul: split_k={split_k} in deterministic mode; it never "
                          "splits K (a fixed K order per element keeps rows batch invariant)")
-    key = ("matmul", a.device, cfg, det, split_k, stream_k, tensor_key(a), tensor_key(b),
+    key = ("matmul", a.device, cfg, det, split_k, tensor_key(a), tensor_key(b),
            tensor_key(bias), tensor_key(out))
-    return _plan(key, a, b, bias, out, cfg, det, split_k, stream_k).run(a, b, bias, out)
+    return _plan(key, a, b, bias, out, cfg, det, split_k).run(a, b, bias, out)
 
 
-def _plan(key, a, b, bias, out, cfg, det, split_k, stream_k=False) -> _MatmulPlan:
+def _plan(key, a, b, bias, out, cfg, det, split_k) -> _MatmulPlan:
     """This thread's plan of ``key`` (built on a miss)."""
     cache = getattr(_MATMUL_PLANS, "cache", None)
     if cache is None:
         cache = _MATMUL_PLANS.cache = PlanCache(None)
-    return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg, det, split_k, stream_k))
+    return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg, det, split_k))
 
 
 def matmul_split(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,

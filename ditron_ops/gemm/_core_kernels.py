@@ -7,10 +7,6 @@ each tile first waits for the gathered chunks its rows come from); gemm_rs's ker
 ``splitk_gemm_kernel`` and ``splitk_reduce_kernel`` are the default mode's split-K ``matmul``
 (``_core_configs.select_split``): fp32 partial products of K slices, then their sum in slice
 order. Neither waits; no fused op and no deterministic call launches them.
-
-``streamk_gemm_kernel`` (experiment: ``matmul(..., stream_k=True)``, benches and tests only):
-whole waves data-parallel, the rest as even runs of (tile, K step) iterations per program, the
-tiles cut between programs summed in the kernel by the program that ends them.
 """
 from __future__ import annotations
 
@@ -34,21 +30,6 @@ def tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN: tl.constexpr, BLOCK_
     """``acc += A[off_m:, :K] @ B[:K, off_n:]`` over fixed ``BLOCK_K`` steps (TMA loads; B as
     ``[K, N]`` when ``B_KN`` else as ``[N, K]`` transposed). The K order never depends on M."""
     for ki in range(tl.cdiv(K, BLOCK_K)):
-        a = a_desc.load([off_m, ki * BLOCK_K])
-        if B_KN:
-            b = b_desc.load([ki * BLOCK_K, off_n])
-        else:
-            b = b_desc.load([off_n, ki * BLOCK_K]).T
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
-@dl.jit
-def steps_matmul(a_desc, b_desc, acc, off_m, off_n, lo, hi, B_KN: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
-    """``tile_matmul`` over K steps ``[lo, hi)`` only (a slice of K: split-K and stream-K,
-    default mode; the batch-invariant path keeps ``tile_matmul``'s whole-K loop)."""
-    for ki in range(lo, hi):
         a = a_desc.load([off_m, ki * BLOCK_K])
         if B_KN:
             b = b_desc.load([ki * BLOCK_K, off_n])
@@ -222,8 +203,14 @@ def splitk_gemm_kernel(a_desc, b_desc, p_desc, p_ptr, M, N, K, rows, slices, sli
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         lo = s * slice_steps
-        acc = steps_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), off_m,
-                           off_n, lo, tl.minimum(lo + slice_steps, steps), B_KN, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(lo, tl.minimum(lo + slice_steps, steps)):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            if B_KN:
+                b = b_desc.load([ki * BLOCK_K, off_n])
+            else:
+                b = b_desc.load([off_n, ki * BLOCK_K]).T
+            acc = tl.dot(a, b, acc)
         _store_tile(acc, p_desc, p_ptr, p_ptr, s * rows + off_m, off_n, slices * rows, cols,
                     cols, 1, 0, P_TMA, True)
 
@@ -251,101 +238,3 @@ def splitk_reduce_kernel(p_ptr, c_ptr, bias_ptr, M, N, slices, slice_stride, str
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     c_offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
     tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@dl.jit
-def _program_of(i, base, extra):
-    """The stream-K program whose iterations hold iteration ``i`` (programs ``< extra`` own
-    ``base + 1`` iterations each, the others ``base``)."""
-    big = extra * (base + 1)
-    return tl.where(i < big, i // (base + 1), extra + (i - big) // tl.maximum(base, 1))
-
-
-@dl.jit
-def _wait_set(flag_ptr):
-    """Spin until ``*flag_ptr`` is nonzero (acquire, device scope). The flag's writer is a
-    program of the same grid that took its ticket earlier, so it is running: it will set it."""
-    v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-    while v == 0:
-        v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-
-
-@dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias", "dp_tiles",
-                           "sk_tiles"))
-def streamk_gemm_kernel(a_desc, b_desc, c_desc, c_ptr, bias_ptr, p_ptr, flag_ptr, ticket_ptr,
-                        M, N, K, stride_cm, stride_cn, has_bias, dp_tiles, sk_tiles,
-                        B_KN: tl.constexpr, C_TMA: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """Stream-K ``C[M, N] = A[M, K] @ B[K, N] (+ bias)`` (default-mode ``matmul`` only).
-
-    The first ``dp_tiles`` tiles (whole waves) run data-parallel, as ``gemm_tiles`` runs them;
-    the last ``sk_tiles`` tiles' ``(tile, K step)`` iterations, tile-major, are cut into one
-    contiguous run per program (sizes differ by at most one). A run covers the end of at most
-    one tile it did not start and the start of at most one tile it does not end (its last
-    segment). The program that runs a tile's last K step owns it: it adds the fp32 partials of
-    the programs before it on that tile (in program order) and stores it. A run that stops
-    inside a tile stores that last segment's partial in its slot of ``p_ptr`` (``[programs,
-    BLOCK_M, BLOCK_N]``) and sets its flag; the owner zeroes the flags it consumed, so they are
-    zero again for the next call (CUDA-graph replays too).
-
-    Order in a program: the partial first, then the data-parallel tiles, then the tiles it
-    owns. Why: every partial an owner waits for is its writer's first work, never behind a wait
-    of its own (ending the run with it chained every program to the one before: c01ec0d).
-    Program numbers are tickets (an atomic counter, reset by the last taker), not
-    ``program_id``: an owner waits only for smaller tickets, taken by programs already running,
-    so the waits end whatever else shares the SMs. The same bits every run (a fixed partition
-    and order); not batch invariant (deterministic mode never runs it)."""
-    nprog = tl.num_programs(0)
-    vp = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
-    if vp == nprog - 1:  # every program has its ticket: ready for the next launch
-        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    group_tiles = GROUP_M * tiles_n
-    steps = tl.cdiv(K, BLOCK_K)
-    total = sk_tiles * steps
-    base = total // nprog
-    extra = total % nprog
-    it = vp * base + tl.minimum(vp, extra)
-    end = it + base + (vp < extra).to(tl.int32)
-    tile_elems = BLOCK_M * BLOCK_N
-    last = (end - 1) // steps  # the tile of the run's last iteration
-    if (end > it) & (end - last * steps < steps):  # the run stops inside it: the partial first
-        k0 = tl.maximum(it, last * steps) - last * steps
-        pid_m, pid_n = _tile_coords(dp_tiles + last, tiles_m, group_tiles, 0, GROUP_M)
-        acc = steps_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
-                           pid_m * BLOCK_M, pid_n * BLOCK_N, k0, end - last * steps, B_KN,
-                           BLOCK_K)
-        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tl.store(p_ptr + vp * tile_elems + offs, acc)
-        tl.debug_barrier()
-        tl.atomic_xchg(flag_ptr + vp, 1, sem="release", scope="gpu")
-        end = tl.maximum(it, last * steps)  # what is left ends its tiles
-    for tile in range(vp, dp_tiles, nprog):
-        pid_m, pid_n = _tile_coords(tile, tiles_m, group_tiles, 0, GROUP_M)
-        acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
-                          pid_m * BLOCK_M, pid_n * BLOCK_N, K, B_KN, BLOCK_K)
-        _store_tile(acc, c_desc, c_ptr, bias_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N,
-                    stride_cm, stride_cn, has_bias, C_TMA, True)
-    HALF: tl.constexpr = BLOCK_N // 2
-    half_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, HALF)[None, :]
-    while it < end:  # every segment here runs to its tile's last K step: this program owns it
-        t = it // steps
-        k0 = it - t * steps
-        pid_m, pid_n = _tile_coords(dp_tiles + t, tiles_m, group_tiles, 0, GROUP_M)
-        acc = steps_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
-                           pid_m * BLOCK_M, pid_n * BLOCK_N, k0, steps, B_KN, BLOCK_K)
-        if k0 > 0:  # the earlier programs' partials (column halves: a whole one spills)
-            c0, c1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
-            first = _program_of(t * steps, base, extra)
-            for q in range(first, vp):
-                _wait_set(flag_ptr + q)
-                c0 += tl.load(p_ptr + q * tile_elems + half_offs, cache_modifier=".cg")
-            for q in range(first, vp):
-                c1 += tl.load(p_ptr + q * tile_elems + HALF + half_offs, cache_modifier=".cg")
-                tl.store(flag_ptr + q, 0)
-            acc = tl.reshape(tl.permute(tl.join(c0, c1), (0, 2, 1)), (BLOCK_M, BLOCK_N))
-        _store_tile(acc, c_desc, c_ptr, bias_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N,
-                    stride_cm, stride_cn, has_bias, C_TMA, True)
-        it += steps - k0
