@@ -20,15 +20,19 @@ from ditron_ops.runtime.virtual import launch
 
 CANDIDATES = {
     "current": GPU_CONFIGS[GPU_CONFIG],
-    "64x32/s8": TileConfig(64, 32, 64, 8, 4, 8),
-    "64x64/s8": TileConfig(64, 64, 64, 8, 4, 8),
     "64x64/s6": TileConfig(64, 64, 64, 8, 4, 6),
     "64x128/s6": TileConfig(64, 128, 64, 8, 4, 6),
     "64x256/s4": TileConfig(64, 256, 64, 8, 4, 4),
-    "128x128/s4": TileConfig(128, 128, 64, 8, 8, 4),
-    "128x64/s6": TileConfig(128, 64, 64, 8, 4, 6),
+    # swapped operands (C^T = B^T A^T, skinny_gemm_kernel): M rows x N columns of C per tile
+    "sw16x64/s8": TileConfig(16, 64, 64, 1, 4, 8, swap_ab=True),
+    "sw16x64/s12": TileConfig(16, 64, 64, 1, 4, 12, swap_ab=True),
+    "sw16x128/s8": TileConfig(16, 128, 64, 1, 4, 8, swap_ab=True),
+    "sw32x64/s10": TileConfig(32, 64, 64, 1, 4, 10, swap_ab=True),
+    "sw16x32/s12": TileConfig(16, 32, 64, 1, 4, 12, swap_ab=True),  # (mma v2, not wgmma)
 }
-MS = (1, 16, 64, 128, 1024)
+"""The 64-row tilings the rule weighs at small M, and the swapped-operand ones (earlier runs
+also had 64x32, 64x64/s8, 128x128 and 128x64: never the best at M <= 128)."""
+MS = (1, 16, 32, 64, 128)
 
 
 def main() -> int:

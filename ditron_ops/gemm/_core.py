@@ -33,7 +33,8 @@ from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import register_precompile
 from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, TileConfig, rule_configs,  # noqa: F401
                             select_config, select_split, slices, tail_tiles)
-from ._core_kernels import persistent_gemm_kernel, splitk_gemm_kernel, splitk_reduce_kernel
+from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
+                            splitk_reduce_kernel)
 
 
 INTERPRETER_PROGRAMS = 1
@@ -325,6 +326,43 @@ class SplitKGemm:
         return out
 
 
+class SkinnyGemm:
+    """``out = A @ b (+ bias)`` by ``skinny_gemm_kernel`` (``cfg.swap_ab``: small M), bound once
+    for a plan: one program per ``[cfg.block_n, cfg.block_m]`` tile of ``C^T``. Arguments as
+    ``SplitKGemm``'s (``a_desc`` in ``[cfg.block_m, cfg.block_k]`` blocks; ``out`` any strides)."""
+
+    def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
+                 bias: Optional[torch.Tensor], *, m: int, cfg: TileConfig, a_varies: bool,
+                 b_pad: Optional[torch.Tensor] = None):
+        cfg = fit_stages(cfg, out.device, b.element_size(), 0)  # (no staged C block)
+        self.cfg = cfg
+        self._b_pad, b_desc, b_kn = b_operand(b, cfg, b_pad)
+        if self._b_pad is not None:
+            b = self._b_pad
+        n, k = b.shape[1], b.shape[0]
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        self._a_varies, self._b_varies = a_varies, self._b_pad is None
+        vary = (("a_desc",) if a_varies else ()) + (("b_desc",) if self._b_varies else ())
+        self.kernel = BoundKernel(
+            skinny_gemm_kernel, (tiles,),
+            (a_desc, b_desc, out, bias if bias is not None else out, m, n, k, out.stride(0),
+             out.stride(1), int(bias is not None)),
+            dict(B_KN=b_kn, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+            vary=vary + ("c_ptr", "bias_ptr"), device=out.device)
+
+    def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
+            bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """One launch on the current stream (``a`` only when it varies, else None)."""
+        values = [a] if self._a_varies else []
+        if self._b_varies:
+            values.append(b)
+        else:
+            self._b_pad.copy_(b)
+        self.kernel.launch(*values, out, bias if bias is not None else out)
+        return out
+
+
 def launch_consumer(a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
                     bias: Optional[torch.Tensor], *, group: Optional[Group], wait: bool,
                     sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
@@ -370,6 +408,11 @@ class _MatmulPlan:
         a_ex = a if self.a_pad is None else self.a_pad
         a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
                                   [cfg.block_m, cfg.block_k])
+        if cfg.swap_ab:
+            self.core = SkinnyGemm(a_desc, b, out, bias, m=m, cfg=cfg,
+                                   a_varies=self.a_pad is None)
+            self.split = 1
+            return
         if split > 1:
             self.core = SplitKGemm(a_desc, b, out, bias, m=m, cfg=cfg, split=split,
                                    a_varies=self.a_pad is None)

@@ -52,6 +52,8 @@ class TileConfig:
 
     ``split_tail``: a partial last wave of at most half the grid runs as half-width tiles
     (``SPLIT_TAIL``, ``tail_tiles``).
+    ``swap_ab``: the plain ``matmul`` only, ``skinny_gemm_kernel`` (``C^T = B^T A^T``, tiles of
+    ``block_n`` columns by ``block_m`` rows of C, the MMA's narrow side on M; no persistence).
     """
     block_m: int
     block_n: int
@@ -60,6 +62,7 @@ class TileConfig:
     num_warps: int
     num_stages: int
     split_tail: bool = False
+    swap_ab: bool = False
 
 
 GPU_CONFIGS = {

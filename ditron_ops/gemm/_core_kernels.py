@@ -7,6 +7,10 @@ each tile first waits for the gathered chunks its rows come from); gemm_rs's ker
 ``splitk_gemm_kernel`` and ``splitk_reduce_kernel`` are the default mode's split-K ``matmul``
 (``_core_configs.select_split``): fp32 partial products of K slices, then their sum in slice
 order. Neither waits; no fused op and no deterministic call launches them.
+
+``skinny_gemm_kernel`` is ``matmul`` at small M (``TileConfig.swap_ab``): ``C^T = B^T A^T``,
+so N takes the MMA's 64-row side and M its narrow side (a 16-column MMA instead of a 64-row
+tile that is almost all padding), with ``tile_matmul``'s K steps.
 """
 from __future__ import annotations
 
@@ -37,6 +41,36 @@ def tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN: tl.constexpr, BLOCK_
             b = b_desc.load([off_n, ki * BLOCK_K]).T
         acc = tl.dot(a, b, acc)
     return acc
+
+
+@dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias"))
+def skinny_gemm_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, stride_cm, stride_cn, has_bias,
+                       B_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    """``C[M, N] = A[M, K] @ B[K, N] (+ bias)`` as ``C^T = B^T A^T``, one program per
+    ``[BLOCK_N, BLOCK_M]`` tile of ``C^T`` (N-major: the programs of one M block stream B side
+    by side). The K order is ``tile_matmul``'s: ``BLOCK_K`` steps from 0, each one ``tl.dot``
+    into an fp32 accumulator; the bias (fp32) after the loop; masked pointer stores (M is small:
+    the store is a few rows of C)."""
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    off_n = (pid % tiles_n) * BLOCK_N
+    off_m = (pid // tiles_n) * BLOCK_M
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for ki in range(tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_m, ki * BLOCK_K])
+        if B_KN:
+            bt = b_desc.load([ki * BLOCK_K, off_n]).T
+        else:
+            bt = b_desc.load([off_n, ki * BLOCK_K])
+        acc = tl.dot(bt, a.T, acc)
+    rn = off_n + tl.arange(0, BLOCK_N)
+    rm = off_m + tl.arange(0, BLOCK_M)
+    if has_bias != 0:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+    mask = (rn[:, None] < N) & (rm[None, :] < M)
+    c_offs = rm.to(tl.int64)[None, :] * stride_cm + rn[:, None] * stride_cn
+    tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @dl.jit
