@@ -71,6 +71,29 @@ def test_gpu_choices_follow_the_model():
     assert rules.waves(448, 132, rules.GPU_CONFIGS[rules.GPU_CONFIG]) == (3, True)  # 3.5 waves
 
 
+def test_plain_matmul_takes_the_skinny_tiles_at_small_m():
+    """``select_split`` (the plain ``matmul``): on the GPU, either mode, the 16-row skinny
+    tiles up to M = 16, the 32-row ones up to 32, unsplit (a forced split keeps the 64-row
+    candidates); above 32 rows, and in the interpreter, ``select``'s tiles. ``select_config``
+    (the fused ops) never returns them: their kernels are not swapped."""
+    skinny = {c.cfg for c in rules.SKINNY_CANDIDATES}
+    assert all(c.deterministic and c.cfg.swap_ab and c.cfg.block_k == 64
+               for c in rules.SKINNY_CANDIDATES)
+    for m, n, k, p, det in itertools.product(SIZES, (64, 4096, 16384), (64, 1376, 65536),
+                                             BUDGETS, (False, True)):
+        cand, split = rules.select_split(m, n, k, p, CUDA, deterministic=det)
+        if m <= 16:
+            assert (cand.name, split) == ("sw16x64x64/s8", 1), (m, n, k, p, det)
+        elif m <= 32:
+            assert (cand.name, split) == ("sw32x64x64/s10", 1), (m, n, k, p, det)
+        else:
+            assert cand.cfg not in skinny, (m, n, k, p, det)
+        assert rules.select_config(m, n, p, CUDA, deterministic=det) not in skinny
+        assert rules.select_split(m, n, k, p, CPU, deterministic=det)[0].cfg not in skinny
+    forced = rules.select_split(1, 4096, 65536, 132, CUDA, deterministic=False, split=4)
+    assert forced[0].cfg.block_m == 64 and forced[1] == 4
+
+
 def test_interpreter_tiling_changes_with_m():
     """The interpreter's rule varies the M side (16 or 32 rows) over the batch-invariance tests'
     M; deterministic mode keeps 16-row blocks there (numpy's matmul, the interpreter's

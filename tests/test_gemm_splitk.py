@@ -124,11 +124,11 @@ BUDGETS = (1, 33, 66, 132)
 
 
 def test_deterministic_mode_never_splits():
-    """The rule: deterministic mode gets ``select``'s tiles unsplit on every shape and budget,
-    forced or not; ``matmul`` refuses a forced split there (argument or context)."""
+    """The rule: deterministic mode gets ``select``'s tiles (the skinny ones at small M on the
+    GPU) unsplit on every shape and budget, forced or not; ``matmul`` refuses a forced split there (argument or context)."""
     for device, (m, n, k, p) in itertools.product(
             (CUDA, CPU), itertools.product(SIZES, NS, KS, BUDGETS)):
-        want = rules.select(m, n, p, device, deterministic=True)
+        want = rules.skinny(m, device) or rules.select(m, n, p, device, deterministic=True)
         assert rules.select_split(m, n, k, p, device, deterministic=True) == (want, 1)
         assert rules.select_split(m, n, k, p, device, deterministic=True, split=8) == (want, 1)
         assert rules.split_options(m, n, k, p, device, deterministic=True) == []
@@ -147,11 +147,11 @@ def test_deterministic_mode_never_splits():
 
 def test_rule_properties_on_the_gpu_candidates():
     """Default mode on the GPU's candidates: an unsplit choice is ``select``'s (that path is
-    unchanged); a split only for tiles under one wave, 2 to ``MAX_SPLIT`` slices of at least
+    unchanged), the skinny tiles' at M <= 32; a split only for tiles under one wave, 2 to ``MAX_SPLIT`` slices of at least
     ``MIN_SLICE_STEPS`` steps, when the model predicts it faster; the same answer every time."""
     splits = 0
     for m, n, k, p in itertools.product(SIZES, NS, KS, BUDGETS):
-        first = rules.select(m, n, p, CUDA, deterministic=False)
+        first = rules.skinny(m, CUDA) or rules.select(m, n, p, CUDA, deterministic=False)
         cand, s = rules.select_split(m, n, k, p, CUDA, deterministic=False)
         assert (cand, s) == rules.select_split(m, n, k, p, CUDA, deterministic=False)
         if s == 1:

@@ -25,7 +25,7 @@ import torch
 
 from ..gemm.gemm_rs import gemm_ar, gemm_rs
 from ..gemm._core import matmul, program_budget
-from ..gemm._core_configs import select
+from ..gemm._core_configs import select_split
 from ..runtime.virtual import launch
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
@@ -63,7 +63,8 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
                                                "cublas": lambda: a @ b},
                                        rounds=cfg.rounds, target_ms=cfg.target_ms)
             t_ours, t_cublas = times["ours"], times["cublas"]
-            tiles = select(m, n, program_budget(group.device, None), group.device, deterministic=True)
+            tiles, _ = select_split(m, n, k, program_budget(group.device, None), group.device,
+                                    deterministic=True)
             r = Result("gemm_rs", f"invariant M={m}", 1, cfg.dtype_name, "batch-invariant GEMM (fp32 out)",
                        t_ours, "cuBLAS a @ b", t_cublas, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
                        extra={"config": tiles.name})

@@ -41,6 +41,7 @@ under ``SPLIT_MARGIN`` of the unsplit time. Its time, in microseconds::
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
@@ -113,6 +114,34 @@ sweep's few-tile, long-K shapes from 128x128, where it runs twice the tiles, unm
 128x128/s5/w4 is not measured bitwise against the others, so deterministic mode leaves it out.
 Not among them: 64x64 tiles (0.58-0.87x at M <= 128, ahead of 64x128 on a few N = 4096 shapes
 only), BLOCK_K = 32 (would change deterministic mode's K order) and 256x128 (0.60x geo)."""
+SKINNY_CANDIDATES = (
+    Candidate("sw16x64x64/s8", TileConfig(16, 64, 64, 1, 4, 8, swap_ab=True), 1.0, True),
+    Candidate("sw32x64x64/s10", TileConfig(32, 64, 64, 1, 4, 10, swap_ab=True), 1.0, True),
+)
+"""The plain ``matmul``'s tiles at M <= 32 on the GPU (``skinny``), whichever mode: C^T = B^T A^T
+in tiles of 64 columns of C by 16 or 32 rows (``skinny_gemm_kernel``). Why: a decode-size
+product streams B once through as many programs as N allows, without the 64-row MMA's padding;
+over the six GEMM-RS model shapes (H200, fp32 out, ``tools/invariant_configs.py``) 0.74-1.03x
+cuBLAS at M = 1-32 against 0.50-0.91x for the best 64-row tiles, and its rows are bitwise those
+of the 128x256 tiles (K order unchanged: the same 64-wide steps, one MMA per step). One
+M block only: 16 rows up to M = 16, 32 up to 32 (at M = 32 two 16-row blocks stream B twice:
+0.52-0.85x at N >= 8192). Above 32 rows the 64-row tiles win again (M = 64: 0.45-0.79x for
+the skinny tiles). The fused ops keep ``select_config``'s tiles (their kernels are not
+swapped)."""
+SKINNY_MAX_M = 32
+"""Largest M the skinny tiles take (the taller of ``SKINNY_CANDIDATES``)."""
+
+
+def skinny(m: int, device: torch.device) -> Optional[Candidate]:
+    """The plain ``matmul``'s skinny candidate for ``m`` rows on ``device`` (the first of
+    ``SKINNY_CANDIDATES`` whose rows hold ``m``), or None: above ``SKINNY_MAX_M`` rows or off
+    the GPU (the interpreter's ``tl.dot`` is numpy's, whose rounding depends on the block
+    shape: deterministic mode keeps its 16x16 blocks there)."""
+    if device.type != "cuda" or m > SKINNY_MAX_M:
+        return None
+    return next(c for c in SKINNY_CANDIDATES if m <= c.cfg.block_m)
+
+
 HALF_TILE_COST = 0.72
 """Time of a split-tail half tile in full tiles (0.5 ideal; the data allow 0.62-0.85)."""
 
@@ -299,7 +328,8 @@ def split_options(m: int, n: int, k: int, programs: int, device: torch.device, *
 def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
                  deterministic: bool, split: int | None = None) -> tuple[Candidate, int]:
     """Tiles and K slices for the plain ``matmul`` (``[m, k] @ [k, n]`` on ``programs``):
-    ``select``'s candidate unsplit, unless a split option (``split_options``) has a
+    ``skinny``'s candidate at small M (unsplit, either mode; unless ``split`` forces a split),
+    else ``select``'s candidate unsplit, unless a split option (``split_options``) has a
     ``split_time_us`` under ``SPLIT_MARGIN`` times the unsplit one (the least such). A pure
     function of its arguments.
 
@@ -316,13 +346,16 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
     split : int, optional
         Slices forced (benches, tests: ``matmul(..., split_k=)``; default mode only): the
         candidate of least time at that count, returned with the slices ``slices`` leaves;
-        1 is ``select``'s.
+        1 is the unsplit choice (``skinny``'s or ``select``'s).
 
     Returns
     -------
     tuple of (Candidate, int)
         The candidate and the slices to run (1: the unsplit persistent GEMM).
     """
+    thin = skinny(m, device)
+    if thin is not None and (deterministic or split is None or split == 1):
+        return thin, 1
     first = select(m, n, programs, device, deterministic=deterministic)
     if deterministic or split == 1:
         return first, 1

@@ -50,29 +50,41 @@ def _rows_across_m(group) -> list:
                 f"rank {group.rank}: gemm_rs M={m}"
     group.synchronize()
     budget = program_budget(group.device, group)
-    return [rules.select(m, N, budget, group.device, deterministic=True).name for m in MS]
+    k = KS[group.rank % len(KS)]
+    return ([rules.select(m, N, budget, group.device, deterministic=True).name for m in MS],
+            [rules.select_split(m, N, k, program_budget(group.device, None), group.device,
+                                deterministic=True)[0].name for m in MS])
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_rows_bitwise_equal_across_m(world_size):
     """The same rows computed inside calls with M in {1, 3, 17, 64, 255, 1000, 8192} are
-    bitwise equal, while the rule's tiling changes between those M."""
+    bitwise equal, while the rule's tiling changes between those M (``matmul``: the skinny
+    tiles up to M = 32, then 64 and 128 rows)."""
     picks = ditron_ops.launch(_rows_across_m, world_size)
-    assert all(p == picks[0] for p in picks), picks  # every rank the same tiles
-    assert len(set(picks[0])) >= 2, picks[0]
-    print(f"\nW={world_size}: " + ", ".join(f"M={m} {p}" for m, p in zip(MS, picks[0])))
+    fused = [p[0] for p in picks]
+    assert all(p == fused[0] for p in fused), fused  # every rank the same tiles
+    assert len(set(fused[0])) >= 2, fused[0]
+    plain = picks[0][1]
+    assert [rules.skinny(m, torch.device("cuda")) is not None for m in MS] == [True, True, True,
+                                                                               False, False,
+                                                                               False, False]
+    assert plain[0].startswith("sw16") and plain[2].startswith("sw32") and len(set(plain)) >= 4
+    print(f"\nW={world_size}: fused " + ", ".join(f"M={m} {p}" for m, p in zip(MS, fused[0]))
+          + "; matmul " + ", ".join(f"M={m} {p}" for m, p in zip(MS, plain)))
 
 
 def _candidates_agree(group) -> bool:
-    """Each configuration deterministic mode may pick, forced (``cfg=``), gives the rows of the
-    128x256 tiles at M = 8192 bitwise, at several M, for both B layouts."""
+    """Each configuration deterministic mode may pick (the skinny ones too), forced (``cfg=``),
+    gives the rows of the 128x256 tiles at M = 8192 bitwise, at several M, for both B
+    layouts."""
     for weight_layout in (True, False):
         a_full, b = _inputs(group, MS[-1], KS[0], seed=5)
         if not weight_layout:
             b = b.contiguous()  # [K, N] row-major
         ref = matmul(a_full, b, out=torch.empty(MS[-1], N, device=group.device),
                      cfg=rules.GPU_CONFIGS[rules.GPU_CONFIG])
-        for cand in rules.candidates(group.device, True):
+        for cand in rules.candidates(group.device, True) + rules.SKINNY_CANDIDATES:
             for m in (1, 17, 255, 1000, MS[-1]):
                 got = matmul(a_full[:m].clone(), b, out=torch.empty(m, N, device=group.device),
                              cfg=cand.cfg)
