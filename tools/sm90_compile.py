@@ -232,14 +232,6 @@ SHARED_LIMIT = 232448
 """The H200's shared memory per block (opt-in), bytes: a variant above it cannot launch."""
 
 
-def _c_block_n(kwargs: dict, out_bytes: int) -> int:
-    """``_core.c_block_n`` of a bound kernel's tiles (the C store's block width)."""
-    from ditron_ops.gemm import _core
-
-    cfg = _core.TileConfig(kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["BLOCK_K"], 1, 4, 1)
-    return _core.c_block_n(cfg, out_bytes)
-
-
 def gemm(dtypes=("bf16",), only=None) -> list[str]:
     """Every GEMM-core variant of every tile configuration the rule can pick
     (``_core_configs.rule_configs`` on the GPU): the ``ag_gemm`` and ``gemm_rs`` families'
@@ -272,17 +264,17 @@ def gemm(dtypes=("bf16",), only=None) -> list[str]:
     for k in list(made):  # the split GEMM's TMA store of its fp32 partials (P_TMA), as on a GPU
         if k.name == "splitk_gemm_kernel" and not k.kwargs["P_TMA"]:
             parts, args = k.args[3], list(k.args)
-            block = [k.kwargs["BLOCK_M"], _c_block_n(k.kwargs, 4)]
-            args[2] = TensorDescriptor(parts, list(parts.shape), [parts.shape[1], 1], block)
+            args[2] = TensorDescriptor(parts, list(parts.shape), [parts.shape[1], 1],
+                                       [k.kwargs["BLOCK_M"], k.kwargs["BLOCK_N"] // 2])
             made.remove(k)
             made.append(type("K", (), dict(fn=k.fn, args=args, grid=k.grid, name=k.name,
                                            kwargs=dict(k.kwargs, P_TMA=True)))())
     for k in list(made):  # the persistent kernels' TMA store (C_TMA) variants
         if k.name in ("persistent_gemm_kernel", "ag_gemm_push_kernel") and not k.kwargs["C_TMA"]:
             out = torch.empty(64, 64, dtype=k.args[4].dtype)
-            block = [k.kwargs["BLOCK_M"], _c_block_n(k.kwargs, out.element_size())]
+            half = [k.kwargs["BLOCK_M"], k.kwargs["BLOCK_N"] // 2]
             args = list(k.args)
-            args[3], args[4] = TensorDescriptor(out, [64, 64], [64, 1], block), out
+            args[3], args[4] = TensorDescriptor(out, [64, 64], [64, 1], half), out
             made.append(type("K", (), dict(fn=k.fn, args=args, grid=k.grid, name=k.name,
                                            kwargs=dict(k.kwargs, C_TMA=True)))())
     lines, seen = [], set()

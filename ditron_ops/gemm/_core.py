@@ -125,26 +125,18 @@ def half_b_descriptor(b_desc: TensorDescriptor, b_kn: bool, cfg: TileConfig) -> 
     return TensorDescriptor(b_desc.base, b_desc.shape, b_desc.strides, block)
 
 
-def c_block_n(cfg: TileConfig, out_bytes: int) -> int:
-    """Width of the TMA store's C block (``_store_tile`` stores a tile in blocks of it): a
-    quarter of the tile for 4-byte C, else a half. Why: the store stages one block in shared
-    memory, and an fp32 half of 128x256 (64 KB) left room for 3 pipeline stages only; a quarter
-    (32 KB, as much as a bf16 half) keeps the 4th."""
-    return cfg.block_n // (4 if out_bytes >= 4 else 2)
-
-
 def fit_stages(cfg: TileConfig, device: torch.device, in_bytes: int, out_bytes: int) -> TileConfig:
     """``cfg`` with as many of its pipeline stages as fit the device's shared memory per block:
     each stage holds an A and a B block (``in_bytes`` per element), and the C store stages a
-    ``[block_m, c_block_n]`` block (``out_bytes``), plus 1 KB for barriers and alignment.
-    128x256 at 4 stages with a bf16 half (or fp32 quarter) block compiles to 229,408 bytes
-    (the H200 allows 232,448). The stage count never changes the K order (results are the
-    same)."""
+    ``[block_m, block_n / 2]`` block (``out_bytes``), plus 1 KB for barriers and alignment.
+    The one case cut on the H200 (232,448 bytes): fp32 C at 4 stages, 262,176 bytes compiled
+    (the plain GEMM's fp32 products); bf16 C at 4 stages compiles to 229,408. The stage count
+    never changes the K order (results are the same)."""
     if device.type != "cuda":
         return cfg
     limit = _shared_memory_limit(device.index if device.index is not None else 0)
     stage = (cfg.block_m + cfg.block_n) * cfg.block_k * in_bytes
-    c_block = cfg.block_m * c_block_n(cfg, out_bytes) * out_bytes
+    c_block = cfg.block_m * cfg.block_n // 2 * out_bytes
     stages = cfg.num_stages
     while stages > 2 and stages * stage + c_block + 1024 > limit:
         stages -= 1
@@ -157,10 +149,10 @@ def _shared_memory_limit(index: int) -> int:
 
 
 def _c_descriptor(out: torch.Tensor, cfg: TileConfig) -> Optional[TensorDescriptor]:
-    """TMA store descriptor (blocks ``[block_m, c_block_n]``) when ``out`` allows it."""
+    """TMA store descriptor (two ``block_n / 2`` halves per tile) when ``out`` allows it."""
     if _tma_ok(out):
         return TensorDescriptor(out, list(out.shape), list(out.stride()),
-                                [cfg.block_m, c_block_n(cfg, out.element_size())])
+                                [cfg.block_m, cfg.block_n // 2])
     return None
 
 
@@ -308,7 +300,7 @@ class SplitKGemm:
         rows, cols = tiles_m * cfg.block_m, tiles_n * cfg.block_n
         self.parts = torch.empty(self.slices * rows, cols, dtype=torch.float32, device=device)
         p_desc = (TensorDescriptor(self.parts, list(self.parts.shape), [cols, 1],
-                                   [cfg.block_m, c_block_n(cfg, 4)]) if out.is_cuda else None)
+                                   [cfg.block_m, cfg.block_n // 2]) if out.is_cuda else None)
         units = tiles_m * tiles_n * self.slices
         self._a_varies, self._b_varies = a_varies, self._b_pad is None
         vary = (("a_desc",) if a_varies else ()) + (("b_desc",) if self._b_varies else ())

@@ -79,10 +79,9 @@ History: benchmarks/NOTES.md, GEMM core."""
 GPU_CONFIG = "128x256x64/s4/tail"
 """s4/tail: the best P1 in every run that measured it (0.978-0.997x cuBLAS geo-mean, H200, bf16,
 model shapes at M=8192) and the lowest per-shape P2 in the last paired runs (at most 1.2%). It
-needs 229 KB of shared memory (s3: 180 KB); fp32 products keep the 4 stages by storing C in
-quarter-width blocks (``_core.c_block_n``). Its weakest shape, 8192x1376x4096 (0.93x), is one
-cuBLAS runs with non-power-of-two tiles (160x192), out of Triton's reach. History:
-benchmarks/NOTES.md, GEMM core."""
+needs 229 KB of shared memory (s3: 180 KB), so fp32 products drop to 3 stages (``fit_stages``).
+Its weakest shape, 8192x1376x4096 (0.93x), is one cuBLAS runs with non-power-of-two tiles
+(160x192), out of Triton's reach. History: benchmarks/NOTES.md, GEMM core."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -101,37 +101,21 @@ def _wait_rows(sig_ptr, offsets_ptr, row_lo, row_hi, rank, world_size, epoch, de
 
 
 @dl.jit
-def _halves(x):
-    """``x [R, C]`` as its column halves ``[R, C / 2]``, left then right."""
-    return tl.split(tl.permute(tl.reshape(x, (x.shape[0], 2, x.shape[1] // 2)), (0, 2, 1)))
-
-
-@dl.jit
 def _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm, stride_cn, has_bias,
-                C_TMA: tl.constexpr):
-    """Epilogue of one tile: ``+ bias`` (fp32), then the store, through ``c_desc`` in blocks of
-    its width (``acc``'s width, its half or its quarter: fewer live registers, and a smaller
-    staging buffer in shared memory, ``_core.c_block_n``) or with masked pointer stores (any
-    strides)."""
+                C_TMA: tl.constexpr, IN_HALVES: tl.constexpr):
+    """Epilogue of one tile: ``+ bias`` (fp32), then the store, through ``c_desc`` (blocks of
+    half the full tile's width: a full tile in two halves when ``IN_HALVES``, fewer live
+    registers; a half tile at once) or with masked pointer stores (any strides)."""
     BM: tl.constexpr = acc.shape[0]
     BN: tl.constexpr = acc.shape[1]
     rn = off_n + tl.arange(0, BN)
     if has_bias != 0:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if C_TMA:
-        W: tl.constexpr = c_desc.block_shape[1]
-        if BN == 4 * W:
-            h0, h1 = _halves(acc)
-            c0, c1 = _halves(h0)
+        if IN_HALVES:
+            c0, c1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
             c_desc.store([off_m, off_n], c0.to(c_desc.dtype))
-            c_desc.store([off_m, off_n + W], c1.to(c_desc.dtype))
-            c2, c3 = _halves(h1)
-            c_desc.store([off_m, off_n + 2 * W], c2.to(c_desc.dtype))
-            c_desc.store([off_m, off_n + 3 * W], c3.to(c_desc.dtype))
-        elif BN == 2 * W:
-            c0, c1 = _halves(acc)
-            c_desc.store([off_m, off_n], c0.to(c_desc.dtype))
-            c_desc.store([off_m, off_n + W], c1.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BN // 2], c1.to(c_desc.dtype))
         else:
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
     else:
@@ -173,7 +157,7 @@ def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offset
     tile first waiting for the gathered chunks its rows come from (flags ``>= epoch``).
 
     ``B_KN``: ``b_desc`` is over ``B [K, N]``, else over ``B^T [N, K]`` (a Linear weight).
-    ``C_TMA``: C is stored through ``c_desc`` (blocks ``[BLOCK_M, _core.c_block_n]``), else with
+    ``C_TMA``: C is stored through ``c_desc`` (blocks ``[BLOCK_M, BLOCK_N / 2]``), else with
     masked pointer stores (any strides).
     ``SPLIT_TAIL``: the last ``tail_tiles`` tiles (the host passes a partial last wave, at most
     half the grid, and 0 otherwise; the first ``tiles - tail_tiles`` are then a whole number of
@@ -206,7 +190,7 @@ def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offset
         acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), off_m,
                           off_n, K, B_KN, BLOCK_K)
         _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm, stride_cn,
-                    has_bias, C_TMA)
+                    has_bias, C_TMA, True)
     if SPLIT_TAIL:
         HALF: tl.constexpr = BLOCK_N // 2
         for sub in range(pid, 2 * tail_tiles, nprog):
@@ -221,7 +205,7 @@ def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offset
                 acc = tile_matmul(a_desc, bh_desc, tl.zeros((BLOCK_M, HALF), dtype=tl.float32),
                                   off_m, off_n, K, B_KN, BLOCK_K)
                 _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm,
-                            stride_cn, has_bias, C_TMA)
+                            stride_cn, has_bias, C_TMA, False)
 
 
 @dl.jit(do_not_specialize=("M", "N", "K", "rows", "slices", "slice_steps"))
@@ -236,7 +220,7 @@ def splitk_gemm_kernel(a_desc, b_desc, p_desc, p_ptr, M, N, K, rows, slices, sli
     together read the same K range of neighbouring tiles). A unit stores its fp32 tile, whole,
     at rows ``slice * rows + off_m`` of the workspace ``P [slices * rows, cols]`` (``rows`` and
     ``cols`` pad M and N to whole tiles, so no tile reaches into the next slice's rows),
-    through ``p_desc`` (``P_TMA``, blocks ``[BLOCK_M, BLOCK_N / 4]``) or pointer stores.
+    through ``p_desc`` (``P_TMA``, blocks ``[BLOCK_M, BLOCK_N / 2]``) or pointer stores.
     ``B_KN`` as in ``gemm_tiles``.
     """
     pid = tl.program_id(0)
@@ -262,7 +246,7 @@ def splitk_gemm_kernel(a_desc, b_desc, p_desc, p_ptr, M, N, K, rows, slices, sli
                 b = b_desc.load([off_n, ki * BLOCK_K]).T
             acc = tl.dot(a, b, acc)
         _store_tile(acc, p_desc, p_ptr, p_ptr, s * rows + off_m, off_n, slices * rows, cols,
-                    cols, 1, 0, P_TMA)
+                    cols, 1, 0, P_TMA, True)
 
 
 @dl.jit(do_not_specialize=("M", "N", "slices", "slice_stride", "stride_pm", "stride_cm",
