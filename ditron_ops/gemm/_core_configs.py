@@ -328,8 +328,8 @@ def split_options(m: int, n: int, k: int, programs: int, device: torch.device, *
 def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
                  deterministic: bool, split: int | None = None) -> tuple[Candidate, int]:
     """Tiles and K slices for the plain ``matmul`` (``[m, k] @ [k, n]`` on ``programs``):
-    ``skinny``'s candidate at small M (unsplit, either mode; unless ``split`` forces a split),
-    else ``select``'s candidate unsplit, unless a split option (``split_options``) has a
+    ``skinny``'s candidate at small M (unsplit, either mode; a forced ``split`` in the default
+    mode takes the 64-row tiles instead), else ``select``'s candidate unsplit, unless a split option (``split_options``) has a
     ``split_time_us`` under ``SPLIT_MARGIN`` times the unsplit one (the least such). A pure
     function of its arguments.
 
