@@ -41,3 +41,16 @@ def test_skinny_any_output_strides():
     out = torch.empty(40, 5).t()
     matmul(a, b, out=out, cfg=SKINNY, deterministic=False)
     assert torch.equal(out, a @ b)
+
+
+def test_skinny_unaligned_b_is_copied_per_call():
+    """A B that no TMA descriptor reads (row pitch not a multiple of 16 bytes) goes through the
+    plan's padded copy, refreshed on every call: new values of the same B give new results."""
+    a = _ints(3, 48)
+    wide = _ints(48, 41, seed=1)
+    b = wide[:, :40]  # [K, N] rows 164 bytes apart; b.T is not row-major
+    got = matmul(a, b, cfg=SKINNY, deterministic=False)
+    plan = next(reversed(_core._MATMUL_PLANS.cache._plans.values()))
+    assert plan.core._b_pad is not None and torch.equal(got, a @ b)
+    wide.mul_(2)
+    assert torch.equal(matmul(a, b, cfg=SKINNY, deterministic=False), a @ b)

@@ -249,6 +249,19 @@ class CoreGemm:
         return out
 
 
+def _ab_values(a: Optional[torch.Tensor], b: torch.Tensor, a_varies: bool,
+               b_pad: Optional[torch.Tensor]) -> list:
+    """The per-call A and B values of a bound GEMM whose B has one descriptor: ``a`` when it
+    varies, ``b`` unless a padded copy stands in for it (refreshed here: its values may have
+    changed since the last call)."""
+    values = [a] if a_varies else []
+    if b_pad is None:
+        values.append(b)
+    else:
+        b_pad.copy_(b)
+    return values
+
+
 REDUCE_BLOCKS = {"cuda": (32, 128, 4), "cpu": (16, 32, 4)}
 """``splitk_reduce_kernel``'s ``(BLOCK_R, BLOCK_C, num_warps)`` per device type: on the GPU 4096
 fp32 per slice and program, 16-byte loads along rows (800x768: 150 programs); small blocks in
@@ -302,8 +315,8 @@ class SplitKGemm:
         p_desc = (TensorDescriptor(self.parts, list(self.parts.shape), [cols, 1],
                                    [cfg.block_m, cfg.block_n // 2]) if out.is_cuda else None)
         units = tiles_m * tiles_n * self.slices
-        self._a_varies, self._b_varies = a_varies, self._b_pad is None
-        vary = (("a_desc",) if a_varies else ()) + (("b_desc",) if self._b_varies else ())
+        self._a_varies = a_varies
+        vary = (("a_desc",) if a_varies else ()) + (("b_desc",) if self._b_pad is None else ())
         self.gemm = BoundKernel(
             splitk_gemm_kernel, (min(units, program_budget(device, None)),),
             (a_desc, b_desc, p_desc, self.parts, m, n, k, rows, self.slices, steps),
@@ -321,12 +334,7 @@ class SplitKGemm:
     def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
             bias: Optional[torch.Tensor]) -> torch.Tensor:
         """Both launches on the current stream (``a`` only when it varies, else None)."""
-        values = [a] if self._a_varies else []
-        if self._b_varies:
-            values.append(b)
-        else:
-            self._b_pad.copy_(b)
-        self.gemm.launch(*values)
+        self.gemm.launch(*_ab_values(a, b, self._a_varies, self._b_pad))
         self.reduce.launch(out, bias if bias is not None else out)
         return out
 
@@ -346,8 +354,8 @@ class SkinnyGemm:
             b = self._b_pad
         n, k = b.shape[1], b.shape[0]
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-        self._a_varies, self._b_varies = a_varies, self._b_pad is None
-        vary = (("a_desc",) if a_varies else ()) + (("b_desc",) if self._b_varies else ())
+        self._a_varies = a_varies
+        vary = (("a_desc",) if a_varies else ()) + (("b_desc",) if self._b_pad is None else ())
         self.kernel = BoundKernel(
             skinny_gemm_kernel, (tiles,),
             (a_desc, b_desc, out, bias if bias is not None else out, m, n, k, out.stride(0),
@@ -359,12 +367,8 @@ class SkinnyGemm:
     def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
             bias: Optional[torch.Tensor]) -> torch.Tensor:
         """One launch on the current stream (``a`` only when it varies, else None)."""
-        values = [a] if self._a_varies else []
-        if self._b_varies:
-            values.append(b)
-        else:
-            self._b_pad.copy_(b)
-        self.kernel.launch(*values, out, bias if bias is not None else out)
+        self.kernel.launch(*_ab_values(a, b, self._a_varies, self._b_pad), out,
+                           bias if bias is not None else out)
         return out
 
 
