@@ -119,27 +119,22 @@ SKINNY_CANDIDATES = (
     Candidate("sw32x64x64/s10", TileConfig(32, 64, 64, 1, 4, 10, swap_ab=True), 1.0, True),
 )
 """The plain ``matmul``'s tiles at M <= 32 on the GPU (``skinny``), whichever mode: C^T = B^T A^T
-in tiles of 64 columns of C by 16 or 32 rows (``skinny_gemm_kernel``). Why: a decode-size
-product streams B once through as many programs as N allows, without the 64-row MMA's padding;
-over the six GEMM-RS model shapes (H200, fp32 out, ``tools/invariant_configs.py``) 0.74-1.03x
-cuBLAS at M = 1-32 against 0.50-0.91x for the best 64-row tiles, and its rows are bitwise those
-of the 128x256 tiles (K order unchanged: the same 64-wide steps, one MMA per step). One
-M block only: 16 rows up to M = 16, 32 up to 32 (at M = 32 two 16-row blocks stream B twice:
-0.52-0.85x at N >= 8192). Above 32 rows the 64-row tiles win again (M = 64: 0.45-0.79x for
-the skinny tiles). The fused ops keep ``select_config``'s tiles (their kernels are not
-swapped)."""
-SKINNY_MAX_M = 32
-"""Largest M the skinny tiles take (the taller of ``SKINNY_CANDIDATES``)."""
+in tiles of 64 columns of C by 16 or 32 rows (``skinny_gemm_kernel``), one M block each. Why: a
+decode-size product then streams B once through as many programs as N allows, without a 64-row
+MMA that is almost all padding, and its rows were measured bitwise equal to the 128x256 tiles'
+(the same 64-wide K steps); above 32 rows the 64-row tiles win again. The fused ops keep
+``select_config``'s tiles (their kernels are not swapped). Figures: benchmarks/NOTES.md, GEMM
+core, "Skinny tiles"."""
 
 
 def skinny(m: int, device: torch.device) -> Optional[Candidate]:
     """The plain ``matmul``'s skinny candidate for ``m`` rows on ``device`` (the first of
-    ``SKINNY_CANDIDATES`` whose rows hold ``m``), or None: above ``SKINNY_MAX_M`` rows or off
-    the GPU (the interpreter's ``tl.dot`` is numpy's, whose rounding depends on the block
-    shape: deterministic mode keeps its 16x16 blocks there)."""
-    if device.type != "cuda" or m > SKINNY_MAX_M:
+    ``SKINNY_CANDIDATES`` whose rows hold ``m``), or None: taller than all of them, or off the
+    GPU (the interpreter's ``tl.dot`` is numpy's, whose rounding depends on the block shape:
+    deterministic mode keeps its 16x16 blocks there)."""
+    if device.type != "cuda":
         return None
-    return next(c for c in SKINNY_CANDIDATES if m <= c.cfg.block_m)
+    return next((c for c in SKINNY_CANDIDATES if m <= c.cfg.block_m), None)
 
 
 HALF_TILE_COST = 0.72
