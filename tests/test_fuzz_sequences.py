@@ -8,6 +8,8 @@ every run. Failures that Hypothesis found are kept below as named regression tes
 shrunk program. The GPU tier runs the same generator at larger shapes
 (tests/gpu/test_fuzz_gpu.py).
 """
+import time
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -92,6 +94,25 @@ def test_late_rank_gives_correct_results():
              _gemm("gemm_rs", "deterministic", [3, 2], shard_sizes=None))
     program = Program(2, calls, MOE, Fault(1, 1, "delay", 2 * 10**7))
     assert fuzz.run_program(program, timeout_s=2.0) == ["ok", "ok"]
+
+
+def test_a_peer_slow_before_the_faulty_call_is_no_fault(monkeypatch):
+    """The fault's short bound starts at the faulty call: a peer slower than it at an earlier
+    call (CI's loaded interpreter once made rank 0 time out there, and the launch raised that
+    instead of the injected fault) is waited for with ``run_program``'s bound."""
+    run_all_reduce = fuzz._RUN["all_reduce"]
+
+    def slow_rank1_first(group, call, ctx):
+        if group.rank == 1 and call.seed == 4:
+            time.sleep(1.5)  # 3x the fault's bound
+        return run_all_reduce(group, call, ctx)
+
+    monkeypatch.setitem(fuzz._RUN, "all_reduce", slow_rank1_first)
+    args = dict(shape=(3,), layout="contiguous", algorithm="one_shot")
+    calls = (Call("all_reduce", F32, "default", 4, args), Call("all_reduce", F32, "default", 5, args))
+    survivors = fuzz.run_faulty_program(Program(2, calls, MOE, Fault(0, 1, "raise")),
+                                        timeout_s=0.5, relaunch=False)
+    assert list(survivors) == [1]
 
 
 def _gemm(op: str, mode: str, k: list, **extra) -> Call:

@@ -36,6 +36,38 @@ def test_missing_rank_times_out(op, device):
     assert time.monotonic() - t0 < 30.0
 
 
+def _bound_lowered_after_the_first_call(group, op):
+    x = torch.ones(8, 4, device=group.device)
+    getattr(ditron_ops, op)(x)  # builds the plan under the launch's 10 s bound
+    group.synchronize()
+    group.timeout_s = 0.5
+    if group.rank == 1:
+        return "skipped"
+    t0 = time.monotonic()
+    with pytest.raises(ditron_ops.DitronTimeoutError):
+        getattr(ditron_ops, op)(x)
+        group.synchronize()
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("op", ["all_gather", "all_reduce"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_changed_timeout_applies_to_the_next_call(op, device):
+    """Group.timeout_s set after a call binds the next one (plans bind the bound, so they
+    are rebuilt), not the bound the plan was built with."""
+    results = ditron_ops.launch(_bound_lowered_after_the_first_call, 2, device=device,
+                                args=(op,), timeout_s=10.0)
+    assert results[1] == "skipped"
+    assert results[0] < 5.0, f"waited {results[0]:.1f} s: the plan kept the old bound"
+
+
+def test_timeout_must_be_positive():
+    group = ditron_ops.launch(lambda g: g, 1, device=DEVICES[0])[0]
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="timeout_s"):
+            group.timeout_s = bad
+
+
 def _mismatched_rows(group):
     ditron_ops.all_gather(torch.ones(5, 2, device=group.device))  # creates the workspace
     x = torch.ones(3 + group.rank, 2, device=group.device)

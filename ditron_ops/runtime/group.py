@@ -101,7 +101,7 @@ class Group:
         self.device_index = (self.device.index if self.device.index is not None
                              else torch.cuda.current_device()) if self.device.type == "cuda" else -1
         self.group_name = group_name
-        self.timeout_s = float(timeout_s) if timeout_s is not None else _env.default_timeout_s()
+        self._timeout_s = float(timeout_s) if timeout_s is not None else _env.default_timeout_s()
         self._workspaces: dict[str, Any] = {}
         # objects that hold this group's memory outside its workspaces (MoE Buffers), by name:
         # dropped with the group (``drop_owned``), so one never closed cannot outlive it
@@ -271,6 +271,25 @@ class Group:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         self.check()
+
+    @property
+    def timeout_s(self) -> float:
+        """Bound of every device-side wait, seconds."""
+        return self._timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        """A new bound applies from the next call: plans bind the bound into their kernels'
+        arguments, so every ``PlanCache`` of the group rebuilds its plans when it changed."""
+        value = float(value)
+        if not 0 < value < float("inf"):
+            raise ValueError(f"ditron: Group.timeout_s must be a positive finite number of seconds, "
+                             f"got {value!r}")
+        if value != self._timeout_s and self.device.type == "cuda" \
+                and torch.cuda.is_current_stream_capturing():
+            raise DitronError("ditron: Group.timeout_s changed during CUDA-graph capture; set it "
+                              "before capturing (a graph replays the bound it captured)")
+        self._timeout_s = value
 
     def timeout_us(self) -> int:
         """The wait bound in µs, passed to kernels as a 32-bit int (a value that needed 64 bits

@@ -49,11 +49,16 @@ class PlanCache:
         self.group, self.capacity = group, capacity  # group None: a process-wide cache
         self._plans: OrderedDict = OrderedDict()
         self.builds = 0
+        self._timeout_s = group.timeout_s if group is not None else None  # the plans' wait bound
 
     def get(self, key: Hashable, build: Callable[..., P]) -> P:
         """The plan of ``key``: built with ``build()`` on a miss (a miss during CUDA-graph
         capture raises ``DitronError``), rebuilt with ``build(previous=stale_plan)`` when the
-        cached one is stale."""
+        cached one is stale. A group whose ``timeout_s`` changed gets new plans (they bind
+        the bound into their kernels' arguments)."""
+        if self.group is not None and self.group.timeout_s != self._timeout_s:
+            self._plans.clear()
+            self._timeout_s = self.group.timeout_s
         plan = self._plans.get(key)
         if plan is not None:
             if getattr(plan, "stale", _fresh)():
