@@ -94,6 +94,39 @@ def test_plain_matmul_takes_the_skinny_tiles_at_small_m():
     assert forced[0].cfg.block_m == 64 and forced[1] == 4
 
 
+FORCED_BEST = {(64, 4096): "64x64x64/s6", (64, 8192): "64x64x64/s6",
+               (64, 12288): "64x128x64/s6", (64, 16384): "64x128x64/s6",
+               (128, 4096): "64x64x64/s6", (128, 8192): "64x128x64/s6",
+               (128, 12288): "64x256x64/s4", (128, 16384): "64x256x64/s4"}
+"""The fastest of 64x64/s6, 64x128/s6 and 64x256/s4 per (M, N) in the forced runs of the
+batch-invariant GEMM (H200, 132 SMs, ``benchmarks/results/invariant_configs-bf16-cuda.csv``)."""
+
+
+def test_plain_deterministic_matmul_weighs_the_narrow_tiles():
+    """``select_split`` in deterministic mode on the GPU weighs ``narrow``'s 64x64 tiles at
+    32 < M <= 128 and picks, on the forced runs' shapes, the tiles those runs measured fastest;
+    never in default mode, above ``NARROW_MAX_M``, in the interpreter or for the fused ops
+    (``select_config``)."""
+    assert all(c.deterministic and not c.cfg.swap_ab and c.cfg.block_k == 64
+               for c in rules.NARROW_CANDIDATES)
+    for (m, n), want in FORCED_BEST.items():
+        for k in (1376, 3584, 6656):
+            assert rules.select_split(m, n, k, 132, CUDA, deterministic=True) == (
+                next(c for c in rules.candidates(CUDA, True) + rules.NARROW_CANDIDATES
+                     if c.name == want), 1), (m, n, k)
+    narrow = {c.cfg for c in rules.NARROW_CANDIDATES}
+    picked = set()
+    for m, n, p, det in itertools.product(SIZES, (256, 1000, 4096, 8192, 16384), BUDGETS,
+                                          (False, True)):
+        cfg = rules.select_split(m, n, 4096, p, CUDA, deterministic=det)[0].cfg
+        if cfg in narrow:
+            picked.add(m)
+            assert det and 32 < m <= rules.NARROW_MAX_M, (m, n, p, det)
+        assert rules.select_config(m, n, p, CUDA, deterministic=det) not in narrow
+        assert rules.select_split(m, n, 4096, p, CPU, deterministic=det)[0].cfg not in narrow
+    assert picked == {m for m in SIZES if 32 < m <= rules.NARROW_MAX_M}, picked
+
+
 def test_interpreter_tiling_changes_with_m():
     """The interpreter's rule varies the M side (16 or 32 rows) over the batch-invariance tests'
     M; deterministic mode keeps 16-row blocks there (numpy's matmul, the interpreter's

@@ -125,10 +125,11 @@ BUDGETS = (1, 33, 66, 132)
 
 def test_deterministic_mode_never_splits():
     """The rule: deterministic mode gets ``select``'s tiles (the skinny ones at small M on the
-    GPU) unsplit on every shape and budget, forced or not; ``matmul`` refuses a forced split there (argument or context)."""
+    GPU, ``narrow``'s weighed too) unsplit on every shape and budget, forced or not; ``matmul`` refuses a forced split there (argument or context)."""
     for device, (m, n, k, p) in itertools.product(
             (CUDA, CPU), itertools.product(SIZES, NS, KS, BUDGETS)):
-        want = rules.skinny(m, device) or rules.select(m, n, p, device, deterministic=True)
+        want = rules.skinny(m, device) or rules.select(m, n, p, device, deterministic=True,
+                                                        extra=rules.narrow(m, device, True))
         assert rules.select_split(m, n, k, p, device, deterministic=True) == (want, 1)
         assert rules.select_split(m, n, k, p, device, deterministic=True, split=8) == (want, 1)
         assert rules.split_options(m, n, k, p, device, deterministic=True) == []

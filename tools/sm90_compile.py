@@ -260,7 +260,7 @@ def gemm(dtypes=("bf16",), only=None) -> list[str]:
     _ag_launch._precompile(cpu, wanted)
     _rs_launch._precompile(cpu, wanted)
     _core._precompile(cpu, wanted)
-    _core.precompile_skinny(cpu, wanted)  # (GPU only in _precompile)
+    _core.precompile_plain_only(cpu, wanted)  # (GPU only in _precompile)
     for k in list(made):  # the split GEMM's TMA store of its fp32 partials (P_TMA), as on a GPU
         if k.name == "splitk_gemm_kernel" and not k.kwargs["P_TMA"]:
             parts, args = k.args[3], list(k.args)

@@ -35,9 +35,9 @@ from ..runtime.group import Group, op_id, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import register_precompile
-from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, SKINNY_CANDIDATES,  # noqa: F401
-                            TileConfig, rule_configs, select_config, select_split, slices,
-                            tail_tiles)
+from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, NARROW_CANDIDATES,  # noqa: F401
+                            SKINNY_CANDIDATES, TileConfig, rule_configs, select_config,
+                            select_split, slices, tail_tiles)
 from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
                             splitk_reduce_kernel)
 
@@ -525,10 +525,10 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     """``matmul``'s own variants (``runtime.precompile``; the unsplit persistent ones are the
     ``ag_gemm`` family's plain consumers): per tile configuration the rule can pick, fp16 and
     bf16, B ``[K, N]`` and ``[N, K]``, the split GEMM; the reduce into each dtype and fp32; on
-    the GPU the skinny tiles (``precompile_skinny``)."""
+    the GPU the tiles only it takes (``precompile_plain_only``)."""
     wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
     if device.type == "cuda":
-        precompile_skinny(device, dtypes)
+        precompile_plain_only(device, dtypes)
     for cfg, dtype in itertools.product(rule_configs(device), wanted):
         a = torch.ones(64, 256, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 256], [256, 1], [cfg.block_m, cfg.block_k])
@@ -538,19 +538,26 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
                 SplitKGemm(a_desc, b, out, None, m=64, cfg=cfg, split=2, a_varies=True)
 
 
-def precompile_skinny(device: torch.device, dtypes: tuple) -> None:
-    """``SkinnyGemm`` per skinny candidate, fp16 and bf16, B ``[K, N]`` and ``[N, K]``, out in
-    the dtype and in fp32 (deterministic mode's products). ``tools/sm90_compile.py`` calls it
-    with a CPU device."""
+def precompile_plain_only(device: torch.device, dtypes: tuple) -> None:
+    """The tiles only the plain ``matmul`` takes on the GPU: ``SkinnyGemm`` per skinny
+    candidate and the narrow candidates' ``CoreGemm`` (``_core_configs.narrow``), fp16 and
+    bf16, B ``[K, N]`` and ``[N, K]``, out in the dtype and in fp32 (deterministic mode's
+    products). ``tools/sm90_compile.py`` calls it with a CPU device."""
     wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
-    for cand, dtype in itertools.product(SKINNY_CANDIDATES, wanted):
+    sig, offsets, claim, record = _dummies(device)
+    for cand, dtype in itertools.product(SKINNY_CANDIDATES + NARROW_CANDIDATES, wanted):
         cfg = cand.cfg
         a = torch.ones(cfg.block_m, 256, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, list(a.shape), [256, 1], [cfg.block_m, cfg.block_k])
         for b in (a.new_ones(256, 64), a.new_ones(64, 256).t()):
             for out_dtype in (dtype, torch.float32):
                 out = torch.empty(cfg.block_m, 64, dtype=out_dtype, device=device)
-                SkinnyGemm(a_desc, b, out, None, m=cfg.block_m, cfg=cfg, a_varies=True)
+                if cfg.swap_ab:
+                    SkinnyGemm(a_desc, b, out, None, m=cfg.block_m, cfg=cfg, a_varies=True)
+                else:
+                    CoreGemm(a_desc, b, out, None, group=None, wait=False, sig=sig,
+                             offsets=offsets, claim=claim, record=record, m=cfg.block_m,
+                             cfg=cfg, a_varies=True)
 
 
 register_precompile("matmul", _precompile, ("matmul",))

@@ -137,6 +137,30 @@ def skinny(m: int, device: torch.device) -> Optional[Candidate]:
     return next((c for c in SKINNY_CANDIDATES if m <= c.cfg.block_m), None)
 
 
+NARROW_CANDIDATES = (
+    Candidate("64x64x64/s6", TileConfig(64, 64, 64, 8, 4, 6), 0.41, True),
+)
+"""Deterministic mode's extra tiles for the plain ``matmul`` up to ``NARROW_MAX_M`` rows on the
+GPU (``narrow``), weighed by the wave model beside ``select``'s. Why: at M = 64-128 and N =
+4096-8192, 64x128 tiles leave half the SMs idle where 64x64 fill one wave (forced runs: 0.73 vs
+0.64x cuBLAS at 64x4096, 0.87 vs 0.77x at 128x4096), while two waves of them lose to one of
+64x128 (0.60 vs 0.86x at 128x8192). Efficiency 0.41: the middle of the interval (0.28-0.55)
+in which the model picks the faster of the two on every forced-run shape. Rows measured
+bitwise equal to the 128x256 tiles'. Not in default mode (not measured there) nor in the
+fused ops (no new variant in their precompile lists). Figures: benchmarks/NOTES.md, GEMM
+core."""
+NARROW_MAX_M = 128
+"""The largest M at which the 64x64 tiles were measured (``NARROW_CANDIDATES``)."""
+
+
+def narrow(m: int, device: torch.device, deterministic: bool) -> tuple[Candidate, ...]:
+    """The plain ``matmul``'s extra candidates for ``m`` rows: ``NARROW_CANDIDATES`` in
+    deterministic mode on the GPU up to ``NARROW_MAX_M`` rows, else none."""
+    if device.type != "cuda" or not deterministic or m > NARROW_MAX_M:
+        return ()
+    return NARROW_CANDIDATES
+
+
 HALF_TILE_COST = 0.72
 """Time of a split-tail half tile in full tiles (0.5 ideal; the data allow 0.62-0.85)."""
 
@@ -197,13 +221,11 @@ def predicted_time(c: Candidate, m: int, n: int, programs: int) -> float:
 
 
 def select(m: int, n: int, programs: int, device: torch.device, *,
-           deterministic: bool) -> Candidate:
-    """``select_config``'s candidate (with its name, for benches and the fitting tool)."""
-    cands = candidates(device, deterministic)
-    if m <= max(c.cfg.block_m for c in cands):  # memory-bound: only the shortest tiles
-        shortest = min(c.cfg.block_m for c in cands)
-        cands = tuple(c for c in cands if c.cfg.block_m == shortest)
-    return min(cands, key=lambda c: predicted_time(c, m, n, programs))  # (first on a tie)
+           deterministic: bool, extra: tuple[Candidate, ...] = ()) -> Candidate:
+    """``select_config``'s candidate (with its name, for benches and the fitting tool);
+    ``extra``: candidates weighed beside the device's (the plain ``matmul``'s ``narrow``)."""
+    return min(_shortlist(m, device, deterministic, extra),
+               key=lambda c: predicted_time(c, m, n, programs))  # (first on a tie)
 
 
 def select_config(m: int, n: int, programs: int, device: torch.device, *,
@@ -290,9 +312,10 @@ def split_time_us(c: Candidate, m: int, n: int, k: int, programs: int, split: in
             + used * m * n * 8 / PARTIAL_BYTES_PER_S * 1e6 + SPLIT_LAUNCH_US)
 
 
-def _shortlist(m: int, device: torch.device, deterministic: bool) -> tuple[Candidate, ...]:
+def _shortlist(m: int, device: torch.device, deterministic: bool,
+               extra: tuple[Candidate, ...] = ()) -> tuple[Candidate, ...]:
     """``select``'s candidates for ``m`` (only the shortest tiles when memory-bound)."""
-    cands = candidates(device, deterministic)
+    cands = candidates(device, deterministic) + extra
     if m <= max(c.cfg.block_m for c in cands):
         shortest = min(c.cfg.block_m for c in cands)
         cands = tuple(c for c in cands if c.cfg.block_m == shortest)
@@ -324,7 +347,8 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
                  deterministic: bool, split: int | None = None) -> tuple[Candidate, int]:
     """Tiles and K slices for the plain ``matmul`` (``[m, k] @ [k, n]`` on ``programs``):
     ``skinny``'s candidate at small M (unsplit, either mode; a forced ``split`` in the default
-    mode takes the 64-row tiles instead), else ``select``'s candidate unsplit, unless a split option (``split_options``) has a
+    mode takes the 64-row tiles instead), else ``select``'s candidate (``narrow``'s tiles
+    weighed too) unsplit, unless a split option (``split_options``) has a
     ``split_time_us`` under ``SPLIT_MARGIN`` times the unsplit one (the least such). A pure
     function of its arguments.
 
@@ -351,7 +375,8 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
     thin = skinny(m, device)
     if thin is not None and (deterministic or split is None or split == 1):
         return thin, 1
-    first = select(m, n, programs, device, deterministic=deterministic)
+    first = select(m, n, programs, device, deterministic=deterministic,
+                   extra=narrow(m, device, deterministic))
     if deterministic or split == 1:
         return first, 1
     if split is not None:

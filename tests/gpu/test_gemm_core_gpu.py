@@ -75,7 +75,7 @@ def test_rows_bitwise_equal_across_m(world_size):
 
 
 def _candidates_agree(group) -> bool:
-    """Each configuration deterministic mode may pick (the skinny ones too), forced (``cfg=``),
+    """Each configuration deterministic mode may pick (the skinny and narrow ones too), forced (``cfg=``),
     gives the rows of the 128x256 tiles at M = 8192 bitwise, at several M, for both B
     layouts."""
     for weight_layout in (True, False):
@@ -84,7 +84,8 @@ def _candidates_agree(group) -> bool:
             b = b.contiguous()  # [K, N] row-major
         ref = matmul(a_full, b, out=torch.empty(MS[-1], N, device=group.device),
                      cfg=rules.GPU_CONFIGS[rules.GPU_CONFIG])
-        for cand in rules.candidates(group.device, True) + rules.SKINNY_CANDIDATES:
+        for cand in (rules.candidates(group.device, True) + rules.SKINNY_CANDIDATES
+                     + rules.NARROW_CANDIDATES):
             for m in (1, 17, 255, 1000, MS[-1]):
                 got = matmul(a_full[:m].clone(), b, out=torch.empty(m, N, device=group.device),
                              cfg=cand.cfg)
