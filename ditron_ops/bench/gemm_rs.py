@@ -5,7 +5,9 @@ Cases (one run, one GPU)::
     invariant   our batch-invariant GEMM (``matmul(deterministic=True)``: the deterministic
                 path's core with the rule's tiles for the shape; fp32 products as the fused
                 kernels make them) vs cuBLAS (bf16 out) for M in {1, 16, 64, 128, 1024, 8192}
-                on the GEMM-RS local shapes [M, N/8] @ [N/8, K]; ``config`` names the tiles
+                on the GEMM-RS local shapes [M, N/8] @ [N/8, K]; ``config`` names the tiles.
+                ``invariant-fp32out`` (GPU): the same times against cuBLAS writing fp32 too
+                (``torch.mm(out_dtype=)``), the part of the gap that is not the fp32 C bytes
     present     gemm_rs fused at W=1 (start barrier, count out, flags, reduction in the epilogue)
                 vs our plain GEMM of the same shape: the fused path's own overhead
 
@@ -54,23 +56,33 @@ def _inputs(m, k, n, dtype, device, seed=0):
 
 def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
     """The one-rank cases: the batch-invariant GEMM vs cuBLAS, then ``present``."""
-    inv = []
+    inv, inv32 = [], []
     for (k, n), models in _shapes(cfg.quick).items():
         for m in ((8, 64) if cfg.quick else _MS):
             a, b = _inputs(m, k, n, cfg.dtype, group.device)
             f32 = torch.empty(m, n, dtype=torch.float32, device=group.device)
-            times = paired_graph_times(group, {"ours": lambda: matmul(a, b, out=f32, deterministic=True),
-                                               "cublas": lambda: a @ b},
-                                       rounds=cfg.rounds, target_ms=cfg.target_ms)
+            fns = {"ours": lambda: matmul(a, b, out=f32, deterministic=True),
+                   "cublas": lambda: a @ b}
+            if group.device.type == "cuda":  # (``mm.dtype`` has no CPU kernel)
+                fns["cublas32"] = lambda: torch.mm(a, b, out_dtype=torch.float32)
+            times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
             t_ours, t_cublas = times["ours"], times["cublas"]
             tiles, _ = select_split(m, n, k, program_budget(group.device, None), group.device,
                                     deterministic=True)
+            shape = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
+                         extra={"config": tiles.name})
             r = Result("gemm_rs", f"invariant M={m}", 1, cfg.dtype_name, "batch-invariant GEMM (fp32 out)",
-                       t_ours, "cuBLAS a @ b", t_cublas, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
-                       extra={"config": tiles.name})
+                       t_ours, "cuBLAS a @ b", t_cublas, **shape)
             inv.append(r)
             out.append(r)
+            if "cublas32" in times:
+                inv32.append(Result("gemm_rs", f"invariant-fp32out M={m}", 1, cfg.dtype_name,
+                                    "batch-invariant GEMM (fp32 out)", t_ours,
+                                    "cuBLAS mm(out_dtype=fp32)", times["cublas32"], **shape))
+                out.append(inv32[-1])
     out.append(geo_mean_row(inv, "invariant"))
+    if inv32:
+        out.append(geo_mean_row(inv32, "invariant-fp32out"))
     present(group, cfg, out)
 
 
