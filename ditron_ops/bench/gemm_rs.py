@@ -69,16 +69,16 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
             t_ours, t_cublas = times["ours"], times["cublas"]
             tiles, _ = select_split(m, n, k, program_budget(group.device, None), group.device,
                                     deterministic=True)
-            shape = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
+            fields = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
                          extra={"config": tiles.name})
             r = Result("gemm_rs", f"invariant M={m}", 1, cfg.dtype_name, "batch-invariant GEMM (fp32 out)",
-                       t_ours, "cuBLAS a @ b", t_cublas, **shape)
+                       t_ours, "cuBLAS a @ b", t_cublas, **fields)
             inv.append(r)
             out.append(r)
             if "cublas32" in times:
                 inv32.append(Result("gemm_rs", f"invariant-fp32out M={m}", 1, cfg.dtype_name,
                                     "batch-invariant GEMM (fp32 out)", t_ours,
-                                    "cuBLAS mm(out_dtype=fp32)", times["cublas32"], **shape))
+                                    "cuBLAS mm(out_dtype=fp32)", times["cublas32"], **fields))
                 out.append(inv32[-1])
     out.append(geo_mean_row(inv, "invariant"))
     if inv32:

@@ -141,14 +141,12 @@ NARROW_CANDIDATES = (
     Candidate("64x64x64/s6", TileConfig(64, 64, 64, 8, 4, 6), 0.41, True),
 )
 """Deterministic mode's extra tiles for the plain ``matmul`` up to ``NARROW_MAX_M`` rows on the
-GPU (``narrow``), weighed by the wave model beside ``select``'s. Why: at M = 64-128 and N =
-4096-8192, 64x128 tiles leave half the SMs idle where 64x64 fill one wave (forced runs: 0.73 vs
-0.64x cuBLAS at 64x4096, 0.87 vs 0.77x at 128x4096), while two waves of them lose to one of
-64x128 (0.60 vs 0.86x at 128x8192). Efficiency 0.41: the middle of the interval (0.28-0.55)
-in which the model picks the faster of the two on every forced-run shape. Rows measured
-bitwise equal to the 128x256 tiles'. Not in default mode (not measured there) nor in the
-fused ops (no new variant in their precompile lists). Figures: benchmarks/NOTES.md, GEMM
-core."""
+GPU (``narrow``), weighed by the wave model beside ``select``'s. Why: where 64x128 tiles leave
+half the SMs idle, 64x64 tiles fill one wave, while two waves of them lose to one of 64x128.
+Efficiency 0.41: the middle of the interval in which the model picks the faster tiles on every
+forced-run shape. Rows measured bitwise equal to the 128x256 tiles'. Not in default mode (not
+measured there) nor in the fused ops (no new variant in their precompile lists). Figures:
+benchmarks/NOTES.md, GEMM core."""
 NARROW_MAX_M = 128
 """The largest M at which the 64x64 tiles were measured (``NARROW_CANDIDATES``)."""
 
