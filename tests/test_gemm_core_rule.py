@@ -127,6 +127,37 @@ def test_plain_deterministic_matmul_weighs_the_narrow_tiles():
     assert picked == {m for m in SIZES if 32 < m <= rules.NARROW_MAX_M}, picked
 
 
+SHORT_K_MEASURED = {(2840, 5376, 576): True, (5408, 3936, 768): True, (15912, 8904, 1152): True,
+                    (5176, 7032, 1472): True, (5128, 1792, 1408): True, (2912, 3072, 1536): True,
+                    (6640, 896, 704): False, (352, 15232, 832): False, (928, 4992, 952): False,
+                    (536, 8584, 1056): False, (10568, 15488, 1880): False,
+                    (3200, 6728, 2952): False}
+"""Sweep shapes with K <= 3000 and whether two-program 128x128 tiles ran faster than the rule's
+tiles there (H200, ``bench gemm_sweep --only occupancy``; the last two lost by 25%)."""
+
+
+def test_plain_matmul_takes_two_programs_per_sm_at_short_k():
+    """``select_split`` in default mode on 132 SMs takes ``SHORT_K_CANDIDATE`` exactly on the
+    measured sweep shapes where it ran faster; never with a 4-byte C, in deterministic mode, in
+    the interpreter or for the fused ops (``select_config``); the tiles are the bench's."""
+    from ditron_ops.bench.gemm_sweep import OCCUPANCY
+
+    cand = rules.SHORT_K_CANDIDATE
+    assert OCCUPANCY[cand.name] == cand.cfg and cand.cfg.ctas_per_sm == 2
+    for (m, n, k), faster in SHORT_K_MEASURED.items():
+        assert (rules.select_split(m, n, k, 132, CUDA, deterministic=False)[0] is cand) == faster
+        assert rules.select_split(m, n, k, 132, CUDA, deterministic=False, out_bytes=4)[0] is not cand
+    for m, n, p, det in itertools.product(SIZES, (256, 1000, 4096, 16384), BUDGETS, (False, True)):
+        for k in (64, 1536, 1600, 8192):
+            picked = rules.select_split(m, n, k, p, CUDA, deterministic=det)[0] is cand
+            large = (rules.skinny(m, CUDA) is None and rules.select(
+                m, n, p, CUDA, deterministic=False).cfg == rules.GPU_CONFIGS[rules.GPU_CONFIG])
+            assert picked == (not det and large and k <= 1536 and
+                              -(-m // 128) * -(-n // 256) >= 2 * p), (m, n, k, p, det)
+            assert rules.select_split(m, n, k, p, CPU, deterministic=det)[0] is not cand
+        assert rules.select_config(m, n, p, CUDA, deterministic=det) != cand.cfg
+
+
 def test_interpreter_tiling_changes_with_m():
     """The interpreter's rule varies the M side (16 or 32 rows) over the batch-invariance tests'
     M; deterministic mode keeps 16-row blocks there (numpy's matmul, the interpreter's

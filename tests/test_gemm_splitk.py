@@ -148,7 +148,7 @@ def test_deterministic_mode_never_splits():
 
 def test_rule_properties_on_the_gpu_candidates():
     """Default mode on the GPU's candidates: an unsplit choice is ``select``'s (that path is
-    unchanged), the skinny tiles' at M <= 32; a split only for tiles under one wave, 2 to ``MAX_SPLIT`` slices of at least
+    unchanged; or the two-program tiles where ``short_k`` says), the skinny tiles' at M <= 32; a split only for tiles under one wave, 2 to ``MAX_SPLIT`` slices of at least
     ``MIN_SLICE_STEPS`` steps, when the model predicts it faster; the same answer every time."""
     splits = 0
     for m, n, k, p in itertools.product(SIZES, NS, KS, BUDGETS):
@@ -156,7 +156,8 @@ def test_rule_properties_on_the_gpu_candidates():
         cand, s = rules.select_split(m, n, k, p, CUDA, deterministic=False)
         assert (cand, s) == rules.select_split(m, n, k, p, CUDA, deterministic=False)
         if s == 1:
-            assert cand == first, (m, n, k, p)
+            short = rules.short_k(first, m, n, k, p, CUDA, 2)
+            assert cand == (rules.SHORT_K_CANDIDATE if short else first), (m, n, k, p)
             continue
         splits += 1
         tiles = -(-m // cand.cfg.block_m) * -(-n // cand.cfg.block_n)

@@ -59,6 +59,16 @@ CANDIDATES = {**GPU_CONFIGS,
 """Tile configurations ``--only configs`` measures: the tuned ones and smaller or other-shaped
 tiles for small N and M, and K that 64 does not divide; every candidate of the rule
 (``gemm._core_configs.GPU_CANDIDATES``) among them."""
+OCCUPANCY = {"128x256x64/s4/tail": GPU_CONFIGS["128x256x64/s4/tail"],
+             "128x128x64/s3/o2": TileConfig(128, 128, 64, 8, 8, 3, ctas_per_sm=2),
+             "128x128x64/s3/w4/o2": TileConfig(128, 128, 64, 8, 4, 3, ctas_per_sm=2),
+             "128x128x64/s3/tail/o2": TileConfig(128, 128, 64, 8, 8, 3, split_tail=True,
+                                                 ctas_per_sm=2),
+             "64x256x64/s2/o2": TileConfig(64, 256, 64, 8, 4, 2, ctas_per_sm=2),
+             "64x128x64/s4/o2": TileConfig(64, 128, 64, 8, 4, 4, ctas_per_sm=2),
+             "128x64x64/s4/o2": TileConfig(128, 64, 64, 8, 4, 4, ctas_per_sm=2)}
+"""What ``--only occupancy`` measures beside the rule: two programs per SM (``ctas_per_sm``),
+tiles whose stages fit half an SM's shared memory, against the rule's large tiles."""
 SPLITS = (1, 2, 4, 8)
 """K slices ``--only splitk`` forces on every candidate under one wave (``rules.MAX_SPLIT``)."""
 
@@ -107,6 +117,8 @@ def configs_measured(only: tuple[str, ...]) -> dict[str, TileConfig]:
     rule's own (``GPU_CANDIDATES``: what its efficiencies are fitted to, in a third of the time)."""
     if "candidates" in only:
         return {c.name: c.cfg for c in rules.GPU_CANDIDATES}
+    if "occupancy" in only:
+        return OCCUPANCY
     return CANDIDATES
 
 
@@ -114,9 +126,15 @@ def _configs(group, cfg: BenchConfig, m: int, n: int, k: int) -> list[Result]:
     """The ``configs_measured`` configurations on one shape, bf16, paired with cuBLAS."""
     a, b = _inputs(group, m, n, k, torch.bfloat16)
     fns = {"cublas": lambda: torch.matmul(a, b)}
+    if "occupancy" in cfg.only:
+        fns["rule"] = lambda: matmul(a, b, deterministic=False)
+    ref = torch.matmul(a, b).float()
     for name, tc in configs_measured(cfg.only).items():
         try:  # a configuration that does not fit (shared memory, registers) is reported and left out
-            matmul(a, b, cfg=tc)
+            err = ((matmul(a, b, cfg=tc).float() - ref).abs().max() / ref.abs().max()).item()
+            if not err < 2e-2:
+                print(f"configs: {name} on {m}x{n}x{k} wrong: rel err {err:.2e}", flush=True)
+                continue
         except Exception as exc:  # noqa: BLE001
             print(f"configs: {name} on {m}x{n}x{k} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
             continue
@@ -179,6 +197,21 @@ def _splitk(group, cfg: BenchConfig, m: int, n: int, k: int, dtype: torch.dtype,
     return rows
 
 
+def _print_compiled() -> None:
+    """Registers, spills and shared memory of every persistent GEMM variant compiled so far (an
+    ``/o2`` variant holds two programs per SM only within half the SM's registers and memory)."""
+    from ..gemm._core_kernels import persistent_gemm_kernel
+    idx = {name: i for i, name in enumerate(persistent_gemm_kernel.arg_names)}
+    for caches in getattr(persistent_gemm_kernel, "device_caches", {}).values():
+        for kernel in caches[0].values():
+            consts = kernel.src.constants
+            tiles = [consts.get((idx[n],), consts.get(n)) for n in ("BLOCK_M", "BLOCK_N", "SPLIT_TAIL")]
+            print(f"compiled: tiles {tiles} warps {kernel.metadata.num_warps} stages "
+                  f"{kernel.metadata.num_stages} shared {kernel.metadata.shared} regs "
+                  f"{getattr(kernel, 'n_regs', '?')} spills {getattr(kernel, 'n_spills', '?')}",
+                  flush=True)
+
+
 def _measure(group, cfg: BenchConfig, case: str, m: int, n: int, k: int, dtype: torch.dtype,
              dtype_name: str, model: str = "") -> Result:
     a, b = _inputs(group, m, n, k, dtype)
@@ -219,11 +252,13 @@ def run(cfg: BenchConfig) -> list[Result]:
             for m, n, k in todo:
                 out.extend(_splitk(group, cfg, m, n, k, dtype, name))
             return
-        if "configs" in cfg.only:
+        if "configs" in cfg.only or "occupancy" in cfg.only:
             if not gpu:
                 raise SystemExit("ditron.bench gemm_sweep --only configs: needs a CUDA GPU")
-            for m, n, k in shapes:
+            extra = list(_model_shapes()) if "occupancy" in cfg.only else []
+            for m, n, k in shapes + extra:
                 out.extend(_configs(group, cfg, m, n, k))
+            _print_compiled()
             return
         for name, dtype in dtypes.items():
             rows = [_measure(group, cfg, f"sweep {name}", m, n, k, dtype, name) for m, n, k in shapes]

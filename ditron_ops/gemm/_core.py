@@ -36,7 +36,7 @@ from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import register_precompile
 from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, NARROW_CANDIDATES,  # noqa: F401
-                            SKINNY_CANDIDATES, TileConfig, rule_configs, select_config,
+                            SHORT_K_CANDIDATE, SKINNY_CANDIDATES, TileConfig, rule_configs, select_config,
                             select_split, slices, tail_tiles)
 from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
                             splitk_reduce_kernel)
@@ -64,11 +64,13 @@ def consumer_programs(device: torch.device, group: Optional[Group], tiles: int) 
 
 def consumer_grid(device: torch.device, group: Optional[Group], tiles: int,
                   cfg: TileConfig) -> int:
-    """``consumer_programs``, doubled when ``split_tail`` can run every tile as two halves
-    within the budget (small M: e.g. 7 tiles on 14 programs)."""
-    if cfg.split_tail and 2 * tiles <= program_budget(device, group):
+    """``consumer_programs`` (``cfg.ctas_per_sm`` per SM of the budget), doubled when
+    ``split_tail`` can run every tile as two halves within the budget (small M: e.g. 7 tiles
+    on 14 programs)."""
+    budget = program_budget(device, group) * cfg.ctas_per_sm
+    if cfg.split_tail and 2 * tiles <= budget:
         return 2 * tiles
-    return consumer_programs(device, group, tiles)
+    return max(1, min(tiles, budget))
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -135,6 +137,8 @@ def fit_stages(cfg: TileConfig, device: torch.device, in_bytes: int, out_bytes: 
     if device.type != "cuda":
         return cfg
     limit = _shared_memory_limit(device.index if device.index is not None else 0)
+    if cfg.ctas_per_sm > 1:  # the SM's memory (the block limit + 1 KB reserved) shared out
+        limit = (limit + 1024) // cfg.ctas_per_sm - 1024
     stage = (cfg.block_m + cfg.block_n) * cfg.block_k * in_bytes
     c_block = cfg.block_m * cfg.block_n // 2 * out_bytes
     stages = cfg.num_stages
@@ -193,6 +197,8 @@ class CoreGemm:
         if cfg is None:
             cfg = select_config(m, b.shape[1], program_budget(out.device, group), out.device,
                                 deterministic=False)
+        if wait and cfg.ctas_per_sm > 1:
+            raise ValueError(f"{cfg}: a waiting grid runs one program per SM (all resident)")
         cfg = fit_stages(cfg, out.device, b.element_size(), out.element_size())
         self.cfg = cfg
         self._b_pad, b_desc, b_kn = b_operand(b, cfg, b_pad)
@@ -409,7 +415,8 @@ class _MatmulPlan:
         split = 1
         if cfg is None:
             chosen, split = select_split(m, n, k, program_budget(a.device, None), a.device,
-                                         deterministic=deterministic, split=split_k)
+                                         deterministic=deterministic, split=split_k,
+                                         out_bytes=out.element_size())
             cfg = chosen.cfg
         elif split_k is not None and split_k > 1:  # a fixed configuration, split as asked
             split = slices(k, cfg.block_k, split_k)[0]
@@ -542,15 +549,17 @@ def precompile_plain_only(device: torch.device, dtypes: tuple) -> None:
     """The tiles only the plain ``matmul`` takes on the GPU: ``SkinnyGemm`` per skinny
     candidate and the narrow candidates' ``CoreGemm`` (``_core_configs.narrow``), fp16 and
     bf16, B ``[K, N]`` and ``[N, K]``, out in the dtype and in fp32 (deterministic mode's
-    products). ``tools/sm90_compile.py`` calls it with a CPU device."""
+    products); ``SHORT_K_CANDIDATE`` (out in the dtype only: ``short_k``).
+    ``tools/sm90_compile.py`` calls it with a CPU device."""
     wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
     sig, offsets, claim, record = _dummies(device)
-    for cand, dtype in itertools.product(SKINNY_CANDIDATES + NARROW_CANDIDATES, wanted):
+    plain = SKINNY_CANDIDATES + NARROW_CANDIDATES + (SHORT_K_CANDIDATE,)
+    for cand, dtype in itertools.product(plain, wanted):
         cfg = cand.cfg
         a = torch.ones(cfg.block_m, 256, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, list(a.shape), [256, 1], [cfg.block_m, cfg.block_k])
         for b in (a.new_ones(256, 64), a.new_ones(64, 256).t()):
-            for out_dtype in (dtype, torch.float32):
+            for out_dtype in (dtype,) if cand is SHORT_K_CANDIDATE else (dtype, torch.float32):
                 out = torch.empty(cfg.block_m, 64, dtype=out_dtype, device=device)
                 if cfg.swap_ab:
                     SkinnyGemm(a_desc, b, out, None, m=cfg.block_m, cfg=cfg, a_varies=True)

@@ -98,3 +98,35 @@ def test_split_replays_from_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, matmul(a, b, split_k=4, deterministic=False))
+
+
+def test_short_k_pairs_run_two_programs_per_sm_and_are_exact():
+    """A short-K, many-wave shape (M and N off the tiles, K off BLOCK_K): the default mode's
+    plain ``matmul`` runs ``SHORT_K_CANDIDATE`` on a grid of two programs per SM (as the rule
+    says on this GPU; forced otherwise), with and without bias, B as ``[K, N]`` and as
+    ``w.t()``, equal to the exact product rounded once; an fp32 C keeps ``select``'s tiles;
+    a CUDA-graph replay gives the same bits."""
+    budget = program_budget(DEV, None)
+    m, n, k = 128 * 12 + 40, 256 * (-(-2 * budget // 13)) + 72, 1000
+    cand = rules.SHORT_K_CANDIDATE
+    assert rules.select_split(m, n, k, budget, DEV, deterministic=False) == (cand, 1)
+    a, bias = _ints(m, k, seed=1), _ints(n, seed=3)
+    for layout, with_bias in itertools.product(("kn", "nk"), (False, True)):
+        b = _ints(k, n, seed=2) if layout == "kn" else _ints(n, k, seed=2).t()
+        want = a.double() @ b.double() + (bias.double() if with_bias else 0)
+        got = matmul(a, b, bias=bias if with_bias else None, deterministic=False)
+        core = _plan().core
+        tiles = -(-m // 128) * -(-n // 128)
+        assert core.cfg.ctas_per_sm == 2 and core.kernel.grid[0] == min(tiles, 2 * budget)
+        assert torch.equal(got, want.to(torch.bfloat16)), (layout, with_bias)
+    f32 = matmul(a, b, out=torch.empty(m, n, device=DEV), deterministic=False)
+    assert _plan().core.cfg.ctas_per_sm == 1 and torch.equal(f32, (a.double() @ b.double()).float())
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
+    matmul(a, b, out=out, deterministic=False)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        matmul(a, b, out=out, deterministic=False)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, (a.double() @ b.double()).to(torch.bfloat16))
