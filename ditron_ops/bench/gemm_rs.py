@@ -7,7 +7,8 @@ Cases (one run, one GPU)::
                 kernels make them) vs cuBLAS (bf16 out) for M in {1, 16, 64, 128, 1024, 8192}
                 on the GEMM-RS local shapes [M, N/8] @ [N/8, K]; ``config`` names the tiles.
                 ``invariant-fp32out`` (GPU): the same times against cuBLAS writing fp32 too
-                (``torch.mm(out_dtype=)``), the part of the gap that is not the fp32 C bytes
+                (``torch.mm(out_dtype=)``), the part of the gap that is not the fp32 C bytes;
+                ``det_cost``: its time over the default mode's ``matmul`` (bf16 out), paired
     present     gemm_rs fused at W=1 (start barrier, count out, flags, reduction in the epilogue)
                 vs our plain GEMM of the same shape: the fused path's own overhead
 
@@ -62,7 +63,8 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
             a, b = _inputs(m, k, n, cfg.dtype, group.device)
             f32 = torch.empty(m, n, dtype=torch.float32, device=group.device)
             fns = {"ours": lambda: matmul(a, b, out=f32, deterministic=True),
-                   "cublas": lambda: a @ b}
+                   "cublas": lambda: a @ b,
+                   "default": lambda: matmul(a, b, deterministic=False)}
             if group.device.type == "cuda":  # (``mm.dtype`` has no CPU kernel)
                 fns["cublas32"] = lambda: torch.mm(a, b, out_dtype=torch.float32)
             times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
@@ -70,7 +72,8 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
             tiles, _ = select_split(m, n, k, program_budget(group.device, None), group.device,
                                     deterministic=True)
             fields = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
-                         extra={"config": tiles.name})
+                          extra={"config": tiles.name,
+                                 "det_cost": round(t_ours / times["default"], 3)})
             r = Result("gemm_rs", f"invariant M={m}", 1, cfg.dtype_name, "batch-invariant GEMM (fp32 out)",
                        t_ours, "cuBLAS a @ b", t_cublas, **fields)
             inv.append(r)
