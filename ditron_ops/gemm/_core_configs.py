@@ -37,6 +37,10 @@ under ``SPLIT_MARGIN`` of the unsplit time. Its time, in microseconds::
 (``time(c, 1)`` is the tile rule's time x steps x ``STEP_US``: an S = 1 choice is always
 ``select``'s). The partial traffic and the fixed cost are fitted to the sweep's split runs
 (``tools/gemm_rule_fit.py --split-sweep``; data and history: benchmarks/NOTES.md, GEMM core).
+
+Two programs per SM (``short_k``; the default mode's plain ``matmul`` only): where ``select``
+picked the 128x256 tiles for a short K over two waves or more, 128x128 tiles with two resident
+programs per SM hide each one's pipeline fill and C store under the other's MMAs.
 """
 from __future__ import annotations
 
