@@ -148,7 +148,8 @@ def test_deterministic_mode_never_splits():
 
 def test_rule_properties_on_the_gpu_candidates():
     """Default mode on the GPU's candidates: an unsplit choice is ``select``'s (that path is
-    unchanged; or the two-program tiles where ``short_k`` says), the skinny tiles' at M <= 32; a split only for tiles under one wave, 2 to ``MAX_SPLIT`` slices of at least
+    unchanged; the two-program tiles where ``short_k`` says), the skinny tiles' at M <= 32; a
+    split only for tiles under one wave, 2 to ``MAX_SPLIT`` slices of at least
     ``MIN_SLICE_STEPS`` steps, when the model predicts it faster; the same answer every time."""
     splits = 0
     for m, n, k, p in itertools.product(SIZES, NS, KS, BUDGETS):

@@ -36,8 +36,8 @@ from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import register_precompile
 from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, NARROW_CANDIDATES,  # noqa: F401
-                            SHORT_K_CANDIDATE, SKINNY_CANDIDATES, TileConfig, rule_configs, select_config,
-                            select_split, slices, tail_tiles)
+                            SHORT_K_CANDIDATE, SKINNY_CANDIDATES, TileConfig, rule_configs,
+                            select_config, select_split, slices, tail_tiles)
 from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
                             splitk_reduce_kernel)
 

@@ -102,8 +102,8 @@ def test_split_replays_from_a_cuda_graph():
 
 def test_short_k_pairs_run_two_programs_per_sm_and_are_exact():
     """A short-K, many-wave shape (M and N off the tiles, K off BLOCK_K): the default mode's
-    plain ``matmul`` runs ``SHORT_K_CANDIDATE`` on a grid of two programs per SM (as the rule
-    says on this GPU; forced otherwise), with and without bias, B as ``[K, N]`` and as
+    plain ``matmul`` runs ``SHORT_K_CANDIDATE`` (the rule's pick) on a grid of two programs
+    per SM, with and without bias, B as ``[K, N]`` and as
     ``w.t()``, equal to the exact product rounded once; an fp32 C keeps ``select``'s tiles;
     a CUDA-graph replay gives the same bits."""
     budget = program_budget(DEV, None)
