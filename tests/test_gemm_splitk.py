@@ -194,8 +194,7 @@ def test_rule_choices_with_the_sweep_fitted_constants():
 
 
 def test_a_repeated_split_call_builds_and_binds_nothing(monkeypatch):
-    """A split plan binds its kernels once (at its build: one with the in-launch reduction, else
-    two); identical calls after that
+    """A split plan binds its two kernels once (at its build); identical calls after that
     select, build and bind nothing, with the outputs' addresses alternating or not."""
     counts = {"bind": 0, "select": 0}
     init, select = BoundKernel.__init__, rules.select
@@ -220,36 +219,10 @@ def test_a_repeated_split_call_builds_and_binds_nothing(monkeypatch):
         call()
     cache = _core._MATMUL_PLANS.cache
     before = (cache.builds, counts["bind"], counts["select"])
-    per_plan = 1 if _core.SPLIT_FIXUP else 2
-    assert before[1:] == (3 * per_plan, 3), before  # three new plans (43 rows: shapes no other test uses)
+    assert before[1:] == (6, 3), before  # three new plans (43 rows: shapes no other test uses)
     for call in calls * 3:
         call()
     assert (cache.builds, counts["bind"], counts["select"]) == before
-
-
-@pytest.mark.parametrize("split", (2, 3))
-def test_in_launch_reduction_gives_the_two_launch_bits(split, monkeypatch):
-    """The split GEMM reducing its slices in its own launch (the tile's last unit sums them)
-    gives the bits of the second-launch reduce (same slice order), with bias, into fp16 and
-    fp32 outputs, call after call; its tile counts are back at 0 after every call."""
-    gen = torch.Generator().manual_seed(4)
-    a, b = torch.randn(70, 200, generator=gen), torch.randn(200, 40, generator=gen)
-    bias = torch.randn(40, generator=gen)  # (normal values: another sum order gives other bits)
-    got = {}
-    for fixup in (False, True):
-        monkeypatch.setattr(_core, "SPLIT_FIXUP", fixup)
-        monkeypatch.setattr(_core._MATMUL_PLANS, "cache", None)  # new plans
-        outs = [matmul(a, b, bias=bias, out=torch.empty(70, 40, dtype=dt), split_k=split,
-                       deterministic=False) for dt in (torch.float16, torch.float32)]
-        plan = next(reversed(_core._MATMUL_PLANS.cache._plans.values()))
-        assert plan.core.fixup == fixup and plan.split == split
-        again = matmul(a, b, bias=bias, out=torch.empty(70, 40), split_k=split, deterministic=False)
-        assert torch.equal(again, outs[1])
-        if fixup:
-            assert not plan.core.counts.any()
-        got[fixup] = outs
-    for two, one in zip(got[False], got[True]):
-        assert torch.equal(two, one)
 
 
 def test_fused_ops_never_split(monkeypatch):

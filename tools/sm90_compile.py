@@ -304,9 +304,8 @@ def gemm(dtypes=("bf16",), only=None) -> list[str]:
 
 
 def splitk() -> list[str]:
-    """Only ``gemm``'s split-K variants (``splitk_fixup_gemm_kernel``, or with
-    ``_core.SPLIT_FIXUP`` off ``splitk_gemm_kernel`` and ``splitk_reduce_kernel``)."""
-    return gemm(only=("splitk_fixup_gemm_kernel", "splitk_gemm_kernel", "splitk_reduce_kernel"))
+    """Only ``gemm``'s split-K variants (``splitk_gemm_kernel``, ``splitk_reduce_kernel``)."""
+    return gemm(only=("splitk_gemm_kernel", "splitk_reduce_kernel"))
 
 
 def moe() -> list[str]:

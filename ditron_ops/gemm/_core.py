@@ -38,8 +38,8 @@ from ..runtime.precompile import register_precompile
 from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, NARROW_CANDIDATES,  # noqa: F401
                             SHORT_K_CANDIDATE, SKINNY_CANDIDATES, TileConfig, rule_configs,
                             select_config, select_split, slices, tail_tiles)
-from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel,
-                            splitk_fixup_gemm_kernel, splitk_gemm_kernel, splitk_reduce_kernel)
+from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
+                            splitk_reduce_kernel)
 
 
 INTERPRETER_PROGRAMS = 1
@@ -274,20 +274,11 @@ fp32 per slice and program, 16-byte loads along rows (800x768: 150 programs); sm
 the interpreter, whose cost is per element of a block."""
 
 
-SPLIT_FIXUP = True
-"""``SplitKGemm`` reduces the slices inside the split GEMM's launch (``splitk_fixup_gemm_kernel``:
-the last unit of a tile sums them), instead of a second kernel over all partials."""
-FIX_ROWS = {"cuda": 32, "cpu": 16}
-"""Rows of a tile the in-launch reduction sums at a time (live registers: a 32x256 fp32 block)."""
-
-
 class SplitKGemm:
     """``out = A @ b (+ bias)`` with K cut into slices, bound once for a plan (default-mode
-    ``matmul`` only): every (tile, slice) unit's fp32 product goes into the plan's workspace
-    ``parts``, and the slices are summed in order, the bias added and the sum rounded once into
-    ``out``: by the tile's last unit in the same launch (``fixup``,
-    ``splitk_fixup_gemm_kernel``; ``counts`` per tile, zero between calls), else by a second
-    launch (``splitk_gemm_kernel``, then ``splitk_reduce_kernel``). The same bits either way.
+    ``matmul`` only): ``splitk_gemm_kernel`` writes every (tile, slice) unit's fp32 product into
+    the plan's workspace ``parts``, ``splitk_reduce_kernel`` sums the slices in order, adds the
+    bias and rounds once into ``out``.
 
     Parameters
     ----------
@@ -304,8 +295,6 @@ class SplitKGemm:
         The K slices asked for; ``slices`` may leave fewer (``self.slices``, at least 2).
     a_varies : bool
     b_pad : torch.Tensor, optional
-    fixup : bool, optional
-        Reduce in the split GEMM's launch (default ``SPLIT_FIXUP``).
 
     Notes
     -----
@@ -316,12 +305,9 @@ class SplitKGemm:
 
     def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
                  bias: Optional[torch.Tensor], *, m: int, cfg: TileConfig, split: int,
-                 a_varies: bool, b_pad: Optional[torch.Tensor] = None,
-                 fixup: Optional[bool] = None):
+                 a_varies: bool, b_pad: Optional[torch.Tensor] = None):
         device = out.device
-        fixup = SPLIT_FIXUP if fixup is None else fixup
-        cfg = fit_stages(dataclasses.replace(cfg, split_tail=False), device, b.element_size(),
-                         0 if fixup else 4)  # (the in-launch reduction stages no C block)
+        cfg = fit_stages(dataclasses.replace(cfg, split_tail=False), device, b.element_size(), 4)
         self.cfg = cfg
         self._b_pad, b_desc, b_kn = b_operand(b, cfg, b_pad)
         if self._b_pad is not None:
@@ -337,27 +323,12 @@ class SplitKGemm:
         units = tiles_m * tiles_n * self.slices
         self._a_varies = a_varies
         vary = (("a_desc",) if a_varies else ()) + (("b_desc",) if self._b_pad is None else ())
-        grid = (min(units, program_budget(device, None)),)
-        tiles_cfg = dict(B_KN=b_kn, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                         BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
-                         num_stages=cfg.num_stages)
-        self.fixup = fixup
-        if fixup:
-            self.counts = torch.zeros(tiles_m * tiles_n, dtype=torch.int32, device=device)
-            self.gemm = BoundKernel(
-                splitk_fixup_gemm_kernel, grid,
-                (a_desc, b_desc, self.parts, out, bias if bias is not None else out,
-                 self.counts, m, n, k, rows, self.slices, steps, out.stride(0), out.stride(1),
-                 int(bias is not None)),
-                dict(FIX_ROWS=FIX_ROWS["cuda" if out.is_cuda else "cpu"], **tiles_cfg),
-                vary=vary + ("c_ptr", "bias_ptr"), device=device)
-            return
-        p_desc = (TensorDescriptor(self.parts, list(self.parts.shape), [cols, 1],
-                                   [cfg.block_m, cfg.block_n // 2]) if out.is_cuda else None)
         self.gemm = BoundKernel(
-            splitk_gemm_kernel, grid,
+            splitk_gemm_kernel, (min(units, program_budget(device, None)),),
             (a_desc, b_desc, p_desc, self.parts, m, n, k, rows, self.slices, steps),
-            dict(P_TMA=p_desc is not None, **tiles_cfg), vary=vary, device=device)
+            dict(B_KN=b_kn, P_TMA=p_desc is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                 BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
+                 num_stages=cfg.num_stages), vary=vary, device=device)
         block_r, block_c, warps = REDUCE_BLOCKS["cuda" if out.is_cuda else "cpu"]
         self.reduce = BoundKernel(
             splitk_reduce_kernel, (-(-m // block_r) * -(-n // block_c),),
@@ -368,12 +339,8 @@ class SplitKGemm:
 
     def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
             bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """The launches on the current stream (``a`` only when it varies, else None)."""
-        values = _ab_values(a, b, self._a_varies, self._b_pad)
-        if self.fixup:
-            self.gemm.launch(*values, out, bias if bias is not None else out)
-            return out
-        self.gemm.launch(*values)
+        """Both launches on the current stream (``a`` only when it varies, else None)."""
+        self.gemm.launch(*_ab_values(a, b, self._a_varies, self._b_pad))
         self.reduce.launch(out, bias if bias is not None else out)
         return out
 

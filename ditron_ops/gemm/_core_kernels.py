@@ -249,64 +249,6 @@ def splitk_gemm_kernel(a_desc, b_desc, p_desc, p_ptr, M, N, K, rows, slices, sli
                     cols, 1, 0, P_TMA, True)
 
 
-@dl.jit(do_not_specialize=("M", "N", "K", "rows", "slices", "slice_steps", "stride_cm",
-                           "stride_cn", "has_bias"))
-def splitk_fixup_gemm_kernel(a_desc, b_desc, p_ptr, c_ptr, bias_ptr, count_ptr, M, N, K, rows,
-                             slices, slice_steps, stride_cm, stride_cn, has_bias,
-                             B_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                             FIX_ROWS: tl.constexpr):
-    """``splitk_gemm_kernel``'s units, each reduced in the same launch: a unit stores its fp32
-    partial at rows ``slice * rows + off_m`` of ``P [slices * rows, cols]`` (pointer stores,
-    which the release below orders), then counts itself in on its tile (``count_ptr[tile]``,
-    acquire-release); the unit that counts in last sums ``P_0 + P_1 + ...`` in slice order
-    (``splitk_reduce_kernel``'s order: the same bits), adds the bias, rounds once into C, and
-    sets the count back to 0 for the next call. Nothing waits: whichever unit finishes last
-    reduces, so programs never spin (safe in the interpreter and beside waiting peers)."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles = tiles_m * tiles_n
-    group_tiles = GROUP_M * tiles_n
-    steps = tl.cdiv(K, BLOCK_K)
-    cols = tiles_n * BLOCK_N
-    slice_elems = rows.to(tl.int64) * cols
-    for unit in range(pid, tiles * slices, nprog):
-        s = unit // tiles
-        tile = unit % tiles
-        pid_m, pid_n = _tile_coords(tile, tiles_m, group_tiles, 0, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        lo = s * slice_steps
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(lo, tl.minimum(lo + slice_steps, steps)):
-            a = a_desc.load([off_m, ki * BLOCK_K])
-            if B_KN:
-                b = b_desc.load([ki * BLOCK_K, off_n])
-            else:
-                b = b_desc.load([off_n, ki * BLOCK_K]).T
-            acc = tl.dot(a, b, acc)
-        rm = off_m + tl.arange(0, BLOCK_M)
-        rn = off_n + tl.arange(0, BLOCK_N)
-        tl.store(p_ptr + s * slice_elems + rm.to(tl.int64)[:, None] * cols + rn[None, :], acc)
-        tl.debug_barrier()  # every thread's partial stored before the release
-        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == slices - 1:
-            tl.debug_barrier()
-            for r in tl.static_range(0, BLOCK_M, FIX_ROWS):
-                fm = off_m + r + tl.arange(0, FIX_ROWS)
-                ptrs = p_ptr + fm.to(tl.int64)[:, None] * cols + rn[None, :]
-                total = tl.load(ptrs, cache_modifier=".cg")
-                for j in range(1, slices):
-                    total += tl.load(ptrs + j * slice_elems, cache_modifier=".cg")
-                if has_bias != 0:
-                    total += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-                mask = (fm[:, None] < M) & (rn[None, :] < N)
-                c_offs = fm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
-                tl.store(c_ptr + c_offs, total.to(c_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
-
-
 @dl.jit(do_not_specialize=("M", "N", "slices", "slice_stride", "stride_pm", "stride_cm",
                            "stride_cn", "has_bias"))
 def splitk_reduce_kernel(p_ptr, c_ptr, bias_ptr, M, N, slices, slice_stride, stride_pm,

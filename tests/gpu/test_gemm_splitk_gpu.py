@@ -130,27 +130,3 @@ def test_short_k_pairs_run_two_programs_per_sm_and_are_exact():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, (a.double() @ b.double()).to(torch.bfloat16))
-
-
-@pytest.mark.parametrize("name", [c.name for c in rules.GPU_CANDIDATES])
-def test_in_launch_reduction_gives_the_two_launch_bits(name, monkeypatch):
-    """Every candidate split 3 and 8 ways on normal inputs (where another sum order gives other
-    bits): the in-launch reduction (``SPLIT_FIXUP``) equals the second-launch reduce bitwise,
-    bf16 and fp32 out, with bias; its tile counts are back at 0 after every call."""
-    cfg = next(c.cfg for c in rules.GPU_CANDIDATES if c.name == name)
-    a, b = _normal(700, 900, 9000, seed=5)
-    bias = torch.randn(900, device=DEV).to(torch.bfloat16)
-    for split in (3, 8):
-        got = {}
-        for fixup in (False, True):
-            monkeypatch.setattr(_core, "SPLIT_FIXUP", fixup)
-            monkeypatch.setattr(_core._MATMUL_PLANS, "cache", None)
-            got[fixup] = [matmul(a, b, bias=bias, out=torch.empty(700, 900, dtype=dt, device=DEV),
-                                 cfg=cfg, split_k=split, deterministic=False)
-                          for dt in (torch.bfloat16, torch.float32)]
-            assert _plan().core.fixup == fixup
-            if fixup:
-                torch.cuda.synchronize()
-                assert not _plan().core.counts.any()
-        for two, one in zip(got[False], got[True]):
-            assert torch.equal(two, one), (name, split)
