@@ -16,8 +16,10 @@ geo-mean row per dtype, and the registered model shapes at M = 8192 (``case = "m
 Targets (issue 20): geo-mean >= 0.97x, no shape below 0.85x, model shapes >= 0.98x.
 ``--only configs``: instead, bf16 only, every tile configuration of ``CANDIDATES`` on every
 sweep shape (``case = "configs bf16"``, ``impl`` = the configuration): the data a shape-aware
-rule is fitted to and checked against; ``--only configs,candidates``: the rule's candidates only.
-``--only splitk``: instead, bf16 only, the split-K calibration (``splitk_shapes``: the sweep
+rule is fitted to and checked against; ``--only configs,candidates``: the rule's candidates only;
+``--only occupancy``: ``OCCUPANCY`` (two programs per SM) beside the rule's own choice
+(``impl = "rule"``), on the sweep and the model shapes; it prints each compiled variant's
+registers and shared memory. ``--only splitk``: instead, bf16 only, the split-K calibration (``splitk_shapes``: the sweep
 shapes where some candidate has fewer tiles than the SMs): every such candidate with K forced
 into S in ``SPLITS`` slices (and the rule's own choice), paired with cuBLAS (``case = "splitk
 bf16"``, ``impl = "<config> S=<slices>"``; columns ``config``, ``split_k`` (the slices run),
