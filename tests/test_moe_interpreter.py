@@ -544,6 +544,12 @@ def test_precompile_builds_every_combine_variant(monkeypatch):
         for in_place in (True, False)]
 
 
+THREADED_TIMEOUT_S = 120.0
+"""Wait bound of worlds whose programs run as threads: a program waits for its sibling programs,
+which share the GIL with every spinning thread of both ranks; on a loaded 2-core CI machine a
+sibling's pre-barrier work took over the default 10 s once (a spurious moe_combine timeout)."""
+
+
 @contextlib.contextmanager
 def _programs_as_threads():
     """The interpreter runs a grid's programs one after another; here each runs in its own
@@ -614,7 +620,7 @@ def test_several_programs_per_rank(monkeypatch, in_place):
                 assert torch.equal(buf.combine(c.x, d.handle), mc.identity_combine(x * 2, d.handle.dest, w))
         return True
     with _programs_as_threads():
-        assert ditron_ops.launch(body, 2) == [True, True]
+        assert ditron_ops.launch(body, 2, timeout_s=THREADED_TIMEOUT_S) == [True, True]
 
 
 def test_tile_rules():
@@ -696,7 +702,7 @@ def test_combine_and_dispatch_tilings(monkeypatch, in_place, tiles):
         return True
     run = _programs_as_threads() if tiles == "segments" else contextlib.nullcontext()
     with run:
-        assert ditron_ops.launch(body, 2) == [True, True]
+        assert ditron_ops.launch(body, 2, timeout_s=THREADED_TIMEOUT_S) == [True, True]
 
 
 def test_buffer_exit_keeps_the_error_that_ended_the_block(monkeypatch):
