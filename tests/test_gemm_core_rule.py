@@ -137,22 +137,25 @@ tiles there (H200, ``bench gemm_sweep --only occupancy``; the last two lost by 2
 
 
 def test_plain_matmul_takes_two_programs_per_sm_at_short_k():
-    """``select_split`` in default mode on 132 SMs takes ``SHORT_K_CANDIDATE`` exactly on the
-    measured sweep shapes where it ran faster; never with a 4-byte C, in deterministic mode, in
-    the interpreter or for the fused ops (``select_config``); the tiles are the bench's."""
+    """``select_split`` on 132 SMs takes ``SHORT_K_CANDIDATE`` exactly on the measured sweep
+    shapes where it ran faster, in both modes (its rows are the 128x256 tiles'; a forced
+    ``split`` never takes it); never in the interpreter or for the fused ops
+    (``select_config``); the tiles are the bench's."""
     from ditron_ops.bench.gemm_sweep import OCCUPANCY
 
     cand = rules.SHORT_K_CANDIDATE
-    assert OCCUPANCY[cand.name] == cand.cfg and cand.cfg.ctas_per_sm == 2
+    assert OCCUPANCY[cand.name] == cand.cfg and cand.cfg.ctas_per_sm == 2 and cand.deterministic
     for (m, n, k), faster in SHORT_K_MEASURED.items():
-        assert (rules.select_split(m, n, k, 132, CUDA, deterministic=False)[0] is cand) == faster
-        assert rules.select_split(m, n, k, 132, CUDA, deterministic=False, out_bytes=4)[0] is not cand
+        for det in (False, True):
+            assert (rules.select_split(m, n, k, 132, CUDA, deterministic=det)[0] is cand) == faster
+        assert rules.select_split(m, n, k, 132, CUDA, deterministic=False, split=1)[0] is not cand
     for m, n, p, det in itertools.product(SIZES, (256, 1000, 4096, 16384), BUDGETS, (False, True)):
         for k in (64, 1536, 1600, 8192):
             picked = rules.select_split(m, n, k, p, CUDA, deterministic=det)[0] is cand
             large = (rules.skinny(m, CUDA) is None and rules.select(
-                m, n, p, CUDA, deterministic=False).cfg == rules.GPU_CONFIGS[rules.GPU_CONFIG])
-            assert picked == (not det and large and k <= 1536 and
+                m, n, p, CUDA, deterministic=det, extra=rules.narrow(m, CUDA, det)).cfg
+                == rules.GPU_CONFIGS[rules.GPU_CONFIG])
+            assert picked == (large and k <= 1536 and
                               -(-m // 128) * -(-n // 256) >= 2 * p), (m, n, k, p, det)
             assert rules.select_split(m, n, k, p, CPU, deterministic=det)[0] is not cand
         assert rules.select_config(m, n, p, CUDA, deterministic=det) != cand.cfg

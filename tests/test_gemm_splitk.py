@@ -125,12 +125,15 @@ BUDGETS = (1, 33, 66, 132)
 
 def test_deterministic_mode_never_splits():
     """The rule: deterministic mode gets ``select``'s tiles (the skinny ones at small M on the
-    GPU, ``narrow``'s weighed too) unsplit on every shape and budget, forced or not; ``matmul`` refuses a forced split there (argument or context)."""
+    GPU, ``narrow``'s weighed too; the two-program tiles where ``short_k`` says) unsplit on
+    every shape and budget, forced or not; ``matmul`` refuses a forced split there (argument
+    or context)."""
     for device, (m, n, k, p) in itertools.product(
             (CUDA, CPU), itertools.product(SIZES, NS, KS, BUDGETS)):
         want = rules.skinny(m, device) or rules.select(m, n, p, device, deterministic=True,
                                                         extra=rules.narrow(m, device, True))
-        assert rules.select_split(m, n, k, p, device, deterministic=True) == (want, 1)
+        short = rules.SHORT_K_CANDIDATE if rules.short_k(want, m, n, k, p, device) else want
+        assert rules.select_split(m, n, k, p, device, deterministic=True) == (short, 1)
         assert rules.select_split(m, n, k, p, device, deterministic=True, split=8) == (want, 1)
         assert rules.split_options(m, n, k, p, device, deterministic=True) == []
     a, b = _ints(40, 100), _ints(100, 24)
@@ -157,7 +160,7 @@ def test_rule_properties_on_the_gpu_candidates():
         cand, s = rules.select_split(m, n, k, p, CUDA, deterministic=False)
         assert (cand, s) == rules.select_split(m, n, k, p, CUDA, deterministic=False)
         if s == 1:
-            short = rules.short_k(first, m, n, k, p, CUDA, 2)
+            short = rules.short_k(first, m, n, k, p, CUDA)
             assert cand == (rules.SHORT_K_CANDIDATE if short else first), (m, n, k, p)
             continue
         splits += 1

@@ -60,7 +60,7 @@ def _rows_across_m(group) -> list:
 def test_rows_bitwise_equal_across_m(world_size):
     """The same rows computed inside calls with M in {1, 3, 17, 64, 255, 1000, 8192} are
     bitwise equal, while the rule's tiling changes between those M (``matmul``: the skinny
-    tiles up to M = 32, then 64 and 128 rows)."""
+    tiles up to M = 32, then 64 and 128 rows, two programs per SM at M = 8192)."""
     picks = ditron_ops.launch(_rows_across_m, world_size)
     fused = [p[0] for p in picks]
     assert all(p == fused[0] for p in fused), fused  # every rank the same tiles
@@ -70,6 +70,7 @@ def test_rows_bitwise_equal_across_m(world_size):
                                                                                False, False,
                                                                                False, False]
     assert plain[0].startswith("sw16") and plain[2].startswith("sw32") and len(set(plain)) >= 4
+    assert plain[-1] == rules.SHORT_K_CANDIDATE.name  # 22 K steps over 7.8 waves: two per SM
     print(f"\nW={world_size}: fused " + ", ".join(f"M={m} {p}" for m, p in zip(MS, fused[0]))
           + "; matmul " + ", ".join(f"M={m} {p}" for m, p in zip(MS, plain)))
 
@@ -85,7 +86,7 @@ def _candidates_agree(group) -> bool:
         ref = matmul(a_full, b, out=torch.empty(MS[-1], N, device=group.device),
                      cfg=rules.GPU_CONFIGS[rules.GPU_CONFIG])
         for cand in (rules.candidates(group.device, True) + rules.SKINNY_CANDIDATES
-                     + rules.NARROW_CANDIDATES):
+                     + rules.NARROW_CANDIDATES + (rules.SHORT_K_CANDIDATE,)):
             for m in (1, 17, 255, 1000, MS[-1]):
                 got = matmul(a_full[:m].clone(), b, out=torch.empty(m, N, device=group.device),
                              cfg=cand.cfg)
