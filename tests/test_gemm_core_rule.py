@@ -138,8 +138,8 @@ tiles there (H200, ``bench gemm_sweep --only occupancy``; the last two lost by 2
 
 def test_plain_matmul_takes_two_programs_per_sm_at_short_k():
     """``select_split`` on 132 SMs takes ``SHORT_K_CANDIDATE`` exactly on the measured sweep
-    shapes where it ran faster, in both modes (its rows are the 128x256 tiles'; a forced
-    ``split`` never takes it); never in the interpreter or for the fused ops
+    shapes where it ran faster, in both modes (its rows are the 128x256 tiles'); never with a
+    4-byte C or a forced ``split``, in the interpreter or for the fused ops
     (``select_config``); the tiles are the bench's."""
     from ditron_ops.bench.gemm_sweep import OCCUPANCY
 
@@ -148,6 +148,7 @@ def test_plain_matmul_takes_two_programs_per_sm_at_short_k():
     for (m, n, k), faster in SHORT_K_MEASURED.items():
         for det in (False, True):
             assert (rules.select_split(m, n, k, 132, CUDA, deterministic=det)[0] is cand) == faster
+            assert rules.select_split(m, n, k, 132, CUDA, deterministic=det, out_bytes=4)[0] is not cand
         assert rules.select_split(m, n, k, 132, CUDA, deterministic=False, split=1)[0] is not cand
     for m, n, p, det in itertools.product(SIZES, (256, 1000, 4096, 16384), BUDGETS, (False, True)):
         for k in (64, 1536, 1600, 8192):

@@ -132,7 +132,7 @@ def test_deterministic_mode_never_splits():
             (CUDA, CPU), itertools.product(SIZES, NS, KS, BUDGETS)):
         want = rules.skinny(m, device) or rules.select(m, n, p, device, deterministic=True,
                                                         extra=rules.narrow(m, device, True))
-        short = rules.SHORT_K_CANDIDATE if rules.short_k(want, m, n, k, p, device) else want
+        short = rules.SHORT_K_CANDIDATE if rules.short_k(want, m, n, k, p, device, 2) else want
         assert rules.select_split(m, n, k, p, device, deterministic=True) == (short, 1)
         assert rules.select_split(m, n, k, p, device, deterministic=True, split=8) == (want, 1)
         assert rules.split_options(m, n, k, p, device, deterministic=True) == []
@@ -160,7 +160,7 @@ def test_rule_properties_on_the_gpu_candidates():
         cand, s = rules.select_split(m, n, k, p, CUDA, deterministic=False)
         assert (cand, s) == rules.select_split(m, n, k, p, CUDA, deterministic=False)
         if s == 1:
-            short = rules.short_k(first, m, n, k, p, CUDA)
+            short = rules.short_k(first, m, n, k, p, CUDA, 2)
             assert cand == (rules.SHORT_K_CANDIDATE if short else first), (m, n, k, p)
             continue
         splits += 1

@@ -415,7 +415,8 @@ class _MatmulPlan:
         split = 1
         if cfg is None:
             chosen, split = select_split(m, n, k, program_budget(a.device, None), a.device,
-                                         deterministic=deterministic, split=split_k)
+                                         deterministic=deterministic, split=split_k,
+                                         out_bytes=out.element_size())
             cfg = chosen.cfg
         elif split_k is not None and split_k > 1:  # a fixed configuration, split as asked
             split = slices(k, cfg.block_k, split_k)[0]
@@ -548,7 +549,7 @@ def precompile_plain_only(device: torch.device, dtypes: tuple) -> None:
     """The tiles only the plain ``matmul`` takes on the GPU: ``SkinnyGemm`` per skinny
     candidate and the narrow candidates' ``CoreGemm`` (``_core_configs.narrow``), fp16 and
     bf16, B ``[K, N]`` and ``[N, K]``, out in the dtype and in fp32 (deterministic mode's
-    products); ``SHORT_K_CANDIDATE`` likewise (``short_k``).
+    products); ``SHORT_K_CANDIDATE`` (out in the dtype only: ``short_k``).
     ``tools/sm90_compile.py`` calls it with a CPU device."""
     wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
     sig, offsets, claim, record = _dummies(device)
@@ -558,7 +559,7 @@ def precompile_plain_only(device: torch.device, dtypes: tuple) -> None:
         a = torch.ones(cfg.block_m, 256, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, list(a.shape), [256, 1], [cfg.block_m, cfg.block_k])
         for b in (a.new_ones(256, 64), a.new_ones(64, 256).t()):
-            for out_dtype in (dtype, torch.float32):
+            for out_dtype in (dtype,) if cand is SHORT_K_CANDIDATE else (dtype, torch.float32):
                 out = torch.empty(cfg.block_m, 64, dtype=out_dtype, device=device)
                 if cfg.swap_ab:
                     SkinnyGemm(a_desc, b, out, None, m=cfg.block_m, cfg=cfg, a_varies=True)

@@ -38,9 +38,10 @@ under ``SPLIT_MARGIN`` of the unsplit time. Its time, in microseconds::
 ``select``'s). The partial traffic and the fixed cost are fitted to the sweep's split runs
 (``tools/gemm_rule_fit.py --split-sweep``; data and history: benchmarks/NOTES.md, GEMM core).
 
-Two programs per SM (``short_k``; the plain ``matmul`` only, either mode): where ``select``
-picked the 128x256 tiles for a short K over two waves or more, 128x128 tiles with two resident
-programs per SM hide each one's pipeline fill and C store under the other's MMAs.
+Two programs per SM (``short_k``; the plain ``matmul`` with a 2-byte C only, either mode):
+where ``select`` picked the 128x256 tiles for a short K over two waves or more, 128x128 tiles
+with two resident programs per SM hide each one's pipeline fill and C store under the other's
+MMAs.
 """
 from __future__ import annotations
 
@@ -169,14 +170,15 @@ def narrow(m: int, device: torch.device, deterministic: bool) -> tuple[Candidate
 
 SHORT_K_CANDIDATE = Candidate("128x128x64/s3/w4/o2",
                               TileConfig(128, 128, 64, 8, 4, 3, ctas_per_sm=2), 1.0, True)
-"""The plain ``matmul`` with a short K over many waves (``short_k``): 128x128 tiles, two
-programs per SM (3 stages each fit half the SM's shared memory, 2 with an fp32 C), so one
-program's pipeline fill and C store run under the other's MMAs. Why: with a dozen or two K
-steps a tile's fill and epilogue are a large share of it, and 128x256 tiles run one program
-per SM. Measured +2-11% over the rule's 128x256 tiles on the sweep shapes it takes, -9-12% on
-short-K shapes under two waves (H200; benchmarks/NOTES.md, GEMM core, "Two programs per SM").
-Its rows are bitwise those of the 128x256 tiles (``tools/invariant_pairs.py``), so
-deterministic mode takes it too, where its fp32 C is most of what a short-K tile costs."""
+"""The plain ``matmul`` with a short K over many waves and a 2-byte C (``short_k``): 128x128
+tiles, two programs per SM (3 stages each fit half the SM's shared memory), so one program's
+pipeline fill and C store run under the other's MMAs. Why: with a dozen or two K steps a
+tile's fill and epilogue are a large share of it, and 128x256 tiles run one program per SM.
+Measured +2-11% over the rule's 128x256 tiles on the sweep shapes it takes, -9-12% on short-K
+shapes under two waves (H200; benchmarks/NOTES.md, GEMM core, "Two programs per SM"). Its
+rows were measured bitwise those of the 128x256 tiles (36 of 36 products, fp32 C:
+``tools/invariant_pairs.py``; a 2-byte C rounds the same fp32 sums), so deterministic mode
+takes it too."""
 SHORT_K_MAX_STEPS = 24
 """Most ``BLOCK_K`` steps at which ``short_k`` applies (every measured gain at 9-25 steps; from
 30 steps on the 128x128 pairs lost up to 25% on many-wave shapes)."""
@@ -184,11 +186,14 @@ SHORT_K_MIN_WAVES = 2
 """Fewest waves of 128x256 tiles at which ``short_k`` applies (under two waves the pairs lost)."""
 
 
-def short_k(first: Candidate, m: int, n: int, k: int, programs: int, device: torch.device) -> bool:
+def short_k(first: Candidate, m: int, n: int, k: int, programs: int, device: torch.device,
+            out_bytes: int) -> bool:
     """Whether the plain ``matmul`` takes ``SHORT_K_CANDIDATE`` over ``first`` (``select``'s
-    choice), in either mode and for a C of any dtype: on the GPU, ``first`` the 128x256 tiles,
-    at most ``SHORT_K_MAX_STEPS`` K steps and at least ``SHORT_K_MIN_WAVES`` waves of them."""
-    if device.type != "cuda" or first.cfg != GPU_CONFIGS[GPU_CONFIG]:
+    choice), in either mode: on the GPU, ``first`` the 128x256 tiles, at most
+    ``SHORT_K_MAX_STEPS`` K steps, at least ``SHORT_K_MIN_WAVES`` waves of them, and a 2-byte C
+    (an fp32 C block leaves each program two stages: the pairs then ran at 0.70-0.95x the
+    128x256 tiles' speed on 17 of 18 products, ``tools/invariant_pairs.py``)."""
+    if device.type != "cuda" or first.cfg != GPU_CONFIGS[GPU_CONFIG] or out_bytes != 2:
         return False
     tiles = -(-m // first.cfg.block_m) * -(-n // first.cfg.block_n)
     return -(-k // first.cfg.block_k) <= SHORT_K_MAX_STEPS and tiles >= SHORT_K_MIN_WAVES * programs
@@ -377,7 +382,8 @@ def split_options(m: int, n: int, k: int, programs: int, device: torch.device, *
 
 
 def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
-                 deterministic: bool, split: int | None = None) -> tuple[Candidate, int]:
+                 deterministic: bool, split: int | None = None,
+                 out_bytes: int = 2) -> tuple[Candidate, int]:
     """Tiles and K slices for the plain ``matmul`` (``[m, k] @ [k, n]`` on ``programs``):
     ``skinny``'s candidate at small M (unsplit, either mode; a forced ``split`` in the default
     mode takes the 64-row tiles instead), else ``select``'s candidate (``narrow``'s tiles
@@ -401,6 +407,8 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
         Slices forced (benches, tests: ``matmul(..., split_k=)``; default mode only): the
         candidate of least time at that count, returned with the slices ``slices`` leaves;
         1 is the unsplit choice (``skinny``'s or ``select``'s).
+    out_bytes : int
+        Bytes per element of C (``short_k`` only).
 
     Returns
     -------
@@ -412,7 +420,7 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
         return thin, 1
     first = select(m, n, programs, device, deterministic=deterministic,
                    extra=narrow(m, device, deterministic))
-    if split is None and short_k(first, m, n, k, programs, device):
+    if split is None and short_k(first, m, n, k, programs, device, out_bytes):
         return SHORT_K_CANDIDATE, 1  # (at two waves or more nothing splits)
     if deterministic or split == 1:
         return first, 1

@@ -53,14 +53,14 @@ def _rows_across_m(group) -> list:
     k = KS[group.rank % len(KS)]
     return ([rules.select(m, N, budget, group.device, deterministic=True).name for m in MS],
             [rules.select_split(m, N, k, program_budget(group.device, None), group.device,
-                                deterministic=True)[0].name for m in MS])
+                                deterministic=True, out_bytes=4)[0].name for m in MS])
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_rows_bitwise_equal_across_m(world_size):
     """The same rows computed inside calls with M in {1, 3, 17, 64, 255, 1000, 8192} are
     bitwise equal, while the rule's tiling changes between those M (``matmul``: the skinny
-    tiles up to M = 32, then 64 and 128 rows, two programs per SM at M = 8192)."""
+    tiles up to M = 32, then 64 and 128 rows)."""
     picks = ditron_ops.launch(_rows_across_m, world_size)
     fused = [p[0] for p in picks]
     assert all(p == fused[0] for p in fused), fused  # every rank the same tiles
@@ -70,7 +70,6 @@ def test_rows_bitwise_equal_across_m(world_size):
                                                                                False, False,
                                                                                False, False]
     assert plain[0].startswith("sw16") and plain[2].startswith("sw32") and len(set(plain)) >= 4
-    assert plain[-1] == rules.SHORT_K_CANDIDATE.name  # 22 K steps over 7.8 waves: two per SM
     print(f"\nW={world_size}: fused " + ", ".join(f"M={m} {p}" for m, p in zip(MS, fused[0]))
           + "; matmul " + ", ".join(f"M={m} {p}" for m, p in zip(MS, plain)))
 
