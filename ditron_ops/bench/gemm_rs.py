@@ -70,7 +70,7 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
             times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
             t_ours, t_cublas = times["ours"], times["cublas"]
             tiles, _ = select_split(m, n, k, program_budget(group.device, None), group.device,
-                                    deterministic=True)
+                                    deterministic=True, out_bytes=4)
             fields = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
                           extra={"config": tiles.name,
                                  "det_cost": round(t_ours / times["default"], 3)})
