@@ -68,13 +68,19 @@ def main() -> int:
         return True
 
     launch(body, 1)
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
+    return finish(rows, args.csv, "the M=8192 rows")
+
+
+def finish(rows: list[dict], path, reference: str) -> int:
+    """Write ``rows`` to the CSV at ``path`` (if given) and count those not bitwise equal to
+    ``reference`` (their ``bitwise`` field)."""
+    if path:
+        with open(path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
     bad = [r for r in rows if not r["bitwise"]]
-    print(f"{len(rows)} rows, {len(bad)} not bitwise equal to the M=8192 rows")
+    print(f"{len(rows)} rows, {len(bad)} not bitwise equal to {reference}")
     return 0
 
 
