@@ -9,8 +9,7 @@ Rows: the six models' GEMM-RS products (``bench gemm_rs``'s shapes) at M in ``MS
 sweep's short-K shapes (``tests/test_gemm_core_rule.py``'s ``SHORT_K_MEASURED``), each tiling
 timed in one paired graph run with cuBLAS bf16 out and cuBLAS fp32 out.
 
-Result at 5174315: the rows bitwise equal, the fp32 pairs slower (two stages a program), so
-``short_k`` keeps its 2-byte C condition (benchmarks/NOTES.md, GEMM core).
+Its result decides ``short_k``'s 2-byte C condition (benchmarks/NOTES.md, GEMM core).
 
 Usage (on the GPU machine): ``python tools/invariant_pairs.py --csv out.csv``
 """

@@ -176,9 +176,8 @@ pipeline fill and C store run under the other's MMAs. Why: with a dozen or two K
 tile's fill and epilogue are a large share of it, and 128x256 tiles run one program per SM.
 Measured +2-11% over the rule's 128x256 tiles on the sweep shapes it takes, -9-12% on short-K
 shapes under two waves (H200; benchmarks/NOTES.md, GEMM core, "Two programs per SM"). Its
-rows were measured bitwise those of the 128x256 tiles (36 of 36 products, fp32 C:
-``tools/invariant_pairs.py``; a 2-byte C rounds the same fp32 sums), so deterministic mode
-takes it too."""
+rows were measured bitwise those of the 128x256 tiles (``tools/invariant_pairs.py``; a 2-byte C
+rounds the same fp32 sums), so deterministic mode takes it too."""
 SHORT_K_MAX_STEPS = 24
 """Most ``BLOCK_K`` steps at which ``short_k`` applies (every measured gain at 9-25 steps; from
 30 steps on the 128x128 pairs lost up to 25% on many-wave shapes)."""
@@ -191,8 +190,8 @@ def short_k(first: Candidate, m: int, n: int, k: int, programs: int, device: tor
     """Whether the plain ``matmul`` takes ``SHORT_K_CANDIDATE`` over ``first`` (``select``'s
     choice), in either mode: on the GPU, ``first`` the 128x256 tiles, at most
     ``SHORT_K_MAX_STEPS`` K steps, at least ``SHORT_K_MIN_WAVES`` waves of them, and a 2-byte C
-    (an fp32 C block leaves each program two stages: the pairs then ran at 0.70-0.95x the
-    128x256 tiles' speed on 17 of 18 products, ``tools/invariant_pairs.py``)."""
+    (an fp32 C block leaves each program two stages, and the pairs then ran slower than the
+    128x256 tiles: benchmarks/NOTES.md, GEMM core)."""
     if device.type != "cuda" or first.cfg != GPU_CONFIGS[GPU_CONFIG] or out_bytes != 2:
         return False
     tiles = -(-m // first.cfg.block_m) * -(-n // first.cfg.block_n)
