@@ -29,11 +29,14 @@ from ditron_ops.runtime.virtual import launch
 SHAPES = ((4808, 272, 14080), (6520, 384, 11520), (1112, 960, 8640), (800, 768, 10760),
           (712, 896, 9288), (1480, 1792, 10432), (168, 15432, 9664), (1496, 768, 7320),
           (368, 2304, 8312), (176, 6272, 4624), (3616, 256, 7872), (200, 4736, 4504),
-          (1392, 704, 15808), (1960, 368, 11264), (592, 5248, 3200), (3408, 1248, 7440))
+          (1392, 704, 15808), (1960, 368, 11264), (592, 5248, 3200), (3408, 1248, 7440),
+          (2704, 2560, 5824), (15904, 464, 2456), (14040, 384, 3264), (928, 4992, 952),
+          (8248, 544, 1424), (3200, 6728, 2952), (2928, 984, 1600), (8192, 1376, 4096),
+          (8192, 3696, 8192))
 """The 48-shape sweep's shapes with fewer 128x256 tiles than 132 SMs (or barely more) and a
 K of 50 steps or more (benchmarks/results/gemm_sweep-bf16-cuda.csv)."""
 SPLITS = (2, 3, 4, 6)
-REDUCES = ((32, 128, 4), (8, 128, 4), (16, 256, 4), (4, 256, 2))
+REDUCES = ()
 """(BLOCK_R, BLOCK_C, warps) of the unrolled reduce variants."""
 
 
@@ -76,8 +79,24 @@ def main() -> int:
                 out1 = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
                 fns[f"{cand.name}/S1"] = (lambda o=out1, c=cfg: matmul(a, b, out=o, cfg=c))
                 meta[f"{cand.name}/S1"] = (cand.name, 1, tiles, "full")
+                outk = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+                plan = _MatmulPlan(a, b, None, outk, cfg, False, None, True)
+                core = plan.core
+                base = f"{cand.name}/SK"
+                fns[base] = (lambda pl=plan, o=outk: pl.run(a, b, None, o))
+                fns[base + "/gemm"] = (lambda c=core, o=outk: c.gemm.launch(
+                    *_ab_values(a, b, c._a_varies, c._b_pad), *((o,) if c._c_tma else ()), o, o))
+                fns[base + "/reduce"] = (lambda c=core, o=outk: c.reduce.launch(o, o))
+                for key in ("", "/gemm", "/reduce"):
+                    meta[base + key] = (cand.name, 0, tiles, "sk" + key)
+                plan.run(a, b, None, outk)
+                ref32 = a.float() @ b.float()
+                err = ((outk.float() - ref32).abs().max() / ref32.abs().max()).item()
+                lay = core.layout
+                print(f"  {m}x{n}x{k} {cand.name} streamk err {err:.1e} {lay}", flush=True)
+                assert err < 1e-2, err
                 for s in SPLITS:
-                    if tiles * s > 2 * budget or -(-k // 64) < 4 * s:
+                    if tiles * s > 2 * budget or -(-k // 64) < 4 * s or tiles >= budget:
                         continue
                     out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
                     plan = _MatmulPlan(a, b, None, out, cfg, False, s)
@@ -105,7 +124,7 @@ def main() -> int:
                 rows.append(dict(m=m, n=n, k=k, config=cfg_name, split=s, tiles=tiles,
                                  part=part, us=round(times[name], 2),
                                  cublas_us=round(ref, 2), rule_us=round(times["rule"], 2)))
-                if part in ("full", "split", "gemm", "reduce"):
+                if part in ("full", "split", "gemm", "reduce", "sk", "sk/gemm", "sk/reduce"):
                     line.append(f"{cfg_name[:7]}/S{s}/{part}={times[name]:.1f}")
             best_u = min((times[nm], nm) for nm, v in meta.items() if v[3].startswith("ureduce"))\
                 if any(v[3].startswith("ureduce") for v in meta.values()) else None
