@@ -174,26 +174,29 @@ def test_rule_properties_on_the_gpu_candidates():
     assert splits > 20
 
 
-def test_rule_choices_with_the_sweep_fitted_constants():
-    """On an H200's 132 SMs, with the split-K constants fitted to the sweep's split runs at
-    4fc45e4 (``tools/gemm_rule_fit.py --split-sweep``) and ``SPLIT_MARGIN``: no sweep shape
-    splits (800x768x10760, whose 128x128 3-slice split the model put 3% ahead, ran 8% behind
-    64x128 unsplit at 14b370e), nor do the shapes whose split lost to the same tiles unsplit at
-    4fc45e4 (200x4736x4504 0.57x against 0.82x, 1480x1792x10432 0.50x against 0.68x, ...), the
-    registered model shapes at M = 8192 and short K; a few tiles over a long K still split."""
+def test_rule_choices_with_the_probe_fitted_constants():
+    """On an H200's 132 SMs, with the split-K constants fitted to ``tools/splitk_probe.py``'s
+    forced splits (the reduce with every slice's load at once) and ``SPLIT_MARGIN``: the sweep
+    splits exactly its five few-tile shapes whose measured splits beat their unsplit tiles in
+    that run (1392x704x15808 0.90x cuBLAS against 0.78x, 712x896x9288 0.86 against 0.84, ...);
+    not the shapes whose splits lost there (200x4736x4504, 1480x1792x10432, 1496x768x7320,
+    3616x256x7872), the registered model shapes at M = 8192 or short K; a few tiles over a long K
+    still split."""
     def rule(m, n, k, p=132):
         cand, s = rules.select_split(m, n, k, p, CUDA, deterministic=False)
         return cand.name, s
 
-    for shape in ((800, 768, 10760), (200, 4736, 4504), (1480, 1792, 10432), (1496, 768, 7320),
-                  (1112, 960, 8640), (3616, 256, 7872)):
+    for shape in ((200, 4736, 4504), (1480, 1792, 10432), (1496, 768, 7320), (3616, 256, 7872)):
         assert rule(*shape)[1] == 1, shape
     for m, n, k in _model_shapes():
         assert rule(m, n, k)[1] == 1, (m, n, k)
     assert rule(800, 768, 512)[1] == 1  # 8 K steps: the reduce costs more than it saves
-    assert [s for s in sweep_shapes() if rule(*s)[1] > 1] == []
+    assert {s: rule(*s)[1] for s in sweep_shapes() if rule(*s)[1] > 1} == {
+        (1392, 704, 15808): 4, (800, 768, 10760): 3, (1960, 368, 11264): 4, (712, 896, 9288): 3,
+        (1112, 960, 8640): 3}
     assert rule(256, 512, 65536)[1] >= 4  # 16 tiles of 64x128 under 132 programs, 1024 K steps
-    assert rule(512, 512, 32768)[1] > 1 and rule(1024, 1024, 32768)[1] == 1  # 128 tiles of 64x128: a wave
+    assert rule(512, 512, 32768)[1] > 1 and rule(1024, 1024, 32768)[1] > 1
+    assert rule(4096, 4096, 32768)[1] == 1  # 512 tiles of 128x256: 3.9 waves
 
 
 def test_a_repeated_split_call_builds_and_binds_nothing(monkeypatch):

@@ -1,13 +1,11 @@
 """Where a split-K call's time goes (GPU): the split GEMM launch alone, the reduce launch
 alone, and both, against the unsplit rule and cuBLAS, on the sweep's few-tile, long-K shapes;
-plus reduce kernels that issue every slice's load at once (``SLICES`` unrolled) in smaller
-blocks, against the committed reduce.
+plus reduce kernels of other block shapes (``REDUCES``; empty now that the committed reduce is
+the fastest measured, 8x128 with every slice's load at once).
 
-Why: split-K measured a 10 us fixed cost and 1.1 TB/s of partial traffic (benchmarks/NOTES.md,
-"Split-K measured by the sweep"), too much for the 30-60 us shapes it should help. The
-committed reduce runs one 32x128 block per program (about one program per SM on these
-shapes) and loads the slices one after another, so its loads are latency-bound; this probe
-says which launch the fixed cost is in before anything is rewritten.
+Why: split-K had measured a 10 us fixed cost and 1.1 TB/s of partial traffic; this probe found
+it in the reduce launch (17-56 us, a runtime slice loop over unspecialized strides), since
+replaced (benchmarks/NOTES.md, "Split-K: the reduce"). Its CSV feeds the split model's fit.
 
 Usage (on the GPU machine): ``python tools/splitk_probe.py --csv out.csv``
 """
@@ -37,7 +35,8 @@ SHAPES = ((4808, 272, 14080), (6520, 384, 11520), (1112, 960, 8640), (800, 768, 
 K of 50 steps or more (benchmarks/results/gemm_sweep-bf16-cuda.csv)."""
 SPLITS = (2, 3, 4, 6)
 REDUCES = ()
-"""(BLOCK_R, BLOCK_C, warps) of the unrolled reduce variants."""
+"""(BLOCK_R, BLOCK_C, warps) of unrolled reduce variants to time beside the committed one (the run
+at 9e7a4c0 timed (32, 128, 4), (8, 128, 4), (16, 256, 4), (4, 256, 2): 8x128 fastest)."""
 
 
 @triton.jit
@@ -79,22 +78,6 @@ def main() -> int:
                 out1 = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
                 fns[f"{cand.name}/S1"] = (lambda o=out1, c=cfg: matmul(a, b, out=o, cfg=c))
                 meta[f"{cand.name}/S1"] = (cand.name, 1, tiles, "full")
-                outk = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-                plan = _MatmulPlan(a, b, None, outk, cfg, False, None, True)
-                core = plan.core
-                base = f"{cand.name}/SK"
-                fns[base] = (lambda pl=plan, o=outk: pl.run(a, b, None, o))
-                fns[base + "/gemm"] = (lambda c=core, o=outk: c.gemm.launch(
-                    *_ab_values(a, b, c._a_varies, c._b_pad), *((o,) if c._c_tma else ()), o, o))
-                fns[base + "/reduce"] = (lambda c=core, o=outk: c.reduce.launch(o, o))
-                for key in ("", "/gemm", "/reduce"):
-                    meta[base + key] = (cand.name, 0, tiles, "sk" + key)
-                plan.run(a, b, None, outk)
-                ref32 = a.float() @ b.float()
-                err = ((outk.float() - ref32).abs().max() / ref32.abs().max()).item()
-                lay = core.layout
-                print(f"  {m}x{n}x{k} {cand.name} streamk err {err:.1e} {lay}", flush=True)
-                assert err < 1e-2, err
                 for s in SPLITS:
                     if tiles * s > 2 * budget or -(-k // 64) < 4 * s or tiles >= budget:
                         continue
@@ -124,7 +107,7 @@ def main() -> int:
                 rows.append(dict(m=m, n=n, k=k, config=cfg_name, split=s, tiles=tiles,
                                  part=part, us=round(times[name], 2),
                                  cublas_us=round(ref, 2), rule_us=round(times["rule"], 2)))
-                if part in ("full", "split", "gemm", "reduce", "sk", "sk/gemm", "sk/reduce"):
+                if part in ("full", "split", "gemm", "reduce"):
                     line.append(f"{cfg_name[:7]}/S{s}/{part}={times[name]:.1f}")
             best_u = min((times[nm], nm) for nm, v in meta.items() if v[3].startswith("ureduce"))\
                 if any(v[3].startswith("ureduce") for v in meta.values()) else None

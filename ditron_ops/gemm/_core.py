@@ -35,12 +35,11 @@ from ..runtime.group import Group, op_id, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import register_precompile
-from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_PIECES, MAX_SPLIT,  # noqa: F401
+from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_SPLIT,  # noqa: F401
                             NARROW_CANDIDATES, SHORT_K_CANDIDATE, SKINNY_CANDIDATES, TileConfig,
-                            _shortlist, rule_configs, select_config, select_split,
-                            select_streamk, slices, streamk_layout, streamk_time_us, tail_tiles)
+                            rule_configs, select_config, select_split, slices, tail_tiles)
 from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
-                            splitk_reduce_kernel, streamk_gemm_kernel, streamk_reduce_kernel)
+                            splitk_reduce_kernel)
 
 
 INTERPRETER_PROGRAMS = 1
@@ -348,82 +347,6 @@ class SplitKGemm:
         return out
 
 
-class StreamKGemm:
-    """``out = A @ b (+ bias)`` with the last waves shared out evenly over the programs
-    (stream-K), bound once for a plan (default-mode ``matmul`` only):
-    ``streamk_gemm_kernel`` runs the whole waves tile by tile and the rest as ``run_steps``
-    K steps a program, a piece of a tile going to the plan's fp32 workspace ``parts``;
-    ``streamk_reduce_kernel`` sums each tile's pieces in K order, adds the bias and rounds once
-    into ``out``. Arguments as ``SplitKGemm``'s (no ``split``; ``cfg.split_tail`` ignored;
-    ``programs``: the grid's budget, default ``program_budget``, tests in the interpreter).
-
-    Notes
-    -----
-    ``parts`` is ``[2 x grid x block_m, block_n]`` fp32 (two pieces a program at most: the end
-    of the tile it starts in and the start of the one it stops in; 128x256 tiles on 132
-    programs: 35 MB). The layout (``streamk_layout``) depends only on the tile count, the K
-    steps and the program budget, so a plan's bits are the same every run.
-    """
-
-    def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
-                 bias: Optional[torch.Tensor], *, m: int, cfg: TileConfig, a_varies: bool,
-                 b_pad: Optional[torch.Tensor] = None, programs: Optional[int] = None):
-        device = out.device
-        # (stages fitted to C's staged block: the fp32 pieces' store fits beside the pipeline
-        # too, 128x256 at 4 stages 229,408 B on sm_90a, no spills)
-        cfg = fit_stages(dataclasses.replace(cfg, split_tail=False), device, b.element_size(),
-                         out.element_size())
-        self.cfg = cfg
-        self._b_pad, b_desc, b_kn = b_operand(b, cfg, b_pad)
-        if self._b_pad is not None:
-            b = self._b_pad
-        n, k = b.shape[1], b.shape[0]
-        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-        steps = -(-k // cfg.block_k)
-        self.layout = streamk_layout(tiles, steps, programs or program_budget(device, None))
-        dp, sk, run, grid = (self.layout.dp_tiles, self.layout.sk_tiles, self.layout.run_steps,
-                             self.layout.grid)
-        self.parts = torch.empty(2 * grid * cfg.block_m, cfg.block_n, dtype=torch.float32,
-                                 device=device)
-        w_desc = (TensorDescriptor(self.parts, list(self.parts.shape), [cfg.block_n, 1],
-                                   [cfg.block_m, cfg.block_n // 2]) if out.is_cuda else None)
-        c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
-        self._a_varies, self._b_varies, self._c_tma = a_varies, self._b_pad is None, c_desc is not None
-        vary = (("a_desc",) if a_varies else ()) + (("b_desc",) if self._b_varies else ()) \
-            + (("c_desc",) if c_desc is not None else ())
-        b_ex = bias if bias is not None else out
-        self.gemm = BoundKernel(
-            streamk_gemm_kernel, (grid,),
-            (a_desc, b_desc, c_desc, w_desc, out, b_ex, self.parts, m, n, k, out.stride(0),
-             out.stride(1), int(bias is not None), dp, sk, run),
-            dict(B_KN=b_kn, C_TMA=c_desc is not None, W_TMA=w_desc is not None,
-                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                 GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-            vary=vary + ("c_ptr", "bias_ptr"), device=device)
-        block_r, block_c, warps = REDUCE_BLOCKS["cuda" if out.is_cuda else "cpu"]
-        block_r, block_c = min(block_r, cfg.block_m), min(block_c, cfg.block_n)
-        per_tile = (cfg.block_m // block_r) * (cfg.block_n // block_c)
-        self.reduce = BoundKernel(
-            streamk_reduce_kernel, (max(1, sk * per_tile),),
-            (self.parts, out, b_ex, m, n, k, out.stride(0), out.stride(1),
-             int(bias is not None), dp, run),
-            dict(MAX_PIECES=MAX_PIECES, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                 BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BLOCK_R=block_r, BLOCK_C=block_c,
-                 num_warps=warps),
-            vary=("c_ptr", "bias_ptr"), device=device)
-
-    def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
-            bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """Both launches on the current stream (``a`` only when it varies, else None)."""
-        values = _ab_values(a, b, self._a_varies, self._b_pad)
-        if self._c_tma:
-            values.append(out)
-        b_ex = bias if bias is not None else out
-        self.gemm.launch(*values, out, b_ex)
-        self.reduce.launch(out, b_ex)
-        return out
-
-
 class SkinnyGemm:
     """``out = A @ b (+ bias)`` by ``skinny_gemm_kernel`` (``cfg.swap_ab``: small M), bound once
     for a plan: one program per ``[cfg.block_n, cfg.block_m]`` tile of ``C^T``. Arguments as
@@ -487,31 +410,18 @@ class _MatmulPlan:
     """``matmul`` of one key: the tile configuration and K slices (``cfg`` and ``split_k``,
     else the rule's for the shapes and mode: ``select_split``), an ``a`` that no descriptor
     reads as it is through a padded buffer of the plan (copied per call), then the bound core
-    (``CoreGemm``, or ``SplitKGemm`` when K is split, ``StreamKGemm`` run stream-K;
-    ``self.split``: the slices, 1 unsplit)."""
+    (``CoreGemm``, or ``SplitKGemm`` when K is split; ``self.split``: the slices, 1 unsplit)."""
 
-    def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None, stream_k=None):
+    def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None):
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
         split = 1
-        programs = program_budget(a.device, None)
         if cfg is None:
-            chosen = select_split(m, n, k, programs, a.device, deterministic=deterministic,
-                                  split=split_k, out_bytes=out.element_size())
-            cfg, split = chosen[0].cfg, chosen[1]
-            self.name = chosen[0].name
-            if stream_k is not False and split_k is None:
-                sk = select_streamk(m, n, k, programs, a.device, deterministic=deterministic,
-                                    chosen=chosen)
-                if sk is None and stream_k:  # forced: the model's best stream-K tiles
-                    sk = min(_shortlist(m, a.device, False),
-                             key=lambda c: streamk_time_us(c, m, n, k, programs))
-                if sk is not None:
-                    cfg, split, stream_k = sk.cfg, 1, True
-                    self.name = sk.name + "/streamk"
-        else:
-            self.name = str(cfg)
-            if split_k is not None and split_k > 1:  # fixed tiles, split as asked
-                split = slices(k, cfg.block_k, split_k)[0]
+            chosen, split = select_split(m, n, k, program_budget(a.device, None), a.device,
+                                         deterministic=deterministic, split=split_k,
+                                         out_bytes=out.element_size())
+            cfg = chosen.cfg
+        elif split_k is not None and split_k > 1:  # a fixed configuration, split as asked
+            split = slices(k, cfg.block_k, split_k)[0]
         self.a_pad = None if _tma_ok(a) else _padded_copy(a)
         a_ex = a if self.a_pad is None else self.a_pad
         a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
@@ -525,11 +435,6 @@ class _MatmulPlan:
             self.core = SplitKGemm(a_desc, b, out, bias, m=m, cfg=cfg, split=split,
                                    a_varies=self.a_pad is None)
             self.split = self.core.slices
-            return
-        if stream_k:
-            self.core = StreamKGemm(a_desc, b, out, bias, m=m, cfg=cfg,
-                                    a_varies=self.a_pad is None)
-            self.split = 1
             return
         self.split = 1
         sig, offsets, claim, record = _dummies(a.device)
@@ -551,8 +456,7 @@ ranks (threads) must not share."""
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
            out: Optional[torch.Tensor] = None, cfg: Optional[TileConfig] = None, *,
-           deterministic: Optional[bool] = None, split_k: Optional[int] = None,
-           stream_k: Optional[bool] = None) -> torch.Tensor:
+           deterministic: Optional[bool] = None, split_k: Optional[int] = None) -> torch.Tensor:
     """Our persistent Triton GEMM alone (the ag_gemm consumer without waits): ``a @ b + bias``.
 
     Parameters
@@ -577,10 +481,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         fp32 partials of S slices summed in slice order (fewer when K has fewer ``BLOCK_K``
         steps to share). Default the rule's: a split only where the model predicts one
         clearly faster (``SPLIT_MARGIN``: fewer tiles than the SMs, long K).
-    stream_k : bool, optional
-        True runs stream-K (``StreamKGemm``; default mode, ``cfg``'s tiles or the model's
-        best), False never; default the rule's (``select_streamk``: where the last wave
-        leaves SMs idle and the model puts stream-K clearly ahead).
 
     Returns
     -------
@@ -606,21 +506,17 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     if det and split_k is not None and split_k > 1:
         raise ValueError(f"ditron.matmul: split_k={split_k} in deterministic mode; it never "
                          "splits K (a fixed K order per element keeps rows batch invariant)")
-    if stream_k and (det or (split_k is not None and split_k > 1)):
-        raise ValueError("ditron.matmul: stream_k=True with "
-                         + ("deterministic mode (a fixed K order per element)" if det
-                            else f"split_k={split_k}"))
-    key = ("matmul", a.device, cfg, det, split_k, stream_k, tensor_key(a), tensor_key(b),
+    key = ("matmul", a.device, cfg, det, split_k, tensor_key(a), tensor_key(b),
            tensor_key(bias), tensor_key(out))
-    return _plan(key, a, b, bias, out, cfg, det, split_k, stream_k).run(a, b, bias, out)
+    return _plan(key, a, b, bias, out, cfg, det, split_k).run(a, b, bias, out)
 
 
-def _plan(key, a, b, bias, out, cfg, det, split_k, stream_k=None) -> _MatmulPlan:
+def _plan(key, a, b, bias, out, cfg, det, split_k) -> _MatmulPlan:
     """This thread's plan of ``key`` (built on a miss)."""
     cache = getattr(_MATMUL_PLANS, "cache", None)
     if cache is None:
         cache = _MATMUL_PLANS.cache = PlanCache(None)
-    return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg, det, split_k, stream_k))
+    return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg, det, split_k))
 
 
 def matmul_split(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
@@ -629,21 +525,9 @@ def matmul_split(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] =
     here when missing, as the call would): what ``bench gemm_sweep`` records as ``split_k``."""
     out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
     det = resolve_deterministic(deterministic)
-    key = ("matmul", a.device, None, det, None, None, tensor_key(a), tensor_key(b), None,
+    key = ("matmul", a.device, None, det, None, tensor_key(a), tensor_key(b), None,
            tensor_key(out))
     return _plan(key, a, b, None, out, None, det, None).split
-
-
-def matmul_choice(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
-                  deterministic: Optional[bool] = None) -> str:
-    """The tiles ``matmul(a, b, out=out)`` runs with, by the rule's candidate name (``/streamk``
-    appended when it runs stream-K), from its plan: what ``bench gemm_sweep`` records as
-    ``config``."""
-    out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
-    det = resolve_deterministic(deterministic)
-    key = ("matmul", a.device, None, det, None, None, tensor_key(a), tensor_key(b), None,
-           tensor_key(out))
-    return _plan(key, a, b, None, out, None, det, None).name
 
 
 def _precompile(device: torch.device, dtypes: tuple) -> None:

@@ -308,13 +308,14 @@ SPLIT_STEP_US = 0.73
 """The same step with K split: the median over the candidates' 105 rows of one wave or more
 (a split fills the SMs, which then share the memory and the power). The sweep's split runs
 agree: fitted free with the two constants below it comes to 0.76."""
-PARTIAL_BYTES_PER_S = 1.1e12
+PARTIAL_BYTES_PER_S = 3e12
 """Rate of the fp32 partials' traffic (each written once by the split GEMM and read once by the
-reduce: ``S x M x N x 8`` bytes), bytes/s: fitted to the sweep's split runs (1.13 TB/s), a
-quarter of the HBM copy rate."""
-SPLIT_LAUNCH_US = 10.0
+reduce: ``S x M x N x 8`` bytes), bytes/s: fitted with ``SPLIT_LAUNCH_US`` to 109 forced split
+runs of ``tools/splitk_probe.py`` (25 shapes; 2.5-4 TB/s and 0-6 us score alike). It was
+1.1 TB/s and 10 us until the reduce issued its slices' loads at once (benchmarks/NOTES.md)."""
+SPLIT_LAUNCH_US = 3.0
 """Fixed cost of a split call over the unsplit one (the reduce kernel's launch and latency, the
-split GEMM's exposed pipeline fill), microseconds, fitted to the sweep's split runs (10.3)."""
+split GEMM's exposed pipeline fill), microseconds (fit: ``PARTIAL_BYTES_PER_S``)."""
 SPLIT_MARGIN = 0.85
 """A split is taken only where the model puts it under this fraction of the unsplit time. Why:
 the model errs more on shapes it was not fitted to than its fit says, so a split that wins by
@@ -433,79 +434,3 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
         if t < best_t:  # (the unsplit choice exactly at the margin)
             best, best_t = (c, s), t
     return best
-
-
-# -- stream-K --------------------------------------------------------------------------------
-
-MAX_PIECES = 8
-"""Most programs that share one stream-K tile (``streamk_reduce_kernel`` sums up to this many
-pieces, its loads unrolled): ``streamk_layout`` gives each program at least
-``ceil(steps / (MAX_PIECES - 1))`` K steps."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamKLayout:
-    """How ``streamk_gemm_kernel`` shares out ``tiles`` tiles of ``steps`` K steps: the first
-    ``dp_tiles`` one program each (whole waves but the last), the ``sk_tiles`` after them as
-    ``run_steps`` iterations a program over ``grid`` programs; ``pieces``: tile pieces stored
-    as fp32 partials (each written once and read once by the reduce)."""
-    dp_tiles: int
-    sk_tiles: int
-    run_steps: int
-    grid: int
-    pieces: int
-
-
-def streamk_layout(tiles: int, steps: int, programs: int) -> StreamKLayout:
-    """Stream-K over the last one to two waves of ``tiles`` (all of them under two waves): whole
-    waves but one data-parallel, the rest ``ceil(sk_tiles x steps / programs)`` K steps a
-    program (at least ``MIN_SLICE_STEPS`` and enough that no tile has more than ``MAX_PIECES``
-    pieces)."""
-    programs = max(1, programs)
-    dp = (tiles // programs - 1) * programs if tiles >= 2 * programs else 0
-    sk = tiles - dp
-    total = sk * steps
-    run = max(-(-total // programs), -(-steps // (MAX_PIECES - 1)), MIN_SLICE_STEPS)
-    grid = programs if dp else -(-total // run)
-    cuts = {p * run for p in range(1, grid)} - {t * steps for t in range(sk + 1)}
-    # (a cut inside a tile makes a piece on either side; two cuts in one tile share one)
-    split_tiles = {cut // steps for cut in cuts}
-    return StreamKLayout(dp, sk, run, grid, len(cuts) + len(split_tiles))
-
-
-def streamk_time_us(c: Candidate, m: int, n: int, k: int, programs: int) -> float:
-    """The model's time of ``c`` run stream-K (``streamk_layout``), microseconds: the longest
-    program's K steps at the split GEMM's rate, the pieces' fp32 traffic and the reduce's
-    launch, as ``split_time_us`` counts them."""
-    cfg = c.cfg
-    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    steps = max(1, -(-k // cfg.block_k))
-    lay = streamk_layout(tiles, steps, programs)
-    area = cfg.block_m * cfg.block_n / (128 * 256)
-    work = lay.dp_tiles // max(1, programs) * steps + lay.run_steps
-    return (work * area / c.efficiency * SPLIT_STEP_US
-            + lay.pieces * cfg.block_m * cfg.block_n * 8 / PARTIAL_BYTES_PER_S * 1e6
-            + SPLIT_LAUNCH_US)
-
-
-STREAMK_MARGIN = 0.9
-"""Stream-K is taken only where the model puts it under this fraction of the unsplit or split
-choice's time (as ``SPLIT_MARGIN`` for a split)."""
-
-
-def select_streamk(m: int, n: int, k: int, programs: int, device: torch.device, *,
-                   deterministic: bool, chosen: tuple[Candidate, int]) -> Optional[Candidate]:
-    """The candidate to run stream-K (``streamk_time_us`` least among ``select``'s), or None:
-    never in deterministic mode (one K order per element), in the interpreter, or where
-    ``chosen`` (``select_split``'s pick) is the skinny or two-per-SM tiles; else only where
-    its time is under ``STREAMK_MARGIN`` of ``chosen``'s (``split_time_us``)."""
-    cand, split = chosen
-    if (deterministic or device.type != "cuda" or programs <= 1 or cand.cfg.swap_ab
-            or cand.cfg.ctas_per_sm > 1):
-        return None
-    best = min(_shortlist(m, device, False),
-               key=lambda c: streamk_time_us(c, m, n, k, programs))
-    if streamk_time_us(best, m, n, k, programs) < STREAMK_MARGIN * split_time_us(
-            cand, m, n, k, programs, split):
-        return best
-    return None

@@ -261,7 +261,7 @@ def splitk_reduce_kernel(p_ptr, c_ptr, bias_ptr, M, N, slices, slice_stride, str
     Every slice's load is issued at once (``MAX_SLICES`` unrolled, those past ``slices``
     masked off), and the strides stay specialized (``slice_stride`` and ``stride_pm`` are whole
     tiles, always multiples of 16: 16-byte loads): a runtime slice loop over unspecialized
-    strides ran 7-10x slower (H200: 17-56 us against 2.2-5.4; benchmarks/NOTES.md, GEMM core).
+    strides ran 7-10x slower (H200; benchmarks/NOTES.md, GEMM core).
     """
     pid = tl.program_id(0)
     blocks_n = tl.cdiv(N, BLOCK_C)
@@ -278,109 +278,3 @@ def splitk_reduce_kernel(p_ptr, c_ptr, bias_ptr, M, N, slices, slice_stride, str
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     c_offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
     tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias", "dp_tiles",
-                           "sk_tiles", "run_steps"))
-def streamk_gemm_kernel(a_desc, b_desc, c_desc, w_desc, c_ptr, bias_ptr, w_ptr, M, N, K,
-                        stride_cm, stride_cn, has_bias, dp_tiles, sk_tiles, run_steps,
-                        B_KN: tl.constexpr, C_TMA: tl.constexpr, W_TMA: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_M: tl.constexpr):
-    """``C[M, N] = A[M, K] @ B[K, N] (+ bias)`` with the last waves' work shared out evenly:
-    the first ``dp_tiles`` tiles (whole waves) one program each, as ``gemm_tiles`` runs them;
-    then the ``sk_tiles`` tiles after them as ``(tile, BLOCK_K step)`` iterations, tile-major,
-    each program taking the ``run_steps`` iterations from ``pid x run_steps``.
-
-    A tile a program runs whole is stored into C (with the bias). A piece of a tile is stored
-    as an fp32 ``[BLOCK_M, BLOCK_N]`` block at workspace rows ``(2 pid + slot) x BLOCK_M``
-    (``w_desc`` / ``w_ptr``: ``[2 x programs x BLOCK_M, BLOCK_N]``; ``slot`` 0 for the
-    program's first piece, 1 for its last), which ``streamk_reduce_kernel`` then sums in K
-    order. Nothing waits and nothing is atomic: the two launches give the same bits every run.
-    """
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    group_tiles = GROUP_M * tiles_n
-    steps = tl.cdiv(K, BLOCK_K)
-    for tile in range(pid, dp_tiles, nprog):
-        pid_m, pid_n = _tile_coords(tile, tiles_m, group_tiles, 0, GROUP_M)
-        acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
-                          pid_m * BLOCK_M, pid_n * BLOCK_N, K, B_KN, BLOCK_K)
-        _store_tile(acc, c_desc, c_ptr, bias_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N,
-                    stride_cm, stride_cn, has_bias, C_TMA, True)
-    it = pid * run_steps
-    end = tl.minimum(it + run_steps, sk_tiles * steps)
-    slot = 0
-    while it < end:
-        t = it // steps
-        k0 = it - t * steps
-        k1 = tl.minimum(steps, k0 + end - it)
-        pid_m, pid_n = _tile_coords(dp_tiles + t, tiles_m, group_tiles, 0, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k0, k1):
-            a = a_desc.load([off_m, ki * BLOCK_K])
-            if B_KN:
-                b = b_desc.load([ki * BLOCK_K, off_n])
-            else:
-                b = b_desc.load([off_n, ki * BLOCK_K]).T
-            acc = tl.dot(a, b, acc)
-        if (k0 == 0) & (k1 == steps):
-            _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm, stride_cn,
-                        has_bias, C_TMA, True)
-        else:
-            rows = 2 * nprog * BLOCK_M
-            _store_tile(acc, w_desc, w_ptr, w_ptr, (2 * pid + slot) * BLOCK_M, 0, rows, BLOCK_N,
-                        BLOCK_N, 1, 0, W_TMA, True)
-        slot = 1
-        it += k1 - k0
-
-
-@dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias", "dp_tiles",
-                           "run_steps"))
-def streamk_reduce_kernel(w_ptr, c_ptr, bias_ptr, M, N, K, stride_cm, stride_cn, has_bias,
-                          dp_tiles, run_steps, MAX_PIECES: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The tiles ``streamk_gemm_kernel`` ran in pieces: ``C = ((W_0 + W_1) + ...) (+ bias)``,
-    the pieces in K order (program order), rounded once. One ``[BLOCK_R, BLOCK_C]`` block of a
-    stream-K tile per program (``BLOCK_M / BLOCK_R x BLOCK_N / BLOCK_C`` programs a tile); a
-    tile one program ran whole is already in C, and its blocks return at once. Tile ``t``'s
-    pieces are programs ``t x steps // run_steps`` to ``((t + 1) x steps - 1) // run_steps``
-    (at most ``MAX_PIECES``; the host sees to it), each in its slot 1 when the tile is not
-    the program's first piece (it started in an earlier tile), else 0."""
-    pid = tl.program_id(0)
-    across: tl.constexpr = BLOCK_N // BLOCK_C
-    per_tile: tl.constexpr = (BLOCK_M // BLOCK_R) * across
-    t = pid // per_tile
-    sub = pid % per_tile
-    steps = tl.cdiv(K, BLOCK_K)
-    lo = t * steps
-    first = lo // run_steps
-    last = (lo + steps - 1) // run_steps
-    if last > first:
-        tiles_m = tl.cdiv(M, BLOCK_M)
-        pid_m, pid_n = _tile_coords(dp_tiles + t, tiles_m, GROUP_M * tl.cdiv(N, BLOCK_N), 0,
-                                    GROUP_M)
-        rr = (sub // across) * BLOCK_R + tl.arange(0, BLOCK_R)
-        cc = (sub % across) * BLOCK_C + tl.arange(0, BLOCK_C)
-        slot = (first * run_steps < lo).to(tl.int64)
-        acc = tl.load(w_ptr + ((2 * first + slot) * BLOCK_M + rr)[:, None] * BLOCK_N
-                      + cc[None, :])
-        for j in tl.static_range(1, MAX_PIECES):
-            p = first + j
-            on = p <= last
-            # (a later program's piece is always its first: slot 0)
-            part = tl.load(w_ptr + (2 * p * BLOCK_M + rr)[:, None] * BLOCK_N + cc[None, :],
-                           mask=on & (rr[:, None] >= 0), other=0.0)
-            acc = tl.where(on, acc + part, acc)
-        rm = pid_m * BLOCK_M + rr
-        rn = pid_n * BLOCK_N + cc
-        if has_bias != 0:
-            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-        mask = (rm[:, None] < M) & (rn[None, :] < N)
-        c_offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
-        tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
