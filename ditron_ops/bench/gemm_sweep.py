@@ -19,7 +19,8 @@ sweep shape (``case = "configs bf16"``, ``impl`` = the configuration): the data 
 rule is fitted to and checked against; ``--only configs,candidates``: the rule's candidates only;
 ``--only occupancy``: ``OCCUPANCY`` (two programs per SM) beside the rule's own choice
 (``impl = "rule"``), on the sweep and the model shapes; it prints each compiled variant's
-registers and shared memory. ``--only splitk``: instead, bf16 only, the split-K calibration (``splitk_shapes``: the sweep
+registers and shared memory; ``--only wide``: the same for ``WIDE_CANDIDATES`` (tiles 272, 288
+and 320 columns wide) beside the 128x256 tiles. ``--only splitk``: instead, bf16 only, the split-K calibration (``splitk_shapes``: the sweep
 shapes where some candidate has fewer tiles than the SMs): every such candidate with K forced
 into S in ``SPLITS`` slices (and the rule's own choice), paired with cuBLAS (``case = "splitk
 bf16"``, ``impl = "<config> S=<slices>"``; columns ``config``, ``split_k`` (the slices run),
@@ -121,6 +122,9 @@ def configs_measured(only: tuple[str, ...]) -> dict[str, TileConfig]:
         return {c.name: c.cfg for c in rules.GPU_CANDIDATES}
     if "occupancy" in only:
         return OCCUPANCY
+    if "wide" in only:
+        return {rules.GPU_CONFIG: GPU_CONFIGS[rules.GPU_CONFIG],
+                **{c.name: c.cfg for c in rules.WIDE_CANDIDATES}}
     return CANDIDATES
 
 
@@ -128,7 +132,7 @@ def _configs(group, cfg: BenchConfig, m: int, n: int, k: int) -> list[Result]:
     """The ``configs_measured`` configurations on one shape, bf16, paired with cuBLAS."""
     a, b = _inputs(group, m, n, k, torch.bfloat16)
     fns = {"cublas": lambda: torch.matmul(a, b)}
-    if "occupancy" in cfg.only:
+    if "occupancy" in cfg.only or "wide" in cfg.only:
         fns["rule"] = lambda: matmul(a, b, deterministic=False)
     ref = torch.matmul(a, b).float()
     for name, tc in configs_measured(cfg.only).items():
@@ -254,10 +258,10 @@ def run(cfg: BenchConfig) -> list[Result]:
             for m, n, k in todo:
                 out.extend(_splitk(group, cfg, m, n, k, dtype, name))
             return
-        if "configs" in cfg.only or "occupancy" in cfg.only:
+        if "configs" in cfg.only or "occupancy" in cfg.only or "wide" in cfg.only:
             if not gpu:
                 raise SystemExit("ditron.bench gemm_sweep --only configs: needs a CUDA GPU")
-            extra = list(_model_shapes()) if "occupancy" in cfg.only else []
+            extra = list(_model_shapes()) if "occupancy" in cfg.only or "wide" in cfg.only else []
             for m, n, k in shapes + extra:
                 out.extend(_configs(group, cfg, m, n, k))
             _print_compiled()

@@ -37,9 +37,10 @@ from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import register_precompile
 from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_SPLIT,  # noqa: F401
                             NARROW_CANDIDATES, SHORT_K_CANDIDATE, SKINNY_CANDIDATES, TileConfig,
-                            rule_configs, select_config, select_split, slices, tail_tiles)
+                            WIDE_CANDIDATES, rule_configs, select_config, select_split, slices,
+                            tail_tiles, tile_width)
 from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
-                            splitk_reduce_kernel)
+                            splitk_reduce_kernel, strip_gemm_kernel)
 
 
 INTERPRETER_PROGRAMS = 1
@@ -139,8 +140,8 @@ def fit_stages(cfg: TileConfig, device: torch.device, in_bytes: int, out_bytes: 
     limit = _shared_memory_limit(device.index if device.index is not None else 0)
     if cfg.ctas_per_sm > 1:  # the SM's memory (the block limit + 1 KB reserved) shared out
         limit = (limit + 1024) // cfg.ctas_per_sm - 1024
-    stage = (cfg.block_m + cfg.block_n) * cfg.block_k * in_bytes
-    c_block = cfg.block_m * cfg.block_n // 2 * out_bytes
+    stage = (cfg.block_m + cfg.block_n + cfg.strip) * cfg.block_k * in_bytes
+    c_block = cfg.block_m * (cfg.block_n // 2 + cfg.strip) * out_bytes
     stages = cfg.num_stages
     while stages > 2 and stages * stage + c_block + 1024 > limit:
         stages -= 1
@@ -347,6 +348,54 @@ class SplitKGemm:
         return out
 
 
+class StripGemm:
+    """``out = A @ b (+ bias)`` by ``strip_gemm_kernel`` (``cfg.strip``: tiles ``block_n +
+    strip`` wide), bound once for a plan: persistent over the tiles on the program budget.
+    Arguments as ``SplitKGemm``'s (no ``split``)."""
+
+    def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
+                 bias: Optional[torch.Tensor], *, m: int, cfg: TileConfig, a_varies: bool,
+                 b_pad: Optional[torch.Tensor] = None):
+        device = out.device
+        cfg = fit_stages(cfg, device, b.element_size(), out.element_size())
+        self.cfg = cfg
+        self._b_pad, b_desc, b_kn = b_operand(b, cfg, b_pad)
+        if self._b_pad is not None:
+            b = self._b_pad
+        n, k = b.shape[1], b.shape[0]
+        strip = [cfg.block_k, cfg.strip] if b_kn else [cfg.strip, cfg.block_k]
+        bs_desc = TensorDescriptor(b_desc.base, b_desc.shape, b_desc.strides, strip)
+        c_desc = _c_descriptor(out, cfg) if out.is_cuda else None
+        cs_desc = (TensorDescriptor(out, list(out.shape), list(out.stride()),
+                                    [cfg.block_m, cfg.strip]) if c_desc is not None else None)
+        tiles = -(-m // cfg.block_m) * -(-n // tile_width(cfg))
+        self._a_varies, self._b_varies, self._c_tma = a_varies, self._b_pad is None, c_desc is not None
+        vary = (("a_desc",) if a_varies else ()) + (("b_desc", "bs_desc") if self._b_varies
+                                                    else ()) + (("c_desc", "cs_desc") if c_desc
+                                                                else ())
+        self.kernel = BoundKernel(
+            strip_gemm_kernel, (max(1, min(tiles, program_budget(device, None))),),
+            (a_desc, b_desc, bs_desc, c_desc, cs_desc, out, bias if bias is not None else out, m,
+             n, k, out.stride(0), out.stride(1), int(bias is not None)),
+            dict(B_KN=b_kn, C_TMA=c_desc is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                 STRIP=cfg.strip, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+            vary=vary + ("c_ptr", "bias_ptr"), device=device)
+
+    def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
+            bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """Launch on the current stream (``a`` only when it varies, else None)."""
+        values = [a] if self._a_varies else []
+        if self._b_varies:
+            values += (b, b)  # the descriptors' templates say [K, N] or [N, K]
+        else:
+            self._b_pad.copy_(b)  # its values may have changed since the last call
+        if self._c_tma:
+            values += (out, out)
+        self.kernel.launch(*values, out, bias if bias is not None else out)
+        return out
+
+
 class SkinnyGemm:
     """``out = A @ b (+ bias)`` by ``skinny_gemm_kernel`` (``cfg.swap_ab``: small M), bound once
     for a plan: one program per ``[cfg.block_n, cfg.block_m]`` tile of ``C^T``. Arguments as
@@ -435,6 +484,10 @@ class _MatmulPlan:
             self.core = SplitKGemm(a_desc, b, out, bias, m=m, cfg=cfg, split=split,
                                    a_varies=self.a_pad is None)
             self.split = self.core.slices
+            return
+        if cfg.strip:
+            self.core = StripGemm(a_desc, b, out, bias, m=m, cfg=cfg, a_varies=self.a_pad is None)
+            self.split = 1
             return
         self.split = 1
         sig, offsets, claim, record = _dummies(a.device)
@@ -551,20 +604,24 @@ def precompile_plain_only(device: torch.device, dtypes: tuple) -> None:
     """The tiles only the plain ``matmul`` takes on the GPU: ``SkinnyGemm`` per skinny
     candidate and the narrow candidates' ``CoreGemm`` (``_core_configs.narrow``), fp16 and
     bf16, B ``[K, N]`` and ``[N, K]``, out in the dtype and in fp32 (deterministic mode's
-    products); ``SHORT_K_CANDIDATE`` (out in the dtype only: ``short_k``).
+    products); ``SHORT_K_CANDIDATE`` and the wide candidates' ``StripGemm`` (out in the dtype
+    only: ``short_k``, ``wide``).
     ``tools/sm90_compile.py`` calls it with a CPU device."""
     wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
     sig, offsets, claim, record = _dummies(device)
-    plain = SKINNY_CANDIDATES + NARROW_CANDIDATES + (SHORT_K_CANDIDATE,)
+    plain = SKINNY_CANDIDATES + NARROW_CANDIDATES + (SHORT_K_CANDIDATE,) + WIDE_CANDIDATES
     for cand, dtype in itertools.product(plain, wanted):
         cfg = cand.cfg
         a = torch.ones(cfg.block_m, 256, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, list(a.shape), [256, 1], [cfg.block_m, cfg.block_k])
         for b in (a.new_ones(256, 64), a.new_ones(64, 256).t()):
-            for out_dtype in (dtype,) if cand is SHORT_K_CANDIDATE else (dtype, torch.float32):
+            two_byte = cand is SHORT_K_CANDIDATE or cand in WIDE_CANDIDATES  # (2-byte C only)
+            for out_dtype in (dtype,) if two_byte else (dtype, torch.float32):
                 out = torch.empty(cfg.block_m, 64, dtype=out_dtype, device=device)
                 if cfg.swap_ab:
                     SkinnyGemm(a_desc, b, out, None, m=cfg.block_m, cfg=cfg, a_varies=True)
+                elif cfg.strip:
+                    StripGemm(a_desc, b, out, None, m=cfg.block_m, cfg=cfg, a_varies=True)
                 else:
                     CoreGemm(a_desc, b, out, None, group=None, wait=False, sig=sig,
                              offsets=offsets, claim=claim, record=record, m=cfg.block_m,

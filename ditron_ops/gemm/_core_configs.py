@@ -63,6 +63,8 @@ class TileConfig:
     ``ctas_per_sm``: programs the persistent grid puts on each SM of the budget (2: two resident
     programs hide each other's per-tile prologue and epilogue; each then gets half the SM's
     shared memory, ``fit_stages``). The plain GEMM only: a waiting grid must be resident whole.
+    ``strip``: the plain ``matmul`` only, ``strip_gemm_kernel``: tiles ``block_n + strip``
+    columns wide (a second accumulator ``strip`` wide beside the first; ``tile_width``).
     """
     block_m: int
     block_n: int
@@ -73,6 +75,12 @@ class TileConfig:
     split_tail: bool = False
     swap_ab: bool = False
     ctas_per_sm: int = 1
+    strip: int = 0
+
+
+def tile_width(cfg: TileConfig) -> int:
+    """Columns of C one tile of ``cfg`` covers (``block_n``, plus its ``strip``)."""
+    return cfg.block_n + cfg.strip
 
 
 GPU_CONFIGS = {
@@ -168,6 +176,27 @@ def narrow(m: int, device: torch.device, deterministic: bool) -> tuple[Candidate
     return NARROW_CANDIDATES
 
 
+WIDE_CANDIDATES = tuple(
+    Candidate(f"128x{256 + r}x64/s4", TileConfig(128, 256, 64, 8, 8, 4, strip=r), 0.95, False)
+    for r in (16, 32, 64))
+"""The default mode's extra tiles for the plain ``matmul`` with a 2-byte C on the GPU
+(``wide``): 128 rows by 272, 288 or 320 columns (``strip_gemm_kernel``), weighed by the wave
+model beside ``select``'s. Why: where N is just past a multiple of 256 (8248x544: three
+columns of 256-wide tiles, the last 32 wide) or the 128x256 tiles leave a near-empty last
+wave, a width between the powers of two fits N or the SMs (cuBLAS runs 160x192 and 208x192
+tiles there). Stages fitted to the shared memory (``fit_stages``). Not in deterministic mode
+(rows not measured bitwise) nor in the fused ops (their kernels have no strip)."""
+
+
+def wide(m: int, device: torch.device, deterministic: bool,
+         out_bytes: int) -> tuple[Candidate, ...]:
+    """The plain ``matmul``'s ``WIDE_CANDIDATES`` in the default mode on the GPU with a 2-byte
+    C, else none (``select``'s shortlist drops them at M <= 128, as every 128-row tile)."""
+    if device.type != "cuda" or deterministic or out_bytes != 2:
+        return ()
+    return WIDE_CANDIDATES
+
+
 SHORT_K_CANDIDATE = Candidate("128x128x64/s3/w4/o2",
                               TileConfig(128, 128, 64, 8, 4, 3, ctas_per_sm=2), 1.0, True)
 """The plain ``matmul`` with a short K over many waves and a 2-byte C (``short_k``): 128x128
@@ -251,9 +280,9 @@ def waves(tiles: int, programs: int, cfg: TileConfig) -> tuple[int, bool]:
 def predicted_time(c: Candidate, m: int, n: int, programs: int) -> float:
     """The model's time of ``c`` per K step, in steps of a 128x256 tile at full efficiency."""
     cfg = c.cfg
-    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    tiles = -(-m // cfg.block_m) * -(-n // tile_width(cfg))
     full, half = waves(tiles, max(1, programs), cfg)
-    area = cfg.block_m * cfg.block_n / (128 * 256)
+    area = cfg.block_m * tile_width(cfg) / (128 * 256)
     return (full + HALF_TILE_COST * half) * area / c.efficiency
 
 
@@ -388,7 +417,8 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
     ``skinny``'s candidate at small M (unsplit, either mode; a forced ``split`` in the default
     mode takes the 64-row tiles instead), else ``select``'s candidate (``narrow``'s tiles
     weighed too) unsplit, or ``SHORT_K_CANDIDATE`` where ``short_k`` says (either mode: it
-    does not split), unless a split option (``split_options``; default mode) has a
+    does not split), else ``select``'s with ``wide``'s tiles weighed too, unless a split
+    option (``split_options``; default mode) has a
     ``split_time_us`` under ``SPLIT_MARGIN`` times the unsplit one (the least such). A pure
     function of its arguments.
 
@@ -408,7 +438,7 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
         candidate of least time at that count, returned with the slices ``slices`` leaves;
         1 is the unsplit choice (``skinny``'s or ``select``'s).
     out_bytes : int
-        Bytes per element of C (``short_k`` only).
+        Bytes per element of C (``short_k`` and ``wide``: 2-byte C only).
 
     Returns
     -------
@@ -422,6 +452,10 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
                    extra=narrow(m, device, deterministic))
     if split is None and short_k(first, m, n, k, programs, device, out_bytes):
         return SHORT_K_CANDIDATE, 1  # (at two waves or more nothing splits)
+    if split is None:  # (the wide tiles compete where the pairs do not: measured there)
+        first = select(m, n, programs, device, deterministic=deterministic,
+                       extra=narrow(m, device, deterministic) + wide(m, device, deterministic,
+                                                                     out_bytes))
     if deterministic or split == 1:
         return first, 1
     if split is not None:

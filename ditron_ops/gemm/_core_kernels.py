@@ -278,3 +278,45 @@ def splitk_reduce_kernel(p_ptr, c_ptr, bias_ptr, M, N, slices, slice_stride, str
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     c_offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
     tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias"))
+def strip_gemm_kernel(a_desc, b_desc, bs_desc, c_desc, cs_desc, c_ptr, bias_ptr, M, N, K,
+                      stride_cm, stride_cn, has_bias, B_KN: tl.constexpr, C_TMA: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STRIP: tl.constexpr,
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """``C[M, N] = A[M, K] @ B[K, N] (+ bias)`` in tiles ``BLOCK_N + STRIP`` columns wide (not a
+    power of two: e.g. 272 for N = 544), persistent as ``gemm_tiles``: each K step loads one A
+    block and two B blocks (``b_desc`` ``BLOCK_N`` wide, ``bs_desc`` ``STRIP`` wide, the next
+    columns) into two accumulators. Why: a width that divides N (or fills the last wave) where
+    the power-of-two tiles leave a mostly empty last column of tiles or a near-empty wave.
+    The K order per element is ``tile_matmul``'s (``BLOCK_K`` steps from 0). C through
+    ``c_desc`` (``[BLOCK_M, BLOCK_N / 2]`` blocks) and ``cs_desc`` (``[BLOCK_M, STRIP]``), or
+    masked pointer stores."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N + STRIP)
+    group_tiles = GROUP_M * tiles_n
+    for tile in range(pid, tiles_m * tiles_n, nprog):
+        pid_m, pid_n = _tile_coords(tile, tiles_m, group_tiles, 0, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * (BLOCK_N + STRIP)
+        off_s = off_n + BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_s = tl.zeros((BLOCK_M, STRIP), dtype=tl.float32)
+        for ki in range(tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            if B_KN:
+                b = b_desc.load([ki * BLOCK_K, off_n])
+                bs = bs_desc.load([ki * BLOCK_K, off_s])
+            else:
+                b = b_desc.load([off_n, ki * BLOCK_K]).T
+                bs = bs_desc.load([off_s, ki * BLOCK_K]).T
+            acc = tl.dot(a, b, acc)
+            acc_s = tl.dot(a, bs, acc_s)
+        _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm, stride_cn,
+                    has_bias, C_TMA, True)
+        if off_s < N:
+            _store_tile(acc_s, cs_desc, c_ptr, bias_ptr, off_m, off_s, M, N, stride_cm,
+                        stride_cn, has_bias, C_TMA, False)
