@@ -64,3 +64,15 @@ def test_wide_tiles_only_in_the_default_mode_on_the_gpu_with_a_two_byte_c():
     for shape in ((5408, 3936, 768), (15912, 8904, 1152)):  # the pairs' measured shapes
         assert rules.select_split(*shape, 132, CUDA, deterministic=False) == (
             rules.SHORT_K_CANDIDATE, 1)
+
+
+def test_the_rule_takes_wide_tiles_on_the_sweep_shapes_where_they_measured_faster():
+    """With ``WIDE_CANDIDATES``' efficiency, the 48 sweep shapes and the model shapes on an
+    H200's 132 SMs take the wide tiles exactly where ``bench gemm_sweep --only wide`` measured
+    them ahead of the rule's other tiles (the CSV in benchmarks/results), nowhere else."""
+    from ditron_ops.bench.gemm_sweep import _model_shapes, sweep_shapes
+    picks = {s: rules.select_split(*s, 132, CUDA, deterministic=False)[0].name
+             for s in list(sweep_shapes()) + list(_model_shapes())}
+    assert {s: c for s, c in picks.items() if "x272" in c or "x288" in c or "x320" in c} == {
+        (8248, 544, 1424): "128x272x64/s4", (928, 4992, 952): "128x320x64/s4",
+        (3408, 1248, 7440): "128x320x64/s4"}

@@ -177,15 +177,20 @@ def narrow(m: int, device: torch.device, deterministic: bool) -> tuple[Candidate
 
 
 WIDE_CANDIDATES = tuple(
-    Candidate(f"128x{256 + r}x64/s4", TileConfig(128, 256, 64, 8, 8, 4, strip=r), 0.95, False)
+    Candidate(f"128x{256 + r}x64/s4", TileConfig(128, 256, 64, 8, 8, 4, strip=r), 0.75, False)
     for r in (16, 32, 64))
 """The default mode's extra tiles for the plain ``matmul`` with a 2-byte C on the GPU
 (``wide``): 128 rows by 272, 288 or 320 columns (``strip_gemm_kernel``), weighed by the wave
 model beside ``select``'s. Why: where N is just past a multiple of 256 (8248x544: three
 columns of 256-wide tiles, the last 32 wide) or the 128x256 tiles leave a near-empty last
 wave, a width between the powers of two fits N or the SMs (cuBLAS runs 160x192 and 208x192
-tiles there). Stages fitted to the shared memory (``fit_stages``). Not in deterministic mode
-(rows not measured bitwise) nor in the fused ops (their kernels have no strip)."""
+tiles there). Their K steps run slower per unit of area (the strip's narrow second MMA), so
+the efficiency is 0.75: the low end of the interval 0.75-0.80 in which the model picks them
+on exactly the shapes where they measured faster (8248x544x1424 0.78x cuBLAS against 0.55x,
+928x4992x952 0.75 against 0.56, 3408x1248x7440 0.75 against 0.69; H200,
+``bench gemm_sweep --only wide``; benchmarks/NOTES.md, GEMM core). Stages fitted to the
+shared memory (``fit_stages``: 3). Not in deterministic mode (rows not measured bitwise) nor
+in the fused ops (their kernels have no strip)."""
 
 
 def wide(m: int, device: torch.device, deterministic: bool,
