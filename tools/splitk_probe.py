@@ -1,7 +1,7 @@
 """Where a split-K call's time goes (GPU): the split GEMM launch alone, the reduce launch
 alone, and both, against the unsplit rule and cuBLAS, on the sweep's few-tile, long-K shapes;
-plus reduce kernels of other block shapes (``REDUCES``; empty now that the committed reduce is
-the fastest measured, 8x128 with every slice's load at once).
+the run at 9e7a4c0 also timed unrolled reduces of four block shapes (8x128 fastest: now the
+committed one).
 
 Why: split-K had measured a 10 us fixed cost and 1.1 TB/s of partial traffic; this probe found
 it in the reduce launch (17-56 us, a runtime slice loop over unspecialized strides), since
@@ -16,8 +16,6 @@ import csv
 import sys
 
 import torch
-import triton
-import triton.language as tl
 
 from ditron_ops.bench.harness import paired_graph_times, warm_gpu
 from ditron_ops.gemm._core import _MatmulPlan, _ab_values, matmul
@@ -34,25 +32,6 @@ SHAPES = ((4808, 272, 14080), (6520, 384, 11520), (1112, 960, 8640), (800, 768, 
 """The 48-shape sweep's shapes with fewer 128x256 tiles than 132 SMs (or barely more) and a
 K of 50 steps or more (benchmarks/results/gemm_sweep-bf16-cuda.csv)."""
 SPLITS = (2, 3, 4, 6)
-REDUCES = ()
-"""(BLOCK_R, BLOCK_C, warps) of unrolled reduce variants to time beside the committed one (the run
-at 9e7a4c0 timed (32, 128, 4), (8, 128, 4), (16, 256, 4), (4, 256, 2): 8x128 fastest)."""
-
-
-@triton.jit
-def unrolled_reduce(p_ptr, c_ptr, M, N, slice_stride, stride_pm, stride_cm,
-                    SLICES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    pid = tl.program_id(0)
-    blocks_n = tl.cdiv(N, BLOCK_C)
-    rm = (pid // blocks_n) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rn = (pid % blocks_n) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    ptrs = p_ptr + rm.to(tl.int64)[:, None] * stride_pm + rn[None, :]
-    acc = tl.load(ptrs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SLICES):
-        acc += tl.load(ptrs + s * slice_stride, mask=mask, other=0.0)
-    tl.store(c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :],
-             acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 def main() -> int:
@@ -91,15 +70,6 @@ def main() -> int:
                     fns[base + "/reduce"] = (lambda c=core, o=out: c.reduce.launch(o, o))
                     for key in ("", "/gemm", "/reduce"):
                         meta[base + key] = (cand.name, s, tiles, key[1:] or "split")
-                    rows_p, cols = core.parts.shape[0] // core.slices, core.parts.shape[1]
-                    for br, bc, w in REDUCES:
-                        grid = (-(-m // br) * -(-n // bc),)
-                        name = f"{base}/ureduce{br}x{bc}w{w}"
-                        fns[name] = (lambda c=core, o=out, br=br, bc=bc, w=w, grid=grid,
-                                     rp=rows_p, cols=cols: unrolled_reduce[grid](
-                            c.parts, o, m, n, rp * cols, cols, o.stride(0), SLICES=c.slices,
-                            BLOCK_R=br, BLOCK_C=bc, num_warps=w))
-                        meta[name] = (cand.name, s, tiles, f"ureduce{br}x{bc}w{w}")
             times = paired_graph_times(group, fns, rounds=args.rounds, target_ms=6.0)
             ref = times["cublas"]
             line = [f"{m}x{n}x{k}: cublas {ref:.1f} rule {times['rule']:.1f}"]
@@ -109,10 +79,6 @@ def main() -> int:
                                  cublas_us=round(ref, 2), rule_us=round(times["rule"], 2)))
                 if part in ("full", "split", "gemm", "reduce"):
                     line.append(f"{cfg_name[:7]}/S{s}/{part}={times[name]:.1f}")
-            best_u = min((times[nm], nm) for nm, v in meta.items() if v[3].startswith("ureduce"))\
-                if any(v[3].startswith("ureduce") for v in meta.values()) else None
-            if best_u:
-                line.append(f"best ureduce {best_u[1]}={best_u[0]:.1f}")
             print("\n  ".join(line), flush=True)
             del a, b
             torch.cuda.empty_cache()

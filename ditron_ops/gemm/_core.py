@@ -242,11 +242,7 @@ class CoreGemm:
             bias: Optional[torch.Tensor], src: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Launch on the current stream (``a`` only when it varies, else None; ``src``, the
         push call's rows, only when they vary)."""
-        values = [a] if self._a_varies else []
-        if self._b_varies:
-            values += (b, b)  # the descriptors' templates say [K, N] or [N, K]
-        else:
-            self._b_pad.copy_(b)  # its values may have changed since the last call
+        values = _ab_values(a, b, self._a_varies, self._b_pad, 2)
         if self._c_tma:
             values.append(out)
         values += (out, bias if bias is not None else out)
@@ -257,13 +253,14 @@ class CoreGemm:
 
 
 def _ab_values(a: Optional[torch.Tensor], b: torch.Tensor, a_varies: bool,
-               b_pad: Optional[torch.Tensor]) -> list:
-    """The per-call A and B values of a bound GEMM whose B has one descriptor: ``a`` when it
-    varies, ``b`` unless a padded copy stands in for it (refreshed here: its values may have
-    changed since the last call)."""
+               b_pad: Optional[torch.Tensor], b_descs: int = 1) -> list:
+    """The per-call A and B values of a bound GEMM whose B has ``b_descs`` descriptors: ``a``
+    when it varies, ``b`` for each descriptor (their templates say ``[K, N]`` or ``[N, K]``)
+    unless a padded copy stands in for it (refreshed here: its values may have changed since
+    the last call)."""
     values = [a] if a_varies else []
     if b_pad is None:
-        values.append(b)
+        values += [b] * b_descs
     else:
         b_pad.copy_(b)
     return values
@@ -385,11 +382,7 @@ class StripGemm:
     def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
             bias: Optional[torch.Tensor]) -> torch.Tensor:
         """Launch on the current stream (``a`` only when it varies, else None)."""
-        values = [a] if self._a_varies else []
-        if self._b_varies:
-            values += (b, b)  # the descriptors' templates say [K, N] or [N, K]
-        else:
-            self._b_pad.copy_(b)  # its values may have changed since the last call
+        values = _ab_values(a, b, self._a_varies, self._b_pad, 2)
         if self._c_tma:
             values += (out, out)
         self.kernel.launch(*values, out, bias if bias is not None else out)
