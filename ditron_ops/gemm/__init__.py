@@ -4,8 +4,8 @@
 One module per op (``ag_gemm.py``, ``gemm_rs.py``: public function, op schema, auto rule), its
 launcher (``_ag_launch.py``, ``_rs_launch.py``) and kernels (``_ag_kernels.py``,
 ``_rs_kernels.py``); the core's tile configuration and launch in ``_core.py`` (the rule in
-``_core_configs.py``), its kernels in ``_core_kernels.py`` (split-K: default-mode ``matmul``
-only). The functions are re-exported by ``ditron_ops`` (``ditron_ops.ag_gemm``);
+``_core_configs.py``), its kernels in ``_core_kernels.py`` (split-K and wide tiles: default-mode
+``matmul`` only). The functions are re-exported by ``ditron_ops`` (``ditron_ops.ag_gemm``);
 here the names stay the modules (``ditron_ops.gemm.ag_gemm.use_fused``).
 """
 from . import ag_gemm, gemm_rs

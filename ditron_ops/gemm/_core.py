@@ -18,6 +18,10 @@ fused ops (ag_gemm's consumer, gemm_rs / gemm_ar) keep the unsplit kernels.
 Small M (``SkinnyGemm``, ``_core_configs.skinny``): the plain ``matmul`` at M <= 32 on the GPU,
 either mode, runs ``skinny_gemm_kernel`` (``C^T = B^T A^T``; rows bitwise those of the other
 tiles).
+
+Wide tiles (``StripGemm``, ``_core_configs.wide``): the default mode's plain ``matmul`` with a
+2-byte C, where tiles 272, 288 or 320 columns wide fill the SMs far better than the powers of
+two, runs ``strip_gemm_kernel``.
 """
 from __future__ import annotations
 

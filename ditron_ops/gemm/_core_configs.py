@@ -35,13 +35,17 @@ under ``SPLIT_MARGIN`` of the unsplit time. Its time, in microseconds::
                  + S x M x N x 8 bytes / PARTIAL_BYTES_PER_S + SPLIT_LAUNCH_US
 
 (``time(c, 1)`` is the tile rule's time x steps x ``STEP_US``: an S = 1 choice is always
-``select``'s). The partial traffic and the fixed cost are fitted to the sweep's split runs
-(``tools/gemm_rule_fit.py --split-sweep``; data and history: benchmarks/NOTES.md, GEMM core).
+``select``'s). The partial traffic and the fixed cost are fitted to forced split runs
+(``tools/splitk_probe.py``; data and history: benchmarks/NOTES.md, GEMM core).
 
 Two programs per SM (``short_k``; the plain ``matmul`` with a 2-byte C only, either mode):
 where ``select`` picked the 128x256 tiles for a short K over two waves or more, 128x128 tiles
 with two resident programs per SM hide each one's pipeline fill and C store under the other's
 MMAs.
+
+Wide tiles (``wide``; the plain ``matmul`` in the default mode with a 2-byte C): 272, 288 or
+320 columns, weighed by the same wave model beside ``select``'s candidates, at an efficiency
+low enough that they win only where they fill the SMs far better.
 """
 from __future__ import annotations
 

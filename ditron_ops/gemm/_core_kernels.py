@@ -11,6 +11,9 @@ order. Neither waits; no fused op and no deterministic call launches them.
 ``skinny_gemm_kernel`` is ``matmul`` at small M (``TileConfig.swap_ab``): ``C^T = B^T A^T``,
 so N takes the MMA's 64-row side and M its narrow side (a 16-column MMA instead of a 64-row
 tile that is almost all padding), with ``tile_matmul``'s K steps.
+
+``strip_gemm_kernel`` is the default mode's ``matmul`` in tiles wider than a power of two
+(``TileConfig.strip``): two accumulators, ``BLOCK_N`` and ``STRIP`` wide, over one A block.
 """
 from __future__ import annotations
 
