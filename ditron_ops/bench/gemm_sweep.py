@@ -20,7 +20,8 @@ rule is fitted to and checked against; ``--only configs,candidates``: the rule's
 ``--only occupancy``: ``OCCUPANCY`` (two programs per SM) beside the rule's own choice
 (``impl = "rule"``), on the sweep and the model shapes; it prints each compiled variant's
 registers and shared memory; ``--only wide``: the same for ``WIDE_CANDIDATES`` (tiles 272, 288
-and 320 columns wide) beside the 128x256 tiles. ``--only splitk``: instead, bf16 only, the split-K calibration (``splitk_shapes``: the sweep
+and 320 columns wide) beside the 128x256 tiles. ``--only splitk``: instead, bf16 only, the
+split-K calibration (``splitk_shapes``: the sweep
 shapes where some candidate has fewer tiles than the SMs): every such candidate with K forced
 into S in ``SPLITS`` slices (and the rule's own choice), paired with cuBLAS (``case = "splitk
 bf16"``, ``impl = "<config> S=<slices>"``; columns ``config``, ``split_k`` (the slices run),
@@ -261,7 +262,7 @@ def run(cfg: BenchConfig) -> list[Result]:
         if "configs" in cfg.only or "occupancy" in cfg.only or "wide" in cfg.only:
             if not gpu:
                 raise SystemExit("ditron.bench gemm_sweep --only configs: needs a CUDA GPU")
-            extra = list(_model_shapes()) if "occupancy" in cfg.only or "wide" in cfg.only else []
+            extra = list(_model_shapes()) if {"occupancy", "wide"} & set(cfg.only) else []
             for m, n, k in shapes + extra:
                 out.extend(_configs(group, cfg, m, n, k))
             _print_compiled()

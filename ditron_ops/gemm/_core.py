@@ -370,7 +370,8 @@ class StripGemm:
         cs_desc = (TensorDescriptor(out, list(out.shape), list(out.stride()),
                                     [cfg.block_m, cfg.strip]) if c_desc is not None else None)
         tiles = -(-m // cfg.block_m) * -(-n // tile_width(cfg))
-        self._a_varies, self._b_varies, self._c_tma = a_varies, self._b_pad is None, c_desc is not None
+        self._a_varies, self._b_varies = a_varies, self._b_pad is None
+        self._c_tma = c_desc is not None
         vary = (("a_desc",) if a_varies else ()) + (("b_desc", "bs_desc") if self._b_varies
                                                     else ()) + (("c_desc", "cs_desc") if c_desc
                                                                 else ())
