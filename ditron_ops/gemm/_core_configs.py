@@ -461,7 +461,7 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
                    extra=narrow(m, device, deterministic))
     if split is None and short_k(first, m, n, k, programs, device, out_bytes):
         return SHORT_K_CANDIDATE, 1  # (at two waves or more nothing splits)
-    if split is None:  # (the wide tiles compete where the pairs do not: measured there)
+    if split is None:  # (after short_k: its shapes were measured against 128x256 tiles only)
         first = select(m, n, programs, device, deterministic=deterministic,
                        extra=narrow(m, device, deterministic) + wide(m, device, deterministic,
                                                                      out_bytes))
