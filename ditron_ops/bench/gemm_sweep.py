@@ -23,10 +23,10 @@ registers and shared memory; ``--only wide``: the same for ``WIDE_CANDIDATES`` (
 and 320 columns wide) beside the 128x256 tiles. ``--only splitk``: instead, bf16 only, the
 split-K calibration (``splitk_shapes``: the sweep shapes where some candidate has fewer tiles
 than the SMs): every such candidate with K forced into S in ``SPLITS`` slices (and the rule's
-own choice), paired with cuBLAS (``case = "splitk bf16"``, ``impl = "<config> S=<slices>"``; columns ``config``, ``split_k`` (the slices run),
-``tiles``, ``pred_us`` (the model's time, ``_core_configs.split_time_us``), ``rule`` (1 on the
-rule's choice), ``rel_err``): what ``tools/gemm_rule_fit.py --splitk`` fits the split-K
-constants to. Write it apart from the sweep (``--out``): both are ``gemm_sweep-bf16-cuda.csv``.
+own choice), paired with cuBLAS (``case = "splitk bf16"``, ``impl = "<config> S=<slices>"``;
+columns ``config``, ``split_k`` (the slices run), ``tiles``, ``pred_us`` (the model's time,
+``_core_configs.split_time_us``), ``rule`` (1 on the rule's choice), ``rel_err``): what
+``tools/gemm_rule_fit.py --splitk`` fits the split-K constants to. Write it apart from the sweep (``--out``): both are ``gemm_sweep-bf16-cuda.csv``.
 ``--quick`` (CPU, the interpreter): three tiny fp16 shapes, to test the plumbing (``--only
 splitk``: two, forced splits).
 """
