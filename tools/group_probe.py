@@ -13,7 +13,6 @@ Usage (on the GPU machine): ``python tools/group_probe.py --csv out.csv``
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import sys
 
@@ -24,6 +23,7 @@ from ditron_ops.bench.harness import paired_graph_times, warm_gpu
 from ditron_ops.gemm._core import GPU_CONFIGS, matmul
 from ditron_ops.gemm._core_configs import GPU_CONFIG
 from ditron_ops.runtime.virtual import launch
+from invariant_configs import write_csv  # (tools/ is the script's folder)
 
 GROUPS = (4, 8, 16, 32)
 
@@ -53,11 +53,7 @@ def main() -> int:
         return True
 
     launch(body, 1)
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    write_csv(rows, args.csv)
     return 0
 
 

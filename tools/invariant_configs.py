@@ -71,14 +71,19 @@ def main() -> int:
     return finish(rows, args.csv, "the M=8192 rows")
 
 
-def finish(rows: list[dict], path, reference: str) -> int:
-    """Write ``rows`` to the CSV at ``path`` (if given) and count those not bitwise equal to
-    ``reference`` (their ``bitwise`` field)."""
+def write_csv(rows: list[dict], path) -> None:
+    """Write ``rows`` (dicts with the first row's keys) to the CSV at ``path``, if given."""
     if path:
         with open(path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
+
+
+def finish(rows: list[dict], path, reference: str) -> int:
+    """``write_csv`` and count the rows not bitwise equal to ``reference`` (their ``bitwise``
+    field)."""
+    write_csv(rows, path)
     bad = [r for r in rows if not r["bitwise"]]
     print(f"{len(rows)} rows, {len(bad)} not bitwise equal to {reference}")
     return 0

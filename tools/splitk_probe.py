@@ -1,18 +1,15 @@
 """Where a split-K call's time goes (GPU): the split GEMM launch alone, the reduce launch
-alone, and both, against the unsplit rule and cuBLAS, on the sweep's few-tile, long-K shapes;
-the run at 9e7a4c0 also timed unrolled reduces of four block shapes (8x128 fastest: now the
-committed one).
+alone, and both, against the unsplit rule and cuBLAS, on the sweep's few-tile, long-K shapes.
 
-Why: split-K had measured a 10 us fixed cost and 1.1 TB/s of partial traffic; this probe found
-it in the reduce launch (17-56 us, a runtime slice loop over unspecialized strides), since
-replaced (benchmarks/NOTES.md, "Split-K: the reduce"). Its CSV feeds the split model's fit.
+Why: the split model's fixed cost and partial traffic are fitted to these runs; the launches
+timed apart say which kernel a cost is in (results: benchmarks/NOTES.md, "Split-K: the
+reduce").
 
 Usage (on the GPU machine): ``python tools/splitk_probe.py --csv out.csv``
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 
 import torch
@@ -21,6 +18,7 @@ from ditron_ops.bench.harness import paired_graph_times, warm_gpu
 from ditron_ops.gemm._core import _MatmulPlan, _ab_values, matmul
 from ditron_ops.gemm._core_configs import GPU_CANDIDATES
 from ditron_ops.runtime.virtual import launch
+from invariant_configs import write_csv  # (tools/ is the script's folder)
 
 SHAPES = ((4808, 272, 14080), (6520, 384, 11520), (1112, 960, 8640), (800, 768, 10760),
           (712, 896, 9288), (1480, 1792, 10432), (168, 15432, 9664), (1496, 768, 7320),
@@ -85,11 +83,7 @@ def main() -> int:
         return True
 
     launch(body, 1)
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    write_csv(rows, args.csv)
     return 0
 
 

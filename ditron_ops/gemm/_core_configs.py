@@ -189,11 +189,9 @@ model beside ``select``'s. Why: where N is just past a multiple of 256 (8248x544
 columns of 256-wide tiles, the last 32 wide) or the 128x256 tiles leave a near-empty last
 wave, a width between the powers of two fits N or the SMs (cuBLAS runs 160x192 and 208x192
 tiles there). Their K steps run slower per unit of area (the strip's narrow second MMA), so
-the efficiency is 0.75: the low end of the interval 0.75-0.80 in which the model picks them
-on exactly the shapes where they measured faster (8248x544x1424 0.78x cuBLAS against 0.55x,
-928x4992x952 0.75 against 0.56, 3408x1248x7440 0.75 against 0.69; H200,
-``bench gemm_sweep --only wide``; benchmarks/NOTES.md, GEMM core). Stages fitted to the
-shared memory (``fit_stages``: 3). Not in deterministic mode (rows not measured bitwise) nor
+the efficiency is 0.75: the low end of the interval in which the model picks them on exactly
+the measured shapes where they ran faster (``bench gemm_sweep --only wide``; figures:
+benchmarks/NOTES.md, GEMM core). Stages fitted to the shared memory (``fit_stages``: 3). Not in deterministic mode (rows not measured bitwise) nor
 in the fused ops (their kernels have no strip)."""
 
 
@@ -349,8 +347,8 @@ agree: fitted free with the two constants below it comes to 0.76."""
 PARTIAL_BYTES_PER_S = 3e12
 """Rate of the fp32 partials' traffic (each written once by the split GEMM and read once by the
 reduce: ``S x M x N x 8`` bytes), bytes/s: fitted with ``SPLIT_LAUNCH_US`` to 109 forced split
-runs of ``tools/splitk_probe.py`` (25 shapes; 2.5-4 TB/s and 0-6 us score alike). It was
-1.1 TB/s and 10 us until the reduce issued its slices' loads at once (benchmarks/NOTES.md)."""
+runs of ``tools/splitk_probe.py`` (the middle of the values that pick alike; history:
+benchmarks/NOTES.md, GEMM core)."""
 SPLIT_LAUNCH_US = 3.0
 """Fixed cost of a split call over the unsplit one (the reduce kernel's launch and latency, the
 split GEMM's exposed pipeline fill), microseconds (fit: ``PARTIAL_BYTES_PER_S``)."""

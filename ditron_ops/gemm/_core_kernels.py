@@ -263,8 +263,8 @@ def splitk_reduce_kernel(p_ptr, c_ptr, bias_ptr, M, N, slices, slice_stride, str
 
     Every slice's load is issued at once (``MAX_SLICES`` unrolled, those past ``slices``
     masked off), and the strides stay specialized (``slice_stride`` and ``stride_pm`` are whole
-    tiles, always multiples of 16: 16-byte loads): a runtime slice loop over unspecialized
-    strides ran 7-10x slower (H200; benchmarks/NOTES.md, GEMM core).
+    tiles, always multiples of 16: 16-byte loads), so the loads are not latency-bound
+    (measured: benchmarks/NOTES.md, GEMM core).
     """
     pid = tl.program_id(0)
     blocks_n = tl.cdiv(N, BLOCK_C)
