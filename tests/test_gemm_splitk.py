@@ -151,7 +151,8 @@ def test_deterministic_mode_never_splits():
 
 def test_rule_properties_on_the_gpu_candidates():
     """Default mode on the GPU's candidates: an unsplit choice is ``select``'s with ``wide``'s
-    tiles (the two-program tiles where ``short_k`` says), the skinny tiles' at M <= 32; a
+    tiles (the two-program tiles where ``short_k`` says, its last wave in K slices where
+    ``sliced_tail`` says), the skinny tiles' at M <= 32; a
     split only for tiles under one wave, 2 to ``MAX_SPLIT`` slices of at least
     ``MIN_SLICE_STEPS`` steps, when the model predicts it faster; the same answer every time."""
     splits = 0
@@ -162,8 +163,9 @@ def test_rule_properties_on_the_gpu_candidates():
         short = rules.short_k(first, m, n, k, p, CUDA, 2)
         first = rules.skinny(m, CUDA) or rules.select(  # (the wide tiles weighed too)
             m, n, p, CUDA, deterministic=False, extra=rules.wide(m, CUDA, False, 2))
-        if s == 1:
-            assert cand == (rules.SHORT_K_CANDIDATE if short else first), (m, n, k, p)
+        if s == 1:  # (a sliced tail: test_gemm_sliced_tail.py)
+            tail = rules.sliced_tail(first, m, n, k, p, CUDA, deterministic=False, out_bytes=2)
+            assert cand == (rules.SHORT_K_CANDIDATE if short else tail or first), (m, n, k, p)
             continue
         splits += 1
         tiles = -(-m // cand.cfg.block_m) * -(-n // cand.cfg.block_n)

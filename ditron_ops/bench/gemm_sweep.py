@@ -20,7 +20,10 @@ rule is fitted to and checked against; ``--only configs,candidates``: the rule's
 ``--only occupancy``: ``OCCUPANCY`` (two programs per SM) beside the rule's own choice
 (``impl = "rule"``), on the sweep and the model shapes; it prints each compiled variant's
 registers and shared memory; ``--only wide``: the same for ``WIDE_CANDIDATES`` (tiles 272, 288
-and 320 columns wide) beside the 128x256 tiles. ``--only splitk``: instead, bf16 only, the
+and 320 columns wide) beside the 128x256 tiles; ``--only tail``: on the shapes whose 128x256
+tiles leave a partial last wave (``tail_shapes``), those tiles with the half-tile tail, without
+it, and with the last wave in ``TAIL_SLICES`` K slices (``sliced_tail``), beside the rule's
+choice. ``--only splitk``: instead, bf16 only, the
 split-K calibration (``splitk_shapes``: the sweep shapes where some candidate has fewer tiles
 than the SMs): every such candidate with K forced into S in ``SPLITS`` slices (and the rule's
 own choice), paired with cuBLAS (``case = "splitk bf16"``, ``impl = "<config> S=<slices>"``;
@@ -32,6 +35,7 @@ splitk``: two, forced splits).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -125,14 +129,35 @@ def configs_measured(only: tuple[str, ...]) -> dict[str, TileConfig]:
     if "wide" in only:
         return {rules.GPU_CONFIG: GPU_CONFIGS[rules.GPU_CONFIG],
                 **{c.name: c.cfg for c in rules.WIDE_CANDIDATES}}
+    if "tail" in only:
+        main = rules.SLICED_TAIL_MAIN
+        return {rules.GPU_CONFIG: GPU_CONFIGS[rules.GPU_CONFIG], main.name: main.cfg,
+                **{f"{main.name}/kt{s}": dataclasses.replace(main.cfg, tail_slices=s)
+                   for s in TAIL_SLICES}}
     return CANDIDATES
+
+
+TAIL_SLICES = (2, 3, 4, 6, 8)
+"""K slices ``--only tail`` forces on the partial last wave (``sliced_tail``'s range)."""
+
+
+def tail_shapes(programs: int, shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The shapes whose 128x256 tiles fill one wave of ``programs`` or more and leave a partial
+    last one (what a sliced tail can shorten)."""
+    cfg = rules.SLICED_TAIL_MAIN.cfg
+    out = []
+    for m, n, k in shapes:
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        if tiles >= programs and tiles % programs:
+            out.append((m, n, k))
+    return out
 
 
 def _configs(group, cfg: BenchConfig, m: int, n: int, k: int) -> list[Result]:
     """The ``configs_measured`` configurations on one shape, bf16, paired with cuBLAS."""
     a, b = _inputs(group, m, n, k, torch.bfloat16)
     fns = {"cublas": lambda: torch.matmul(a, b)}
-    if "occupancy" in cfg.only or "wide" in cfg.only:
+    if {"occupancy", "wide", "tail"} & set(cfg.only):
         fns["rule"] = lambda: matmul(a, b, deterministic=False)
     ref = torch.matmul(a, b).float()
     for name, tc in configs_measured(cfg.only).items():
@@ -258,11 +283,15 @@ def run(cfg: BenchConfig) -> list[Result]:
             for m, n, k in todo:
                 out.extend(_splitk(group, cfg, m, n, k, dtype, name))
             return
-        if "configs" in cfg.only or "occupancy" in cfg.only or "wide" in cfg.only:
+        if {"configs", "occupancy", "wide", "tail"} & set(cfg.only):
             if not gpu:
                 raise SystemExit("ditron.bench gemm_sweep --only configs: needs a CUDA GPU")
-            extra = list(_model_shapes()) if {"occupancy", "wide"} & set(cfg.only) else []
-            for m, n, k in shapes + extra:
+            extra = (list(_model_shapes()) if {"occupancy", "wide", "tail"} & set(cfg.only)
+                     else [])
+            todo = shapes + extra
+            if "tail" in cfg.only:
+                todo = tail_shapes(program_budget(group.device, None), todo)
+            for m, n, k in todo:
                 out.extend(_configs(group, cfg, m, n, k))
             _print_compiled()
             return

@@ -40,7 +40,8 @@ from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import register_precompile
 from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_SPLIT,  # noqa: F401
-                            NARROW_CANDIDATES, SHORT_K_CANDIDATE, SKINNY_CANDIDATES, TileConfig,
+                            NARROW_CANDIDATES, SHORT_K_CANDIDATE, SKINNY_CANDIDATES,
+                            SLICED_TAIL_MAIN, TileConfig,
                             WIDE_CANDIDATES, rule_configs, select_config, select_split, slices,
                             tail_tiles, tile_width)
 from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
@@ -191,6 +192,9 @@ class CoreGemm:
         ``buf_table`` (the gathered buffer), ``pitch``, ``copy_block`` and ``src_varies``.
     b_pad : torch.Tensor, optional
         The padded copy of ``b`` to reuse (a rebuilt plan's; else made here when needed).
+    left : int
+        The last tiles (in the grouped order) that another launch runs (``SlicedTailGemm``,
+        with ``cfg.split_tail`` off): this one stops before them; 0 runs every tile.
     """
 
     def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
@@ -198,7 +202,8 @@ class CoreGemm:
                  sig: torch.Tensor, offsets: torch.Tensor, claim: torch.Tensor,
                  record: torch.Tensor, m: int, programs: Optional[int] = None,
                  cfg: Optional[TileConfig] = None, a_varies: bool = False,
-                 push: Optional[dict] = None, b_pad: Optional[torch.Tensor] = None):
+                 push: Optional[dict] = None, b_pad: Optional[torch.Tensor] = None,
+                 left: int = 0):
         if cfg is None:
             cfg = select_config(m, b.shape[1], program_budget(out.device, group), out.device,
                                 deterministic=False)
@@ -213,7 +218,7 @@ class CoreGemm:
         n, k = b.shape[1], b.shape[0]
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         grid = programs or consumer_grid(out.device, group, tiles, cfg)
-        tail = tail_tiles(tiles, grid, cfg)
+        tail = left or tail_tiles(tiles, grid, cfg)
         bh_desc = half_b_descriptor(b_desc, b_kn, cfg)
         rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
         timeout_us = group.timeout_us() if group is not None else 10**7  # (precompile, benches: 10 s)
@@ -298,19 +303,23 @@ class SplitKGemm:
         The K slices asked for; ``slices`` may leave fewer (``self.slices``, at least 2).
     a_varies : bool
     b_pad : torch.Tensor, optional
+    tile0 : int
+        The first tile (in ``_tile_coords``' grouped order) to split, the rest of C's tiles
+        with it: 0 splits all; ``SlicedTailGemm`` passes its whole waves' tiles.
 
     Notes
     -----
-    ``parts`` is ``[slices * rows, cols]`` fp32, ``rows`` and ``cols`` M and N padded to whole
-    tiles: ``slices x rows x cols x 4`` bytes (800x768x10760 in 6 slices of 128x256 tiles:
+    ``parts`` is ``[slices * tiles * block_m, block_n]`` fp32, the split tiles packed:
+    ``slices x tiles x 4`` bytes a tile element (800x768x10760 in 6 slices of 128x256 tiles:
     15 MB). The persistent grid is ``min(units, program_budget)``; nothing waits.
     """
 
     def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
                  bias: Optional[torch.Tensor], *, m: int, cfg: TileConfig, split: int,
-                 a_varies: bool, b_pad: Optional[torch.Tensor] = None):
+                 a_varies: bool, b_pad: Optional[torch.Tensor] = None, tile0: int = 0):
         device = out.device
-        cfg = fit_stages(dataclasses.replace(cfg, split_tail=False), device, b.element_size(), 4)
+        cfg = fit_stages(dataclasses.replace(cfg, split_tail=False, tail_slices=0), device,
+                         b.element_size(), 4)
         self.cfg = cfg
         self._b_pad, b_desc, b_kn = b_operand(b, cfg, b_pad)
         if self._b_pad is not None:
@@ -318,35 +327,80 @@ class SplitKGemm:
         n, k = b.shape[1], b.shape[0]
         self.slices, steps = slices(k, cfg.block_k, split)
         assert self.slices > 1, (k, split)
-        tiles_m, tiles_n = -(-m // cfg.block_m), -(-n // cfg.block_n)
-        rows, cols = tiles_m * cfg.block_m, tiles_n * cfg.block_n
-        self.parts = torch.empty(self.slices * rows, cols, dtype=torch.float32, device=device)
-        p_desc = (TensorDescriptor(self.parts, list(self.parts.shape), [cols, 1],
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n) - tile0
+        assert tiles > 0, (m, n, tile0)
+        self.parts = torch.empty(self.slices * tiles * cfg.block_m, cfg.block_n,
+                                 dtype=torch.float32, device=device)
+        p_desc = (TensorDescriptor(self.parts, list(self.parts.shape), [cfg.block_n, 1],
                                    [cfg.block_m, cfg.block_n // 2]) if out.is_cuda else None)
-        units = tiles_m * tiles_n * self.slices
         self._a_varies = a_varies
         vary = (("a_desc",) if a_varies else ()) + (("b_desc",) if self._b_pad is None else ())
         self.gemm = BoundKernel(
-            splitk_gemm_kernel, (min(units, program_budget(device, None)),),
-            (a_desc, b_desc, p_desc, self.parts, m, n, k, rows, self.slices, steps),
+            splitk_gemm_kernel, (min(tiles * self.slices, program_budget(device, None)),),
+            (a_desc, b_desc, p_desc, self.parts, m, n, k, tile0, tiles, self.slices, steps),
             dict(B_KN=b_kn, P_TMA=p_desc is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                  BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
                  num_stages=cfg.num_stages), vary=vary, device=device)
         block_r, block_c, warps = REDUCE_BLOCKS["cuda" if out.is_cuda else "cpu"]
+        block_r, block_c = min(block_r, cfg.block_m), min(block_c, cfg.block_n)
+        per_tile = (cfg.block_m // block_r) * (cfg.block_n // block_c)
         self.reduce = BoundKernel(
-            splitk_reduce_kernel, (-(-m // block_r) * -(-n // block_c),),
-            (self.parts, out, bias if bias is not None else out, m, n, self.slices, rows * cols,
-             cols, out.stride(0), out.stride(1), int(bias is not None)),
-            dict(MAX_SLICES=max(MAX_SPLIT, self.slices), BLOCK_R=block_r, BLOCK_C=block_c,
+            splitk_reduce_kernel, (tiles * per_tile,),
+            (self.parts, out, bias if bias is not None else out, m, n, tile0, tiles,
+             self.slices, out.stride(0), out.stride(1), int(bias is not None)),
+            dict(MAX_SLICES=max(MAX_SPLIT, self.slices), TILE_M=cfg.block_m,
+                 TILE_N=cfg.block_n, GROUP_M=cfg.group_m, BLOCK_R=block_r, BLOCK_C=block_c,
                  num_warps=warps),
             vary=("c_ptr", "bias_ptr"), device=device)
 
     def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
-            bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """Both launches on the current stream (``a`` only when it varies, else None)."""
-        self.gemm.launch(*_ab_values(a, b, self._a_varies, self._b_pad))
+            bias: Optional[torch.Tensor], b_fresh: bool = False) -> torch.Tensor:
+        """Both launches on the current stream (``a`` only when it varies, else None;
+        ``b_fresh``: the padded copy of ``b`` was already refreshed for this call)."""
+        self.gemm.launch(*_ab_values(a, b, self._a_varies, None if b_fresh else self._b_pad))
         self.reduce.launch(out, bias if bias is not None else out)
         return out
+
+
+class SlicedTailGemm:
+    """``out = A @ b (+ bias)`` with the partial last wave in K slices (``cfg.tail_slices``;
+    ``_core_configs.sliced_tail``), bound once for a plan (default-mode ``matmul`` only): the
+    persistent GEMM (``CoreGemm``) runs the whole waves' tiles unsplit, then ``SplitKGemm``
+    the tiles left after them as ``cfg.tail_slices`` slices each and sums them into ``out``.
+    Three launches; nothing waits. Where the tiles fill whole waves (or less than one) on the
+    budget, only the unsplit GEMM runs (``self.tail`` None).
+
+    Arguments as ``SplitKGemm``'s (no ``split``); ``programs``: the persistent grid (default
+    the device's ``program_budget``; tests give the interpreter's one program more).
+    """
+
+    def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
+                 bias: Optional[torch.Tensor], *, m: int, cfg: TileConfig, a_varies: bool,
+                 b_pad: Optional[torch.Tensor] = None, programs: Optional[int] = None):
+        programs = programs or program_budget(out.device, None)
+        tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
+        full, left = divmod(tiles, programs)
+        if full == 0 or slices(b.shape[0], cfg.block_k, cfg.tail_slices)[0] < 2:
+            left = 0
+        sig, offsets, claim, record = _dummies(out.device)
+        self.main = CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig,
+                             offsets=offsets, claim=claim, record=record, m=m,
+                             programs=min(tiles, programs),
+                             cfg=dataclasses.replace(cfg, split_tail=False, tail_slices=0),
+                             a_varies=a_varies, b_pad=b_pad, left=left)
+        self.cfg = self.main.cfg
+        self.tail = (SplitKGemm(a_desc, b, out, bias, m=m, cfg=cfg, split=cfg.tail_slices,
+                                a_varies=a_varies, b_pad=self.main._b_pad, tile0=tiles - left)
+                     if left else None)
+
+    def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
+            bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """The launches on the current stream (``a`` only when it varies, else None)."""
+        self.main.run(a, b, out, bias)
+        if self.tail is not None:
+            self.tail.run(a, b, out, bias, b_fresh=True)
+        return out
+
 
 
 class StripGemm:
@@ -488,6 +542,10 @@ class _MatmulPlan:
             self.split = 1
             return
         self.split = 1
+        if cfg.tail_slices:
+            self.core = SlicedTailGemm(a_desc, b, out, bias, m=m, cfg=cfg,
+                                       a_varies=self.a_pad is None)
+            return
         sig, offsets, claim, record = _dummies(a.device)
         self.core = CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig,
                              offsets=offsets, claim=claim, record=record, m=a.shape[0], cfg=cfg,
@@ -602,18 +660,20 @@ def precompile_plain_only(device: torch.device, dtypes: tuple) -> None:
     """The tiles only the plain ``matmul`` takes on the GPU: ``SkinnyGemm`` per skinny
     candidate and the narrow candidates' ``CoreGemm`` (``_core_configs.narrow``), fp16 and
     bf16, B ``[K, N]`` and ``[N, K]``, out in the dtype and in fp32 (deterministic mode's
-    products); ``SHORT_K_CANDIDATE`` and the wide candidates' ``StripGemm`` (out in the dtype
-    only: ``short_k``, ``wide``).
+    products); ``SHORT_K_CANDIDATE``, the wide candidates' ``StripGemm`` and the sliced tail's
+    unsplit launch (``SLICED_TAIL_MAIN``; out in the dtype only: ``short_k``, ``wide``,
+    ``sliced_tail``; its split launches are ``_precompile``'s).
     ``tools/sm90_compile.py`` calls it with a CPU device."""
     wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
     sig, offsets, claim, record = _dummies(device)
-    plain = SKINNY_CANDIDATES + NARROW_CANDIDATES + (SHORT_K_CANDIDATE,) + WIDE_CANDIDATES
+    two_bytes = (SHORT_K_CANDIDATE, SLICED_TAIL_MAIN) + WIDE_CANDIDATES  # (2-byte C only)
+    plain = SKINNY_CANDIDATES + NARROW_CANDIDATES + two_bytes
     for cand, dtype in itertools.product(plain, wanted):
         cfg = cand.cfg
         a = torch.ones(cfg.block_m, 256, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, list(a.shape), [256, 1], [cfg.block_m, cfg.block_k])
         for b in (a.new_ones(256, 64), a.new_ones(64, 256).t()):
-            two_byte = cand is SHORT_K_CANDIDATE or cand in WIDE_CANDIDATES  # (2-byte C only)
+            two_byte = cand in two_bytes
             for out_dtype in (dtype,) if two_byte else (dtype, torch.float32):
                 out = torch.empty(cfg.block_m, 64, dtype=out_dtype, device=device)
                 if cfg.swap_ab:

@@ -46,6 +46,11 @@ MMAs.
 Wide tiles (``wide``; the plain ``matmul`` in the default mode with a 2-byte C): 272, 288 or
 320 columns, weighed by the same wave model beside ``select``'s candidates, at an efficiency
 low enough that they win only where they fill the SMs far better.
+
+A sliced tail (``sliced_tail``; the default mode's plain ``matmul`` with a 2-byte C, the
+128x256 tiles over one wave or more): the whole waves unsplit, the partial last wave's tiles in
+K slices (split-K's kernels over those tiles only), where the split-K model puts it clearly
+under the unsplit time.
 """
 from __future__ import annotations
 
@@ -69,6 +74,9 @@ class TileConfig:
     shared memory, ``fit_stages``). The plain GEMM only: a waiting grid must be resident whole.
     ``strip``: the plain ``matmul`` only, ``strip_gemm_kernel``: tiles ``block_n + strip``
     columns wide (a second accumulator ``strip`` wide beside the first; ``tile_width``).
+    ``tail_slices``: the default mode's plain ``matmul`` only (``sliced_tail``): the whole
+    waves run unsplit, the tiles of a partial last wave in ``tail_slices`` K slices each
+    (``_core.SlicedTailGemm``; 0: none).
     """
     block_m: int
     block_n: int
@@ -80,6 +88,7 @@ class TileConfig:
     swap_ab: bool = False
     ctas_per_sm: int = 1
     strip: int = 0
+    tail_slices: int = 0
 
 
 def tile_width(cfg: TileConfig) -> int:
@@ -417,6 +426,62 @@ def split_options(m: int, n: int, k: int, programs: int, device: torch.device, *
     return out
 
 
+SLICED_TAIL_MAIN = Candidate("128x256x64/s4", GPU_CONFIGS["128x256x64/s4"], 1.0, False)
+"""The tiles of a sliced tail's unsplit launch (``sliced_tail``): ``GPU_CONFIG``'s without its
+half-tile tail (the K slices take the last wave instead)."""
+TAIL_MARGIN = 0.97
+"""A sliced tail is taken only where the model puts it under this fraction of the unsplit time
+(it changes the last wave only: a few % of the call, so the margin is smaller than
+``SPLIT_MARGIN``'s)."""
+
+
+def sliced_tail(first: Candidate, m: int, n: int, k: int, programs: int,
+                device: torch.device, *, deterministic: bool,
+                out_bytes: int) -> Optional[Candidate]:
+    """``first`` (``select``'s 128x256 tiles) with its partial last wave in K slices, or None.
+
+    Where the tiles fill one wave or more and leave a partial last one (e.g. 664 tiles on 132
+    programs: five waves and 4 tiles), the whole waves run unsplit and the last wave's tiles
+    run as ``S`` K slices each in a second launch (``splitk_gemm_kernel``; fp32 partials, then
+    ``splitk_reduce_kernel``), so the last wave takes about ``1 / S`` of a wave instead of a
+    whole one (or ``HALF_TILE_COST`` of one as half tiles). The model, in 128x256 K steps::
+
+        full x steps + ceil(left x S / programs) x ceil(steps / S)
+          + (left x S x 128 x 256 x 8 B / PARTIAL_BYTES_PER_S + SPLIT_LAUNCH_US) / SPLIT_STEP_US
+
+    against ``predicted_time(first) x steps``; the least ``S`` in 2..``MAX_SPLIT`` (at least
+    ``MIN_SLICE_STEPS`` steps a slice), taken under ``TAIL_MARGIN`` of the unsplit time.
+
+    Only the default mode (the last wave's rows get another K order: not batch invariant), the
+    GPU's 128x256 tiles (``GPU_CONFIG``: what the fused ops' precompiled kernels run) and a
+    2-byte C (the unsplit launch then runs at 4 stages; ``precompile_plain_only``).
+    """
+    cfg = first.cfg
+    if (deterministic or device.type != "cuda" or cfg != GPU_CONFIGS[GPU_CONFIG]
+            or out_bytes != 2):
+        return None
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    full, left = divmod(tiles, max(1, programs))
+    if full == 0 or left == 0:
+        return None
+    steps = -(-k // cfg.block_k)
+    best, best_t = None, TAIL_MARGIN * predicted_time(first, m, n, programs) * steps
+    for s in range(2, MAX_SPLIT + 1):
+        used, per = slices(k, cfg.block_k, s)
+        if per < MIN_SLICE_STEPS or used != s:
+            continue
+        partials_us = left * used * cfg.block_m * cfg.block_n * 8 / PARTIAL_BYTES_PER_S * 1e6
+        t = (full * steps + -(-left * used // programs) * per
+             + (partials_us + SPLIT_LAUNCH_US) / SPLIT_STEP_US)
+        if t < best_t:
+            best, best_t = used, t
+    if best is None:
+        return None
+    return Candidate(f"{SLICED_TAIL_MAIN.name}/kt{best}",
+                     dataclasses.replace(cfg, split_tail=False, tail_slices=best),
+                     first.efficiency, False)
+
+
 def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
                  deterministic: bool, split: int | None = None,
                  out_bytes: int = 2) -> tuple[Candidate, int]:
@@ -426,8 +491,9 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
     weighed too) unsplit, or ``SHORT_K_CANDIDATE`` where ``short_k`` says (either mode: it
     does not split), else ``select``'s with ``wide``'s tiles weighed too, unless a split
     option (``split_options``; default mode) has a
-    ``split_time_us`` under ``SPLIT_MARGIN`` times the unsplit one (the least such). A pure
-    function of its arguments.
+    ``split_time_us`` under ``SPLIT_MARGIN`` times the unsplit one (the least such); an
+    unsplit choice of the default mode then takes ``sliced_tail``'s last wave in K slices
+    where it says. A pure function of its arguments.
 
     Parameters
     ----------
@@ -450,7 +516,8 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
     Returns
     -------
     tuple of (Candidate, int)
-        The candidate and the slices to run (1: the unsplit persistent GEMM).
+        The candidate and the slices to run (1: the unsplit persistent GEMM, or with
+        ``cfg.tail_slices`` its whole waves unsplit and the last in K slices).
     """
     thin = skinny(m, device)
     if thin is not None and (deterministic or split is None or split == 1):
@@ -474,4 +541,8 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
         t = split_time_us(c, m, n, k, programs, s)
         if t < best_t:  # (the unsplit choice exactly at the margin)
             best, best_t = (c, s), t
+    if best[1] == 1:  # (split options need under one wave of tiles, a sliced tail one or more)
+        tail = sliced_tail(first, m, n, k, programs, device, deterministic=False,
+                           out_bytes=out_bytes)
+        return (tail, 1) if tail is not None else best
     return best

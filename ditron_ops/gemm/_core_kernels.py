@@ -6,7 +6,9 @@ each tile first waits for the gathered chunks its rows come from); gemm_rs's ker
 
 ``splitk_gemm_kernel`` and ``splitk_reduce_kernel`` are the default mode's split-K ``matmul``
 (``_core_configs.select_split``): fp32 partial products of K slices, then their sum in slice
-order. Neither waits; no fused op and no deterministic call launches them.
+order, over all tiles or over the partial last wave that ``persistent_gemm_kernel`` left
+(``_core_configs.sliced_tail``). Neither waits; no fused op and no deterministic call
+launches them.
 
 ``skinny_gemm_kernel`` is ``matmul`` at small M (``TileConfig.swap_ab``): ``C^T = B^T A^T``,
 so N takes the MMA's 64-row side and M its narrow side (a 16-column MMA instead of a 64-row
@@ -211,32 +213,32 @@ def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offset
                             stride_cn, has_bias, C_TMA, False)
 
 
-@dl.jit(do_not_specialize=("M", "N", "K", "rows", "slices", "slice_steps"))
-def splitk_gemm_kernel(a_desc, b_desc, p_desc, p_ptr, M, N, K, rows, slices, slice_steps,
+@dl.jit(do_not_specialize=("M", "N", "K", "tile0", "tiles", "slices", "slice_steps"))
+def splitk_gemm_kernel(a_desc, b_desc, p_desc, p_ptr, M, N, K, tile0, tiles, slices, slice_steps,
                        B_KN: tl.constexpr, P_TMA: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """Partial products of ``C[M, N] = A[M, K] @ B[K, N]`` over ``slices`` slices of K, each
-    ``slice_steps`` ``BLOCK_K`` steps (the last one shorter; TMA reads past K as zeros).
+    ``slice_steps`` ``BLOCK_K`` steps (the last one shorter; TMA reads past K as zeros), for the
+    ``tiles`` tiles from ``tile0`` on in ``_tile_coords``' grouped order (all of C, or the
+    partial last wave that ``persistent_gemm_kernel`` left: ``SlicedTailGemm``).
 
     Persistent over the ``tiles x slices`` units, slice-major (unit ``u``: slice
-    ``u // tiles``, tile ``u % tiles`` in ``_tile_coords``' grouped order, so programs that run
-    together read the same K range of neighbouring tiles). A unit stores its fp32 tile, whole,
-    at rows ``slice * rows + off_m`` of the workspace ``P [slices * rows, cols]`` (``rows`` and
-    ``cols`` pad M and N to whole tiles, so no tile reaches into the next slice's rows),
+    ``u // tiles``, tile ``tile0 + u % tiles``, so programs that run together read the same K
+    range of neighbouring tiles). Unit ``(s, t)`` stores its fp32 tile, whole, packed at rows
+    ``(s * tiles + t) * BLOCK_M`` of the workspace ``P [slices * tiles * BLOCK_M, BLOCK_N]``,
     through ``p_desc`` (``P_TMA``, blocks ``[BLOCK_M, BLOCK_N / 2]``) or pointer stores.
     ``B_KN`` as in ``gemm_tiles``.
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles = tiles_m * tiles_n
-    group_tiles = GROUP_M * tiles_n
+    group_tiles = GROUP_M * tl.cdiv(N, BLOCK_N)
     steps = tl.cdiv(K, BLOCK_K)
-    cols = tiles_n * BLOCK_N
+    rows = slices * tiles * BLOCK_M
     for unit in range(pid, tiles * slices, nprog):
         s = unit // tiles
-        pid_m, pid_n = _tile_coords(unit % tiles, tiles_m, group_tiles, 0, GROUP_M)
+        t = unit % tiles
+        pid_m, pid_n = _tile_coords(tile0 + t, tiles_m, group_tiles, 0, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         lo = s * slice_steps
@@ -248,34 +250,44 @@ def splitk_gemm_kernel(a_desc, b_desc, p_desc, p_ptr, M, N, K, rows, slices, sli
             else:
                 b = b_desc.load([off_n, ki * BLOCK_K]).T
             acc = tl.dot(a, b, acc)
-        _store_tile(acc, p_desc, p_ptr, p_ptr, s * rows + off_m, off_n, slices * rows, cols,
-                    cols, 1, 0, P_TMA, True)
+        _store_tile(acc, p_desc, p_ptr, p_ptr, (s * tiles + t) * BLOCK_M, 0, rows, BLOCK_N,
+                    BLOCK_N, 1, 0, P_TMA, True)
 
 
-@dl.jit(do_not_specialize=("M", "N", "slices", "has_bias"))
-def splitk_reduce_kernel(p_ptr, c_ptr, bias_ptr, M, N, slices, slice_stride, stride_pm,
-                         stride_cm, stride_cn, has_bias, MAX_SLICES: tl.constexpr,
-                         BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """``C = (((P_0 + P_1) + P_2) + ...) (+ bias)`` over ``[M, N]``, rounded once to C's dtype:
-    the ``slices`` fp32 partials (``P_s`` at ``p_ptr + s * slice_stride``, rows
-    ``stride_pm`` apart) summed in slice order (the same bits every run), the bias in fp32
-    after them as ``_store_tile`` adds it. One ``[BLOCK_R, BLOCK_C]`` block per program.
+@dl.jit(do_not_specialize=("M", "N", "tile0", "tiles", "slices", "has_bias"))
+def splitk_reduce_kernel(p_ptr, c_ptr, bias_ptr, M, N, tile0, tiles, slices, stride_cm,
+                         stride_cn, has_bias, MAX_SLICES: tl.constexpr, TILE_M: tl.constexpr,
+                         TILE_N: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_R: tl.constexpr,
+                         BLOCK_C: tl.constexpr):
+    """``C = (((P_0 + P_1) + P_2) + ...) (+ bias)`` over ``splitk_gemm_kernel``'s ``tiles``
+    tiles from ``tile0`` on, rounded once to C's dtype: the ``slices`` fp32 partials (packed:
+    tile ``t`` of slice ``s`` at rows ``(s * tiles + t) * TILE_M`` of ``P``, ``TILE_N``
+    columns) summed in slice order (the same bits every run), the bias in fp32 after them as
+    ``_store_tile`` adds it. One ``[BLOCK_R, BLOCK_C]`` block of a tile per program.
 
     Every slice's load is issued at once (``MAX_SLICES`` unrolled, those past ``slices``
-    masked off), and the strides stay specialized (``slice_stride`` and ``stride_pm`` are whole
-    tiles, always multiples of 16: 16-byte loads), so the loads are not latency-bound
-    (measured: benchmarks/NOTES.md, GEMM core).
+    masked off), and P holds whole tiles at the constant row pitch ``TILE_N``, so the loads
+    need no mask on M and N and are 16 bytes wide: not latency-bound (measured:
+    benchmarks/NOTES.md, GEMM core).
     """
     pid = tl.program_id(0)
-    blocks_n = tl.cdiv(N, BLOCK_C)
-    rm = (pid // blocks_n) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rn = (pid % blocks_n) * BLOCK_C + tl.arange(0, BLOCK_C)
+    PER_ROW: tl.constexpr = TILE_N // BLOCK_C
+    PER_TILE: tl.constexpr = (TILE_M // BLOCK_R) * PER_ROW
+    t = pid // PER_TILE
+    blk = pid % PER_TILE
+    pid_m, pid_n = _tile_coords(tile0 + t, tl.cdiv(M, TILE_M), GROUP_M * tl.cdiv(N, TILE_N), 0,
+                                GROUP_M)
+    r = (blk // PER_ROW) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = (blk % PER_ROW) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rm = pid_m * TILE_M + r
+    rn = pid_n * TILE_N + c
     mask = (rm[:, None] < M) & (rn[None, :] < N)
-    ptrs = p_ptr + rm.to(tl.int64)[:, None] * stride_pm + rn[None, :]
-    acc = tl.load(ptrs, mask=mask, other=0.0)
+    ptrs = p_ptr + (t.to(tl.int64) * TILE_M + r)[:, None] * TILE_N + c[None, :]
+    slice_stride = tiles.to(tl.int64) * (TILE_M * TILE_N)
+    acc = tl.load(ptrs)  # (whole tiles in P: no mask on M and N, so 16-byte loads)
     for s in tl.static_range(1, MAX_SLICES):
-        ptrs += slice_stride  # (pointer arithmetic: 64-bit whatever S x M x N)
-        part = tl.load(ptrs, mask=mask & (s < slices), other=0.0)
+        ptrs += slice_stride
+        part = tl.load(ptrs, mask=s < slices, other=0.0)
         acc = tl.where(s < slices, acc + part, acc)  # (x + 0.0 would turn -0.0 into +0.0)
     if has_bias != 0:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
