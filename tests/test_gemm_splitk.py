@@ -164,7 +164,8 @@ def test_rule_properties_on_the_gpu_candidates():
         first = rules.skinny(m, CUDA) or rules.select(  # (the wide tiles weighed too)
             m, n, p, CUDA, deterministic=False, extra=rules.wide(m, CUDA, False, 2))
         if s == 1:  # (a sliced tail: test_gemm_sliced_tail.py)
-            tail = rules.sliced_tail(first, m, n, k, p, CUDA, deterministic=False, out_bytes=2)
+            tail = rules.sliced_tail(m, n, k, p, CUDA, deterministic=False, out_bytes=2,
+                                     versus=rules.predicted_time(first, m, n, p) * -(-k // 64))
             assert cand == (rules.SHORT_K_CANDIDATE if short else tail or first), (m, n, k, p)
             continue
         splits += 1

@@ -429,57 +429,61 @@ def split_options(m: int, n: int, k: int, programs: int, device: torch.device, *
 SLICED_TAIL_MAIN = Candidate("128x256x64/s4", GPU_CONFIGS["128x256x64/s4"], 1.0, False)
 """The tiles of a sliced tail's unsplit launch (``sliced_tail``): ``GPU_CONFIG``'s without its
 half-tile tail (the K slices take the last wave instead)."""
-TAIL_MARGIN = 0.97
-"""A sliced tail is taken only where the model puts it under this fraction of the unsplit time
-(it changes the last wave only: a few % of the call, so the margin is smaller than
-``SPLIT_MARGIN``'s)."""
+TAIL_LAUNCH_US = 12.0
+"""Fixed cost of a sliced tail over the unsplit tiles, microseconds: its split launch waits for
+the whole waves to drain, then the reduce follows (three launches against one). Fitted with
+``PARTIAL_BYTES_PER_S`` kept to ``bench gemm_sweep --only tail``'s forced slices (10-15 us
+score alike; data: benchmarks/NOTES.md, GEMM core)."""
+TAIL_MARGIN = 0.95
+"""A sliced tail is taken only where the model puts it under this fraction of the unsplit
+time. Why: the model's error on the forced runs is about 4% rms, and a tail cut by less changes
+a few % of the call."""
 
 
-def sliced_tail(first: Candidate, m: int, n: int, k: int, programs: int,
-                device: torch.device, *, deterministic: bool,
-                out_bytes: int) -> Optional[Candidate]:
-    """``first`` (``select``'s 128x256 tiles) with its partial last wave in K slices, or None.
+def sliced_tail(m: int, n: int, k: int, programs: int, device: torch.device, *,
+                deterministic: bool, out_bytes: int, versus: float) -> Optional[Candidate]:
+    """The 128x256 tiles with their partial last wave in K slices, where the model puts them
+    under ``TAIL_MARGIN`` of ``versus`` (the unsplit choice's time in 128x256 K steps,
+    ``predicted_time x steps``); else None.
 
-    Where the tiles fill one wave or more and leave a partial last one (e.g. 664 tiles on 132
-    programs: five waves and 4 tiles), the whole waves run unsplit and the last wave's tiles
-    run as ``S`` K slices each in a second launch (``splitk_gemm_kernel``; fp32 partials, then
-    ``splitk_reduce_kernel``), so the last wave takes about ``1 / S`` of a wave instead of a
-    whole one (or ``HALF_TILE_COST`` of one as half tiles). The model, in 128x256 K steps::
+    Where those tiles fill one wave or more and leave a partial last one (e.g. 664 tiles on
+    132 programs: five waves and 4 tiles), the whole waves run unsplit and the last wave's
+    tiles run as ``S`` K slices each in a second launch (``splitk_gemm_kernel``; fp32
+    partials, then ``splitk_reduce_kernel``), so the last wave takes about ``1 / S`` of a wave
+    instead of a whole one (or ``HALF_TILE_COST`` of one as half tiles). The model, in 128x256
+    K steps::
 
         full x steps + ceil(left x S / programs) x ceil(steps / S)
-          + (left x S x 128 x 256 x 8 B / PARTIAL_BYTES_PER_S + SPLIT_LAUNCH_US) / SPLIT_STEP_US
+          + (left x S x 128 x 256 x 8 B / PARTIAL_BYTES_PER_S + TAIL_LAUNCH_US) / SPLIT_STEP_US
 
-    against ``predicted_time(first) x steps``; the least ``S`` in 2..``MAX_SPLIT`` (at least
-    ``MIN_SLICE_STEPS`` steps a slice), taken under ``TAIL_MARGIN`` of the unsplit time.
+    the least over ``S`` in 2..``MAX_SPLIT`` (at least ``MIN_SLICE_STEPS`` steps a slice).
 
     Only the default mode (the last wave's rows get another K order: not batch invariant), the
-    GPU's 128x256 tiles (``GPU_CONFIG``: what the fused ops' precompiled kernels run) and a
-    2-byte C (the unsplit launch then runs at 4 stages; ``precompile_plain_only``).
+    GPU (``GPU_CONFIG``'s tiles, the fused ops' precompiled ones) and a 2-byte C (the unsplit
+    launch then runs at 4 stages; ``precompile_plain_only``).
     """
-    cfg = first.cfg
-    if (deterministic or device.type != "cuda" or cfg != GPU_CONFIGS[GPU_CONFIG]
-            or out_bytes != 2):
+    if deterministic or device.type != "cuda" or out_bytes != 2:
         return None
+    cfg = SLICED_TAIL_MAIN.cfg
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     full, left = divmod(tiles, max(1, programs))
     if full == 0 or left == 0:
         return None
     steps = -(-k // cfg.block_k)
-    best, best_t = None, TAIL_MARGIN * predicted_time(first, m, n, programs) * steps
+    best, best_t = None, TAIL_MARGIN * versus
     for s in range(2, MAX_SPLIT + 1):
         used, per = slices(k, cfg.block_k, s)
         if per < MIN_SLICE_STEPS or used != s:
             continue
         partials_us = left * used * cfg.block_m * cfg.block_n * 8 / PARTIAL_BYTES_PER_S * 1e6
         t = (full * steps + -(-left * used // programs) * per
-             + (partials_us + SPLIT_LAUNCH_US) / SPLIT_STEP_US)
+             + (partials_us + TAIL_LAUNCH_US) / SPLIT_STEP_US)
         if t < best_t:
             best, best_t = used, t
     if best is None:
         return None
     return Candidate(f"{SLICED_TAIL_MAIN.name}/kt{best}",
-                     dataclasses.replace(cfg, split_tail=False, tail_slices=best),
-                     first.efficiency, False)
+                     dataclasses.replace(cfg, tail_slices=best), 1.0, False)
 
 
 def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
@@ -542,7 +546,7 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
         if t < best_t:  # (the unsplit choice exactly at the margin)
             best, best_t = (c, s), t
     if best[1] == 1:  # (split options need under one wave of tiles, a sliced tail one or more)
-        tail = sliced_tail(first, m, n, k, programs, device, deterministic=False,
-                           out_bytes=out_bytes)
+        tail = sliced_tail(m, n, k, programs, device, deterministic=False, out_bytes=out_bytes,
+                           versus=predicted_time(first, m, n, programs) * -(-k // first.cfg.block_k))
         return (tail, 1) if tail is not None else best
     return best
