@@ -94,10 +94,11 @@ def test_rule_on_the_sweep_shapes_it_should_shorten():
 
 
 def test_rule_properties():
-    """Wherever the rule slices a tail: default mode, the 128x256 tiles, a 2-byte C, one whole
-    wave or more and a partial one, 2 to ``MAX_SPLIT`` slices of at least ``MIN_SLICE_STEPS``
-    steps, the half-tile tail off; never in deterministic mode."""
-    sliced = 0
+    """Wherever the rule slices a tail: default mode, one of ``select``'s candidates' tiles
+    (128x256 as ``SLICED_TAIL_MAIN``), one whole wave of them or more and a partial one, 2 to
+    ``MAX_SPLIT`` slices of at least ``MIN_SLICE_STEPS`` steps, the half-tile tail off; never
+    in deterministic mode."""
+    sliced, kinds = 0, set()
     for m, n, k, p in itertools.product((1024, 2176, 4232, 8192, 14232), (512, 1280, 2048, 7976),
                                         (1024, 4096, 10392), (66, 114, 132)):
         cand, s = rules.select_split(m, n, k, p, CUDA, deterministic=False)
@@ -106,9 +107,11 @@ def test_rule_properties():
             continue
         sliced += 1
         cfg = cand.cfg
-        tiles = -(-m // 128) * -(-n // 256)
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         used, steps = rules.slices(k, 64, cfg.tail_slices)
         assert s == 1 and tiles >= p and tiles % p, (m, n, k, p)
         assert 2 <= cfg.tail_slices == used <= rules.MAX_SPLIT and steps >= rules.MIN_SLICE_STEPS
-        assert cfg == dataclasses.replace(rules.SLICED_TAIL_MAIN.cfg, tail_slices=used)
-    assert sliced > 10
+        bases = [c.cfg for c in rules.GPU_CANDIDATES[1:]] + [rules.SLICED_TAIL_MAIN.cfg]
+        assert dataclasses.replace(cfg, tail_slices=0) in bases, cfg
+        kinds.add(cfg.block_n)
+    assert sliced > 10 and kinds == {128, 256}

@@ -21,9 +21,9 @@ rule is fitted to and checked against; ``--only configs,candidates``: the rule's
 (``impl = "rule"``), on the sweep and the model shapes; it prints each compiled variant's
 registers and shared memory; ``--only wide``: the same for ``WIDE_CANDIDATES`` (tiles 272, 288
 and 320 columns wide) beside the 128x256 tiles; ``--only tail``: on the shapes whose 128x256
-tiles leave a partial last wave (``tail_shapes``), those tiles with the half-tile tail, without
-it, and with the last wave in ``TAIL_SLICES`` K slices (``sliced_tail``), beside the rule's
-choice. ``--only splitk``: instead, bf16 only, the
+or 128x128 tiles leave a partial last wave (``tail_shapes``), those tiles (128x256 with and
+without the half-tile tail) and with the last wave in ``TAIL_SLICES`` K slices
+(``sliced_tail``), beside the rule's choice. ``--only splitk``: instead, bf16 only, the
 split-K calibration (``splitk_shapes``: the sweep shapes where some candidate has fewer tiles
 than the SMs): every such candidate with K forced into S in ``SPLITS`` slices (and the rule's
 own choice), paired with cuBLAS (``case = "splitk bf16"``, ``impl = "<config> S=<slices>"``;
@@ -130,10 +130,12 @@ def configs_measured(only: tuple[str, ...]) -> dict[str, TileConfig]:
         return {rules.GPU_CONFIG: GPU_CONFIGS[rules.GPU_CONFIG],
                 **{c.name: c.cfg for c in rules.WIDE_CANDIDATES}}
     if "tail" in only:
-        main = rules.SLICED_TAIL_MAIN
-        return {rules.GPU_CONFIG: GPU_CONFIGS[rules.GPU_CONFIG], main.name: main.cfg,
-                **{f"{main.name}/kt{s}": dataclasses.replace(main.cfg, tail_slices=s)
-                   for s in TAIL_SLICES}}
+        out = {rules.GPU_CONFIG: GPU_CONFIGS[rules.GPU_CONFIG]}
+        for main in (rules.SLICED_TAIL_MAIN, rules.GPU_CANDIDATES[1]):  # (128x256, 128x128)
+            out[main.name] = main.cfg
+            out.update({f"{main.name}/kt{s}": dataclasses.replace(main.cfg, tail_slices=s)
+                        for s in TAIL_SLICES})
+        return out
     return CANDIDATES
 
 
@@ -142,14 +144,15 @@ TAIL_SLICES = (2, 3, 4, 6, 8)
 
 
 def tail_shapes(programs: int, shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """The shapes whose 128x256 tiles fill one wave of ``programs`` or more and leave a partial
-    last one (what a sliced tail can shorten)."""
-    cfg = rules.SLICED_TAIL_MAIN.cfg
+    """The shapes whose 128x256 or 128x128 tiles fill one wave of ``programs`` or more and leave
+    a partial last one (what a sliced tail can shorten)."""
     out = []
     for m, n, k in shapes:
-        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-        if tiles >= programs and tiles % programs:
-            out.append((m, n, k))
+        for cfg in (rules.SLICED_TAIL_MAIN.cfg, rules.GPU_CANDIDATES[1].cfg):
+            tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+            if tiles >= programs and tiles % programs:
+                out.append((m, n, k))
+                break
     return out
 
 

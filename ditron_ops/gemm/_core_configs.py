@@ -47,10 +47,9 @@ Wide tiles (``wide``; the plain ``matmul`` in the default mode with a 2-byte C):
 320 columns, weighed by the same wave model beside ``select``'s candidates, at an efficiency
 low enough that they win only where they fill the SMs far better.
 
-A sliced tail (``sliced_tail``; the default mode's plain ``matmul`` with a 2-byte C, the
-128x256 tiles over one wave or more): the whole waves unsplit, the partial last wave's tiles in
-K slices (split-K's kernels over those tiles only), where the split-K model puts it clearly
-under the unsplit time.
+A sliced tail (``sliced_tail``; the default mode's plain ``matmul`` with a 2-byte C, tiles over
+one wave or more): the whole waves unsplit, the partial last wave's tiles in K slices (split-K's
+kernels over those tiles only), where the split-K model puts it clearly under the unsplit time.
 """
 from __future__ import annotations
 
@@ -442,48 +441,56 @@ a few % of the call."""
 
 def sliced_tail(m: int, n: int, k: int, programs: int, device: torch.device, *,
                 deterministic: bool, out_bytes: int, versus: float) -> Optional[Candidate]:
-    """The 128x256 tiles with their partial last wave in K slices, where the model puts them
+    """``select``'s tiles with their partial last wave in K slices, where the model puts them
     under ``TAIL_MARGIN`` of ``versus`` (the unsplit choice's time in 128x256 K steps,
     ``predicted_time x steps``); else None.
 
-    Where those tiles fill one wave or more and leave a partial last one (e.g. 664 tiles on
-    132 programs: five waves and 4 tiles), the whole waves run unsplit and the last wave's
-    tiles run as ``S`` K slices each in a second launch (``splitk_gemm_kernel``; fp32
-    partials, then ``splitk_reduce_kernel``), so the last wave takes about ``1 / S`` of a wave
-    instead of a whole one (or ``HALF_TILE_COST`` of one as half tiles). The model, in 128x256
-    K steps::
+    Where a candidate's tiles fill one wave or more and leave a partial last one (e.g. 664
+    128x256 tiles on 132 programs: five waves and 4 tiles), the whole waves run unsplit and the
+    last wave's tiles run as ``S`` K slices each in a second launch (``splitk_gemm_kernel``;
+    fp32 partials, then ``splitk_reduce_kernel``), so the last wave takes about ``1 / S`` of a
+    wave instead of a whole one (or ``HALF_TILE_COST`` of one as half tiles). The model, in
+    128x256 K steps::
 
-        full x steps + ceil(left x S / programs) x ceil(steps / S)
-          + (left x S x 128 x 256 x 8 B / PARTIAL_BYTES_PER_S + TAIL_LAUNCH_US) / SPLIT_STEP_US
+        (full x steps + ceil(left x S / programs) x ceil(steps / S)) x area / efficiency
+          + (left x S x tile x 8 B / PARTIAL_BYTES_PER_S + TAIL_LAUNCH_US) / SPLIT_STEP_US
 
-    the least over ``S`` in 2..``MAX_SPLIT`` (at least ``MIN_SLICE_STEPS`` steps a slice).
+    the least over ``select``'s candidates and ``S`` in 2..``MAX_SPLIT`` (at least
+    ``MIN_SLICE_STEPS`` steps a slice).
 
     Only the default mode (the last wave's rows get another K order: not batch invariant), the
-    GPU (``GPU_CONFIG``'s tiles, the fused ops' precompiled ones) and a 2-byte C (the unsplit
-    launch then runs at 4 stages; ``precompile_plain_only``).
+    GPU (the unsplit launch runs a candidate's tiles, ``GPU_CONFIG``'s without the half-tile
+    tail: ``SLICED_TAIL_MAIN``) and a 2-byte C (those launches' precompiled variants;
+    ``precompile_plain_only``).
     """
     if deterministic or device.type != "cuda" or out_bytes != 2:
         return None
-    cfg = SLICED_TAIL_MAIN.cfg
-    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    full, left = divmod(tiles, max(1, programs))
-    if full == 0 or left == 0:
-        return None
-    steps = -(-k // cfg.block_k)
     best, best_t = None, TAIL_MARGIN * versus
-    for s in range(2, MAX_SPLIT + 1):
-        used, per = slices(k, cfg.block_k, s)
-        if per < MIN_SLICE_STEPS or used != s:
+    for c in _shortlist(m, device, False):
+        cfg = c.cfg
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        full, left = divmod(tiles, max(1, programs))
+        if full == 0 or left == 0:
             continue
-        partials_us = left * used * cfg.block_m * cfg.block_n * 8 / PARTIAL_BYTES_PER_S * 1e6
-        t = (full * steps + -(-left * used // programs) * per
-             + (partials_us + TAIL_LAUNCH_US) / SPLIT_STEP_US)
-        if t < best_t:
-            best, best_t = used, t
+        steps = -(-k // cfg.block_k)
+        cost = cfg.block_m * cfg.block_n / (128 * 256) / c.efficiency
+        for s in range(2, MAX_SPLIT + 1):
+            used, per = slices(k, cfg.block_k, s)
+            if per < MIN_SLICE_STEPS or used != s:
+                continue
+            partials_us = left * used * cfg.block_m * cfg.block_n * 8 / PARTIAL_BYTES_PER_S * 1e6
+            t = ((full * steps + -(-left * used // programs) * per) * cost
+                 + (partials_us + TAIL_LAUNCH_US) / SPLIT_STEP_US)
+            if t < best_t:
+                best, best_t = (c, used), t
     if best is None:
         return None
-    return Candidate(f"{SLICED_TAIL_MAIN.name}/kt{best}",
-                     dataclasses.replace(cfg, tail_slices=best), 1.0, False)
+    c, used = best
+    if c.cfg == GPU_CONFIGS[GPU_CONFIG]:
+        c = SLICED_TAIL_MAIN
+    return Candidate(f"{c.name}/kt{used}",
+                     dataclasses.replace(c.cfg, split_tail=False, tail_slices=used), c.efficiency,
+                     False)
 
 
 def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
