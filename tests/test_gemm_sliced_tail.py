@@ -79,7 +79,10 @@ def test_whole_waves_or_one_step_run_unsplit():
 def test_rule_on_the_sweep_shapes_it_should_shorten():
     """On an H200's 132 SMs: 10520x2048x15936 (664 tiles: five waves and 4 tiles, 249 K steps)
     runs its last 4 tiles in 8 slices of 32 steps, one short wave instead of a half-tile one;
-    shapes that fill whole waves, run under one, or take other tiles are left alone."""
+    6520x384x11520 and 1480x1792x10432 run 128x128 tiles (153 and 168: one wave and 21 or 36
+    left) with those in 6 and 3 slices (measured 0.86x and 0.82x cuBLAS against 0.62x and 0.67x
+    for the 128x256 tiles, ``bench gemm_sweep --only tail``); shapes that fill whole waves, run
+    under one or take a split K are left alone."""
     def rule(m, n, k, p=132, det=False, out_bytes=2):
         return rules.select_split(m, n, k, p, CUDA, deterministic=det, out_bytes=out_bytes)
 
@@ -90,7 +93,13 @@ def test_rule_on_the_sweep_shapes_it_should_shorten():
         assert rule(10520, 2048, 15936, det=det, out_bytes=out_bytes)[0].cfg.tail_slices == 0
     assert rule(8448, 4224, 8192)[0].cfg.tail_slices == 0  # 66 x 17 = 1122 = 8.5 waves: halves
     assert rule(8448, 4096, 8192)[0].cfg.tail_slices == 0  # 1056 tiles: 8 whole waves
-    assert rule(1480, 1792, 10432)[0].cfg.tail_slices == 0  # under one wave (split-K's case)
+    assert rule(800, 768, 10760)[1] > 1  # under one wave of every candidate: split-K's case
+    for shape, name in (((6520, 384, 11520), "128x128x64/s5/w4/kt6"),
+                        ((1480, 1792, 10432), "128x128x64/s5/w4/kt3")):
+        cand, s = rule(*shape)
+        assert (cand.name, s) == (name, 1), shape
+        assert cand.cfg == dataclasses.replace(rules.GPU_CANDIDATES[1].cfg,
+                                               tail_slices=int(name[-1]))
 
 
 def test_rule_properties():

@@ -62,12 +62,14 @@ def test_the_rule_slices_the_last_wave_and_is_exact():
     assert not isinstance(_plan().core, _core.SlicedTailGemm) and torch.equal(det, got)
 
 
+@pytest.mark.parametrize("main", [rules.SLICED_TAIL_MAIN, rules.GPU_CANDIDATES[1]],
+                         ids=lambda c: c.name)
 @pytest.mark.parametrize("slices", [2, 3, 8])
-def test_forced_slices_are_exact_on_integer_inputs(slices):
-    """The sliced tiles forced with 2, 3 and 8 slices on ``_past_a_wave`` and on a shape whose
-    left tiles hold the M edge (the last rows): fp32 and column-major bf16 outputs, with and
-    without bias, both B layouts, equal to the exact product."""
-    cfg = dataclasses.replace(rules.SLICED_TAIL_MAIN.cfg, tail_slices=slices)
+def test_forced_slices_are_exact_on_integer_inputs(slices, main):
+    """The sliced 128x256 and 128x128 tiles forced with 2, 3 and 8 slices on ``_past_a_wave``
+    and on a shape whose left tiles hold the M edge (the last rows): fp32 and column-major bf16
+    outputs, with and without bias, both B layouts, equal to the exact product."""
+    cfg = dataclasses.replace(main.cfg, tail_slices=slices)
     budget = program_budget(DEV, None)
     for m, n, k in (_past_a_wave(), (128 * (budget // 4) + 72, 1000, 1000)):
         a, bias = _ints(m, k, seed=1), _ints(n, seed=3)
