@@ -13,18 +13,10 @@ import torch
 from ditron_ops.gemm import _core
 from ditron_ops.gemm import _core_configs as rules
 from ditron_ops.gemm._core import matmul, program_budget
+from gemm_helpers import ints as _ints, last_plan as _plan  # (tests/gpu/)
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
-
-
-def _ints(*shape, dtype=torch.bfloat16, seed=0):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    return torch.randint(-4, 5, shape, generator=gen).to(dtype=dtype, device=DEV)
-
-
-def _plan():
-    return next(reversed(_core._MATMUL_PLANS.cache._plans.values()))
 
 
 def _past_a_wave():

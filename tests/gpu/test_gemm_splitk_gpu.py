@@ -11,6 +11,7 @@ import torch
 from ditron_ops.gemm import _core
 from ditron_ops.gemm import _core_configs as rules
 from ditron_ops.gemm._core import matmul, matmul_split, program_budget
+from gemm_helpers import ints as _ints, last_plan as _plan  # (tests/gpu/)
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -26,15 +27,6 @@ def _normal(m, n, k, dtype=torch.bfloat16, seed=0):
     a = (torch.randn(m, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=DEV)
     w = (torch.randn(n, k, generator=gen) / k ** 0.25).to(dtype=dtype, device=DEV)
     return a, w.t()
-
-
-def _ints(*shape, dtype=torch.bfloat16, seed=0):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    return torch.randint(-4, 5, shape, generator=gen).to(dtype=dtype, device=DEV)
-
-
-def _plan():
-    return next(reversed(_core._MATMUL_PLANS.cache._plans.values()))
 
 
 def test_the_rule_splits_few_tile_long_k_shapes():
