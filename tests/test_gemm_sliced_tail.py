@@ -54,6 +54,7 @@ def test_sliced_tail_is_exact_for_integer_inputs(shape, programs, slices):
         for out in (torch.empty(m, n, dtype=dtype), torch.empty(m, n)):
             core, got = _sliced(a, b, bias, out, slices, programs)
             assert core.tail is not None and core.tail.slices == rules.slices(k, 16, slices)[0]
+            assert core.cfg.tail_slices == slices and not core.cfg.split_tail
             assert core.tail.parts.shape[0] == core.tail.slices * (tiles % programs) * 16
             assert torch.equal(got.float(), want), (dtype, kn, with_bias, out.dtype)
 
@@ -65,7 +66,7 @@ def test_whole_waves_or_one_step_run_unsplit():
     a, b = _ints(64, 64), _ints(64, 32, seed=1)  # 8 tiles
     for programs in (2, 4, 8, 16):  # (whole waves, or under one)
         core, got = _sliced(a, b, None, torch.empty(64, 32), 4, programs)
-        assert core.tail is None and torch.equal(got, a @ b)
+        assert core.tail is None and core.cfg.tail_slices == 0 and torch.equal(got, a @ b)
     one_step = _ints(48, 16)
     core, got = _sliced(one_step, _ints(16, 32, seed=1), None, torch.empty(48, 32), 4, 4)
     assert core.tail is None and torch.equal(got, one_step @ _ints(16, 32, seed=1))

@@ -388,7 +388,7 @@ class SlicedTailGemm:
                              programs=min(tiles, programs),
                              cfg=dataclasses.replace(cfg, split_tail=False, tail_slices=0),
                              a_varies=a_varies, b_pad=b_pad, left=left)
-        self.cfg = self.main.cfg
+        self.cfg = dataclasses.replace(self.main.cfg, tail_slices=cfg.tail_slices if left else 0)
         self.tail = (SplitKGemm(a_desc, b, out, bias, m=m, cfg=cfg, split=cfg.tail_slices,
                                 a_varies=a_varies, b_pad=self.main._b_pad, tile0=tiles - left)
                      if left else None)

@@ -168,7 +168,9 @@ def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offset
     half the grid, and 0 otherwise; the first ``tiles - tail_tiles`` are then a whole number of
     waves) run after the main loop as twice as many ``BLOCK_N / 2`` wide half tiles through
     ``bh_desc`` (B in half-width blocks), so the last wave is spread over up to twice the
-    programs and takes about half as long (a half past N is skipped).
+    programs and takes about half as long (a half past N is skipped). Without ``SPLIT_TAIL``
+    the last ``tail_tiles`` tiles are not run here (0, or those a sliced tail's split launch
+    runs: ``_core.SlicedTailGemm``).
     No flattened tile + K loop: ``tl.range(flatten=True)`` measured 0.75-0.83x cuBLAS against
     0.89-0.96x plain (H200). History: benchmarks/NOTES.md, GEMM core.
     """
@@ -176,7 +178,7 @@ def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offset
     nprog = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    main_tiles = tiles_m * tiles_n - tail_tiles  # (the host passes 0 without SPLIT_TAIL)
+    main_tiles = tiles_m * tiles_n - tail_tiles  # (without SPLIT_TAIL: 0, or a sliced tail's)
     group_tiles = GROUP_M * tiles_n
     shift = 0
     if WAIT:
