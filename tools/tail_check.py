@@ -8,11 +8,13 @@ sweep's own shapes (``bench gemm_sweep --only tail``); a rule must hold off them
 
 Result (2026-12-03): benchmarks/NOTES.md, "Sliced tail".
 
-Usage (on the GPU machine): ``python tools/tail_check.py --count 24 --csv out.csv``
+Usage (on the GPU machine): ``python tools/tail_check.py --count 24 --csv out.csv``, or
+``--shapes 2384x1152x12360,...`` for given shapes with the forced tilings beside.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 
@@ -54,14 +56,18 @@ def shapes(count: int, programs: int, device: torch.device) -> list[tuple[int, i
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--count", type=int, default=24)
+    p.add_argument("--shapes", default="", help="MxNxK,... instead of drawn ones, each also "
+                   "timed with 128x256 and 128x128 tiles unsplit and with their tails in "
+                   "2, 3, 4, 6, 8 slices (columns named by configuration)")
     p.add_argument("--csv", default=None)
     args = p.parse_args()
+    given = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s]
     rows = []
 
     def body(group):
         warm_gpu(group.device)
         budget = program_budget(group.device, None)
-        for m, n, k in shapes(args.count, budget, group.device):
+        for m, n, k in given or shapes(args.count, budget, group.device):
             a, b = gemm_sweep._inputs(group, m, n, k, torch.bfloat16)
             rule, _ = rules.select_split(m, n, k, budget, group.device, deterministic=False)
             alt, split = without_tail(m, n, k, budget, group.device)
@@ -72,11 +78,19 @@ def main() -> int:
                    "rule": lambda: matmul(a, b, deterministic=False),
                    "without": lambda: matmul(a, b, cfg=alt.cfg, split_k=split,
                                              deterministic=False)}
-            times = paired_graph_times(group, fns, rounds=5, target_ms=8.0)
+            forced = {}
+            if given:
+                for main in (rules.SLICED_TAIL_MAIN, rules.GPU_CANDIDATES[1]):
+                    for s in (0, 2, 3, 4, 6, 8):
+                        cfg = dataclasses.replace(main.cfg, tail_slices=s)
+                        forced[f"{main.name}/kt{s}" if s else main.name] = (
+                            lambda cfg=cfg: matmul(a, b, cfg=cfg, deterministic=False))
+            times = paired_graph_times(group, {**fns, **forced}, rounds=5, target_ms=8.0)
             row = dict(m=m, n=n, k=k, rule=rule.name, without=f"{alt.name} S={split}",
                        rule_x=round(times["cublas"] / times["rule"], 4),
                        without_x=round(times["cublas"] / times["without"], 4),
-                       gain=round(times["without"] / times["rule"], 4), rel_err=f"{err:.1e}")
+                       gain=round(times["without"] / times["rule"], 4), rel_err=f"{err:.1e}",
+                       **{name: round(times["cublas"] / times[name], 4) for name in forced})
             rows.append(row)
             print(row, flush=True)
         gains = [r["gain"] for r in rows]
