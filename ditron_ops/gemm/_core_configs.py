@@ -463,7 +463,10 @@ def sliced_tail(m: int, n: int, k: int, programs: int, device: torch.device, *,
           + (left x S x tile x 8 B / PARTIAL_BYTES_PER_S + TAIL_LAUNCH_US) / SPLIT_STEP_US
 
     the least over ``select``'s candidates and ``S`` in 2..``MAX_SPLIT`` (at least
-    ``MIN_SLICE_STEPS`` steps a slice), each candidate at its ``tail_efficiency``.
+    ``MIN_SLICE_STEPS`` steps a slice), each candidate at its ``tail_efficiency``; tiles other
+    than 128x256 only where K is a multiple of ``BLOCK_K`` (A's rows on 128-byte lines: with K
+    8 past one, 128x128 tiles ran 0.6-0.7x as fast as with K on it, 128x256 ones did not slow;
+    benchmarks/NOTES.md, GEMM core).
 
     Only the default mode (the last wave's rows get another K order: not batch invariant), the
     GPU (the unsplit launch runs a candidate's tiles, ``GPU_CONFIG``'s without the half-tile
@@ -475,6 +478,8 @@ def sliced_tail(m: int, n: int, k: int, programs: int, device: torch.device, *,
     best, best_t = None, TAIL_MARGIN * versus
     for c in _shortlist(m, device, False):
         cfg = c.cfg
+        if cfg != GPU_CONFIGS[GPU_CONFIG] and k % cfg.block_k:
+            continue  # (narrower tiles with A's rows off 128-byte lines: far slower, measured)
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         full, left = divmod(tiles, max(1, programs))
         if full == 0 or left == 0:
