@@ -51,12 +51,49 @@ def test_sliced_tail_is_exact_for_integer_inputs(shape, programs, slices):
         b = _ints(k, n, dtype=dtype, seed=1) if kn else _ints(n, k, dtype=dtype, seed=1).t()
         bias = _ints(n, dtype=dtype, seed=2) if with_bias else None
         want = a.float() @ b.float() + (bias.float() if with_bias else 0)
-        for out in (torch.empty(m, n, dtype=dtype), torch.empty(m, n)):
+        for out in (torch.full((m, n), float("nan"), dtype=dtype),
+                    torch.full((m, n), float("nan"))):
             core, got = _sliced(a, b, bias, out, slices, programs)
             assert core.tail is not None and core.tail.slices == rules.slices(k, 16, slices)[0]
             assert core.cfg.tail_slices == slices and not core.cfg.split_tail
             assert core.tail.parts.shape[0] == core.tail.slices * (tiles % programs) * 16
             assert torch.equal(got.float(), want), (dtype, kn, with_bias, out.dtype)
+
+
+def test_the_unsplit_launch_leaves_the_tail_to_the_slices():
+    """Run alone, the unsplit launch writes the whole waves' tiles and none of the left ones
+    (still NaN: only the split launches write them), the left ones being the last in the
+    grouped tile order."""
+    m, n, k, programs = 70, 48, 200, 4  # 15 tiles: 12 in three waves, 3 left
+    a, b = _ints(m, k), _ints(k, n, seed=1)
+    out = torch.full((m, n), float("nan"))
+    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [16, 16])
+    core = _core.SlicedTailGemm(a_desc, b, out, None, m=m, cfg=dataclasses.replace(
+        TILES, tail_slices=3), a_varies=True, programs=programs)
+    core.main.run(a, b, out, None)
+    tiles_m, tiles_n = -(-m // 16), -(-n // 16)
+    left = set()
+    for t in range(tiles_m * tiles_n - 3, tiles_m * tiles_n):  # (_tile_coords, GROUP_M = 4)
+        first_m = (t // (4 * tiles_n)) * 4
+        size_m = min(tiles_m - first_m, 4)
+        left.add((first_m + (t % (4 * tiles_n)) % size_m, (t % (4 * tiles_n)) // size_m))
+    want = a @ b
+    for pm, pn in itertools.product(range(tiles_m), range(tiles_n)):
+        block = out[pm * 16:(pm + 1) * 16, pn * 16:(pn + 1) * 16]
+        if (pm, pn) in left:
+            assert block.isnan().all(), (pm, pn)
+        else:
+            assert torch.equal(block, want[pm * 16:(pm + 1) * 16, pn * 16:(pn + 1) * 16])
+    core.tail.run(a, b, out, None)
+    assert torch.equal(out, want)
+
+
+def test_deterministic_mode_refuses_a_sliced_tail():
+    """A sliced configuration asked for in deterministic mode raises (its last wave's rows
+    would take another K order), as a forced ``split_k`` does."""
+    a, b = _ints(70, 200), _ints(200, 48, seed=1)
+    with pytest.raises(ValueError, match="tail_slices=3 in deterministic mode"):
+        matmul(a, b, cfg=dataclasses.replace(TILES, tail_slices=3), deterministic=True)
 
 
 def test_whole_waves_or_one_step_run_unsplit():
@@ -81,9 +118,10 @@ def test_rule_on_the_sweep_shapes_it_should_shorten():
     """On an H200's 132 SMs: 10520x2048x15936 (664 tiles: five waves and 4 tiles, 249 K steps)
     runs its last 4 tiles in 8 slices of 32 steps, one short wave instead of a half-tile one;
     6520x384x11520 and 1480x1792x10432 run 128x128 tiles (153 and 168: one wave and 21 or 36
-    left) with those in 6 and 3 slices (measured 0.86x and 0.82x cuBLAS against 0.62x and 0.67x
-    for the 128x256 tiles, ``bench gemm_sweep --only tail``); shapes that fill whole waves, run
-    under one or take a split K are left alone."""
+    left) with those in 6 and 3 slices (measured 0.833x and 0.818x cuBLAS against 0.616x and
+    0.672x for the 128x256 tiles, ``bench gemm_sweep --only tail``); shapes that fill whole
+    waves, run under one or take a split K are left alone, and so is a tail of the unsplit
+    choice's own tiles that only its whole-wave efficiency would pay for (14352x784x12352)."""
     def rule(m, n, k, p=132, det=False, out_bytes=2):
         return rules.select_split(m, n, k, p, CUDA, deterministic=det, out_bytes=out_bytes)
 
@@ -99,6 +137,7 @@ def test_rule_on_the_sweep_shapes_it_should_shorten():
     # than 128x256 at K = 12352, 0.78x at K = 12360)
     assert rule(2384, 1152, 12352)[0].name == "128x128x64/s5/w4/kt3"
     assert rule(2384, 1152, 12360)[0].cfg.block_n == 256
+    assert rule(14352, 784, 12352)[0].cfg.tail_slices == 0  # 791 128x128 tiles, 5 waves + 131
     for shape, name in (((6520, 384, 11520), "128x128x64/s5/w4/kt6"),
                         ((1480, 1792, 10432), "128x128x64/s5/w4/kt3")):
         cand, s = rule(*shape)

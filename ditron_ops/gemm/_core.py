@@ -356,8 +356,11 @@ class SplitKGemm:
     def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
             bias: Optional[torch.Tensor], b_fresh: bool = False) -> torch.Tensor:
         """Both launches on the current stream (``a`` only when it varies, else None;
-        ``b_fresh``: the padded copy of ``b`` was already refreshed for this call)."""
-        self.gemm.launch(*_ab_values(a, b, self._a_varies, None if b_fresh else self._b_pad))
+        ``b_fresh``: the padded copy of ``b``, if any, was already refreshed for this call)."""
+        if b_fresh and self._b_pad is not None:  # (the kernel reads the plan's copy: no value)
+            self.gemm.launch(*([a] if self._a_varies else []))
+        else:
+            self.gemm.launch(*_ab_values(a, b, self._a_varies, self._b_pad))
         self.reduce.launch(out, bias if bias is not None else out)
         return out
 
@@ -511,7 +514,9 @@ class _MatmulPlan:
     """``matmul`` of one key: the tile configuration and K slices (``cfg`` and ``split_k``,
     else the rule's for the shapes and mode: ``select_split``), an ``a`` that no descriptor
     reads as it is through a padded buffer of the plan (copied per call), then the bound core
-    (``CoreGemm``, or ``SplitKGemm`` when K is split; ``self.split``: the slices, 1 unsplit)."""
+    (``CoreGemm``; ``SplitKGemm`` when K is split, ``SlicedTailGemm`` when only the last wave's
+    is, ``StripGemm`` / ``SkinnyGemm`` for wide / small-M tiles; ``self.split``: the whole
+    product's slices, 1 unsplit)."""
 
     def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None):
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
@@ -615,6 +620,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     if det and split_k is not None and split_k > 1:
         raise ValueError(f"ditron.matmul: split_k={split_k} in deterministic mode; it never "
                          "splits K (a fixed K order per element keeps rows batch invariant)")
+    if det and cfg is not None and cfg.tail_slices:
+        raise ValueError(f"ditron.matmul: tail_slices={cfg.tail_slices} in deterministic mode; "
+                         "it never splits K (a fixed K order per element keeps rows batch "
+                         "invariant)")
     key = ("matmul", a.device, cfg, det, split_k, tensor_key(a), tensor_key(b),
            tensor_key(bias), tensor_key(out))
     return _plan(key, a, b, bias, out, cfg, det, split_k).run(a, b, bias, out)
@@ -630,8 +639,10 @@ def _plan(key, a, b, bias, out, cfg, det, split_k) -> _MatmulPlan:
 
 def matmul_split(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
                  deterministic: Optional[bool] = None) -> int:
-    """The K slices ``matmul(a, b, out=out)`` runs with (1: unsplit), from its plan (built
-    here when missing, as the call would): what ``bench gemm_sweep`` records as ``split_k``."""
+    """The K slices ``matmul(a, b, out=out)`` runs the whole product in (1: unsplit, also
+    where only a partial last wave is sliced: the ``config`` name's ``/kt<S>``), from its plan
+    (built here when missing, as the call would): what ``bench gemm_sweep`` records as
+    ``split_k``."""
     out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
     det = resolve_deterministic(deterministic)
     key = ("matmul", a.device, None, det, None, tensor_key(a), tensor_key(b), None,

@@ -446,11 +446,12 @@ time. Why: the model's error on the forced runs is about 4% rms, and a tail cut 
 a few % of the call."""
 
 
-def sliced_tail(m: int, n: int, k: int, programs: int, device: torch.device, *,
-                deterministic: bool, out_bytes: int, versus: float) -> Optional[Candidate]:
+def sliced_tail(first: Candidate, m: int, n: int, k: int, programs: int, device: torch.device,
+                *, deterministic: bool, out_bytes: int) -> Optional[Candidate]:
     """``select``'s tiles with their partial last wave in K slices, where the model puts them
-    under ``TAIL_MARGIN`` of ``versus`` (the unsplit choice's time in 128x256 K steps,
-    ``predicted_time x steps``); else None.
+    under ``TAIL_MARGIN`` of the unsplit choice ``first``'s time (``predicted_time x steps``,
+    in 128x256 K steps; ``first``'s own tiles sliced are weighed against it at their
+    ``tail_efficiency``, like against like); else None.
 
     Where a candidate's tiles fill one wave or more and leave a partial last one (e.g. 664
     128x256 tiles on 132 programs: five waves and 4 tiles), the whole waves run unsplit and the
@@ -475,9 +476,12 @@ def sliced_tail(m: int, n: int, k: int, programs: int, device: torch.device, *,
     """
     if deterministic or device.type != "cuda" or out_bytes != 2:
         return None
-    best, best_t = None, TAIL_MARGIN * versus
+    versus = predicted_time(first, m, n, programs) * -(-k // first.cfg.block_k)
+    best, best_t = None, None
     for c in _shortlist(m, device, False):
         cfg = c.cfg
+        bar = TAIL_MARGIN * versus * (c.efficiency / (c.tail_efficiency or c.efficiency)
+                                      if cfg == first.cfg else 1.0)
         if cfg != GPU_CONFIGS[GPU_CONFIG] and k % cfg.block_k:
             continue  # (narrower tiles with A's rows off 128-byte lines: far slower, measured)
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
@@ -493,7 +497,7 @@ def sliced_tail(m: int, n: int, k: int, programs: int, device: torch.device, *,
             partials_us = left * used * cfg.block_m * cfg.block_n * 8 / PARTIAL_BYTES_PER_S * 1e6
             t = ((full * steps + -(-left * used // programs) * per) * cost
                  + (partials_us + TAIL_LAUNCH_US) / SPLIT_STEP_US)
-            if t < best_t:
+            if t < bar and (best_t is None or t < best_t):
                 best, best_t = (c, used), t
     if best is None:
         return None
@@ -565,7 +569,7 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
         if t < best_t:  # (the unsplit choice exactly at the margin)
             best, best_t = (c, s), t
     if best[1] == 1:  # (split options need under one wave of tiles, a sliced tail one or more)
-        tail = sliced_tail(m, n, k, programs, device, deterministic=False, out_bytes=out_bytes,
-                           versus=predicted_time(first, m, n, programs) * -(-k // first.cfg.block_k))
+        tail = sliced_tail(first, m, n, k, programs, device, deterministic=False,
+                           out_bytes=out_bytes)
         return (tail, 1) if tail is not None else best
     return best
