@@ -480,10 +480,10 @@ def sliced_tail(first: Candidate, m: int, n: int, k: int, programs: int, device:
     best, best_t = None, None
     for c in _shortlist(m, device, False):
         cfg = c.cfg
-        bar = TAIL_MARGIN * versus * (c.efficiency / (c.tail_efficiency or c.efficiency)
-                                      if cfg == first.cfg else 1.0)
         if cfg != GPU_CONFIGS[GPU_CONFIG] and k % cfg.block_k:
             continue  # (narrower tiles with A's rows off 128-byte lines: far slower, measured)
+        bar = TAIL_MARGIN * versus * (c.efficiency / (c.tail_efficiency or c.efficiency)
+                                      if cfg == first.cfg else 1.0)
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         full, left = divmod(tiles, max(1, programs))
         if full == 0 or left == 0:

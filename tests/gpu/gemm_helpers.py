@@ -1,4 +1,6 @@
 """Helpers of the GPU tier's plain-``matmul`` tests (split K, sliced tail, wide tiles)."""
+import itertools
+
 import torch
 
 from ditron_ops.gemm import _core
@@ -15,3 +17,12 @@ def ints(*shape, dtype=torch.bfloat16, seed=0) -> torch.Tensor:
 def last_plan():
     """The plan of this thread's last ``matmul`` call (the cache's most recent entry)."""
     return next(reversed(_core._MATMUL_PLANS.cache._plans.values()))
+
+
+def integer_cases(a: torch.Tensor, bias: torch.Tensor, k: int, n: int):
+    """``(layout, with_bias, b, want)`` for B as ``[K, N]`` ("kn") and as a weight's ``w.t()``
+    ("nk"), each without and with ``bias``: integer-valued B (seed 2) and the exact product
+    (float64) that ``a @ b (+ bias)`` must give."""
+    for layout, with_bias in itertools.product(("kn", "nk"), (False, True)):
+        b = ints(k, n, seed=2) if layout == "kn" else ints(n, k, seed=2).t()
+        yield layout, with_bias, b, a.double() @ b.double() + (bias.double() if with_bias else 0)

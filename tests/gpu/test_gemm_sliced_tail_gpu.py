@@ -5,7 +5,6 @@ slices are exact on integer-valued inputs (edge tiles, K off BLOCK_K, bias, both
 strided and fp32 outputs); the same bits call after call and from a CUDA-graph replay;
 deterministic mode never slices."""
 import dataclasses
-import itertools
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import torch
 from ditron_ops.gemm import _core
 from ditron_ops.gemm import _core_configs as rules
 from ditron_ops.gemm._core import matmul, program_budget
-from gemm_helpers import ints as _ints, last_plan as _plan  # (tests/gpu/)
+from gemm_helpers import integer_cases, ints as _ints, last_plan as _plan  # (tests/gpu/)
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -39,9 +38,7 @@ def test_the_rule_slices_the_last_wave_and_is_exact():
     assert s == 1 and cand.cfg.tail_slices >= 2, cand
     tiles = -(-m // 128) * 8
     a, bias = _ints(m, k, seed=1), _ints(n, seed=3)
-    for layout, with_bias in itertools.product(("kn", "nk"), (False, True)):
-        b = _ints(k, n, seed=2) if layout == "kn" else _ints(n, k, seed=2).t()
-        want = a.double() @ b.double() + (bias.double() if with_bias else 0)
+    for layout, with_bias, b, want in integer_cases(a, bias, k, n):
         got = matmul(a, b, bias=bias if with_bias else None, deterministic=False)
         core = _plan().core
         assert isinstance(core, _core.SlicedTailGemm) and core.tail is not None
@@ -65,9 +62,7 @@ def test_forced_slices_are_exact_on_integer_inputs(slices, main):
     budget = program_budget(DEV, None)
     for m, n, k in (_past_a_wave(), (128 * (budget // 4) + 72, 1000, 1000)):
         a, bias = _ints(m, k, seed=1), _ints(n, seed=3)
-        for layout, with_bias in itertools.product(("kn", "nk"), (False, True)):
-            b = _ints(k, n, seed=2) if layout == "kn" else _ints(n, k, seed=2).t()
-            want = a.double() @ b.double() + (bias.double() if with_bias else 0)
+        for layout, with_bias, b, want in integer_cases(a, bias, k, n):
             f32 = torch.full((m, n), float("nan"), device=DEV)  # (a skipped tile stays NaN)
             got = matmul(a, b, bias=bias if with_bias else None, out=f32, cfg=cfg,
                          deterministic=False)

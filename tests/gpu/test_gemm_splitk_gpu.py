@@ -11,7 +11,7 @@ import torch
 from ditron_ops.gemm import _core
 from ditron_ops.gemm import _core_configs as rules
 from ditron_ops.gemm._core import matmul, matmul_split, program_budget
-from gemm_helpers import ints as _ints, last_plan as _plan  # (tests/gpu/)
+from gemm_helpers import integer_cases, ints as _ints, last_plan as _plan  # (tests/gpu/)
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -104,9 +104,7 @@ def test_short_k_pairs_run_two_programs_per_sm_and_are_exact():
     cand = rules.SHORT_K_CANDIDATE
     assert rules.select_split(m, n, k, budget, DEV, deterministic=False) == (cand, 1)
     a, bias = _ints(m, k, seed=1), _ints(n, seed=3)
-    for layout, with_bias in itertools.product(("kn", "nk"), (False, True)):
-        b = _ints(k, n, seed=2) if layout == "kn" else _ints(n, k, seed=2).t()
-        want = a.double() @ b.double() + (bias.double() if with_bias else 0)
+    for layout, with_bias, b, want in integer_cases(a, bias, k, n):
         got = matmul(a, b, bias=bias if with_bias else None, deterministic=False)
         core = _plan().core
         tiles = -(-m // 128) * -(-n // 128)
