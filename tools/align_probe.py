@@ -1,0 +1,106 @@
+"""What A's and B's row alignment costs the GEMM core (GPU): shapes whose K is 8 past a
+multiple of 16 (bf16 rows of ``K x 2`` bytes then start 16 bytes off a 32-byte sector), timed
+with the operands as they come and with their rows copied to a padded pitch, paired with cuBLAS
+on both, and the copies themselves.
+
+Why: the sweep's K-misaligned shapes trail (geo-mean x cuBLAS about 0.80 against 0.84), and the
+forced-configuration data show 128x128 and 64x256 tiles 0.70-0.84x as fast as 128x256 there
+against 0.98-1.06x with K on 16 (benchmarks/NOTES.md, GEMM core, "Operand row alignment").
+
+Usage (GPU machine): ``python tools/align_probe.py --csv out.csv`` (``--shapes MxNxK,...``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from ditron_ops.bench import gemm_sweep
+from ditron_ops.bench.harness import paired_graph_times, warm_gpu
+from ditron_ops.gemm import _core_configs as rules
+from ditron_ops.gemm._core import matmul, program_budget
+from ditron_ops.runtime.virtual import launch
+from invariant_configs import write_csv  # (tools/ is the script's folder)
+
+SEEDS = range(301, 340)
+"""Seeds of the drawn shapes beside the sweep's own (``gemm_sweep.SEED``)."""
+
+
+def misaligned(count: int) -> list[tuple[int, int, int]]:
+    """The sweep's shapes with ``K % 16 == 8``, then drawn ones of ``SEEDS``, ``count`` in all."""
+    out = [s for s in gemm_sweep.sweep_shapes() if s[2] % 16 == 8]
+    for seed in SEEDS:
+        for s in gemm_sweep.sweep_shapes(seed=seed):
+            if len(out) >= count:
+                return out
+            if s[2] % 16 == 8 and s not in out:
+                out.append(s)
+    return out
+
+
+def padded(t: torch.Tensor, multiple: int) -> torch.Tensor:
+    """``t [R, C]`` copied into rows of pitch ``C`` rounded up to ``multiple`` (a view)."""
+    rows, cols = t.shape
+    buf = t.new_zeros((rows, -(-cols // multiple) * multiple))[:, :cols]
+    return buf.copy_(t)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--count", type=int, default=20)
+    p.add_argument("--shapes", default="")
+    p.add_argument("--csv", default=None)
+    args = p.parse_args()
+    given = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s]
+    rows = []
+
+    def body(group):
+        warm_gpu(group.device)
+        budget = program_budget(group.device, None)
+        for m, n, k in given or misaligned(args.count):
+            a, b = gemm_sweep._inputs(group, m, n, k, torch.bfloat16)
+            w = b.t()
+            a64, w64 = padded(a, 64), padded(w, 64)
+            a16, w16 = padded(a, 16), padded(w, 16)
+            b64, b16 = w64.t(), w16.t()
+            rule, _ = rules.select_split(m, n, k, budget, group.device, deterministic=False)
+            sq = rules.GPU_CANDIDATES[1].cfg  # 128x128x64/s5/w4
+            pairs = rules.SHORT_K_CANDIDATE.cfg
+            fns = {
+                "cublas": lambda: torch.matmul(a, b),
+                "cublas_pad": lambda: torch.matmul(a64, b64),
+                "rule": lambda: matmul(a, b, deterministic=False),
+                "rule_padA": lambda: matmul(a64, b, deterministic=False),
+                "rule_padB": lambda: matmul(a, b64, deterministic=False),
+                "rule_pad": lambda: matmul(a64, b64, deterministic=False),
+                "rule_pad16": lambda: matmul(a16, b16, deterministic=False),
+                "sq": lambda: matmul(a, b, cfg=sq, deterministic=False),
+                "sq_pad": lambda: matmul(a64, b64, cfg=sq, deterministic=False),
+                "pairs": lambda: matmul(a, b, cfg=pairs, deterministic=False),
+                "pairs_pad": lambda: matmul(a64, b64, cfg=pairs, deterministic=False),
+                "copyA": lambda: a64.copy_(a),
+                "copyB": lambda: w64.copy_(w),
+            }
+            ref = (a.float() @ b.float())
+            errs = {name: ((fns[name]().float() - ref).abs().max() / ref.abs().max()).item()
+                    for name in ("rule", "rule_pad", "sq_pad", "pairs_pad")}
+            times = paired_graph_times(group, fns, rounds=5, target_ms=6.0)
+            t = times
+            row = dict(m=m, n=n, k=k, rule=rule.name,
+                       max_err=f"{max(errs.values()):.1e}",
+                       **{f"{name}_x": round(t["cublas"] / t[name], 4)
+                          for name in fns if name not in ("cublas", "copyA", "copyB")},
+                       copyA_us=round(t["copyA"], 2), copyB_us=round(t["copyB"], 2),
+                       rule_us=round(t["rule"], 2), rule_pad_us=round(t["rule_pad"], 2))
+            rows.append(row)
+            print(row, flush=True)
+        return True
+
+    launch(body, 1)
+    write_csv(rows, args.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
