@@ -132,7 +132,8 @@ def test_deterministic_mode_never_splits():
             (CUDA, CPU), itertools.product(SIZES, NS, KS, BUDGETS)):
         want = rules.skinny(m, device) or rules.select(m, n, p, device, deterministic=True,
                                                         extra=rules.narrow(m, device, True))
-        short = rules.SHORT_K_CANDIDATE if rules.short_k(want, m, n, k, p, device, 2) else want
+        short = (rules.SHORT_K_CANDIDATE if rules.short_k(want, m, n, k, p, device, 2, k % 64 == 0)
+                 else want)
         assert rules.select_split(m, n, k, p, device, deterministic=True) == (short, 1)
         assert rules.select_split(m, n, k, p, device, deterministic=True, split=8) == (want, 1)
         assert rules.split_options(m, n, k, p, device, deterministic=True) == []
@@ -160,7 +161,7 @@ def test_rule_properties_on_the_gpu_candidates():
         first = rules.skinny(m, CUDA) or rules.select(m, n, p, CUDA, deterministic=False)
         cand, s = rules.select_split(m, n, k, p, CUDA, deterministic=False)
         assert (cand, s) == rules.select_split(m, n, k, p, CUDA, deterministic=False)
-        short = rules.short_k(first, m, n, k, p, CUDA, 2)
+        short = rules.short_k(first, m, n, k, p, CUDA, 2, k % 64 == 0)
         first = rules.skinny(m, CUDA) or rules.select(  # (the wide tiles weighed too)
             m, n, p, CUDA, deterministic=False, extra=rules.wide(m, CUDA, False, 2))
         if s == 1:  # (a sliced tail's tiles and slices: test_gemm_sliced_tail.py)

@@ -12,6 +12,7 @@ Usage (GPU machine): ``python tools/align_probe.py --csv out.csv`` (``--shapes M
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import torch
@@ -19,7 +20,8 @@ import torch
 from ditron_ops.bench import gemm_sweep
 from ditron_ops.bench.harness import paired_graph_times, warm_gpu
 from ditron_ops.gemm import _core_configs as rules
-from ditron_ops.gemm._core import matmul, program_budget
+from ditron_ops.gemm._core import _MATMUL_PLANS, matmul, program_budget
+from ditron_ops.gemm._pad import RowPad
 from ditron_ops.runtime.virtual import launch
 from invariant_configs import write_csv  # (tools/ is the script's folder)
 
@@ -37,6 +39,11 @@ def misaligned(count: int) -> list[tuple[int, int, int]]:
             if s[2] % 16 == 8 and s not in out:
                 out.append(s)
     return out
+
+
+def _plan():
+    """This thread's last ``matmul`` plan."""
+    return next(reversed(_MATMUL_PLANS.cache._plans.values()))
 
 
 def padded(t: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -64,37 +71,45 @@ def main() -> int:
             a64, w64 = padded(a, 64), padded(w, 64)
             a16, w16 = padded(a, 16), padded(w, 16)
             b64, b16 = w64.t(), w16.t()
-            rule, _ = rules.select_split(m, n, k, budget, group.device, deterministic=False)
-            sq = rules.GPU_CANDIDATES[1].cfg  # 128x128x64/s5/w4
-            pairs = rules.SHORT_K_CANDIDATE.cfg
+            old, split = rules.select_split(m, n, k, budget, group.device, deterministic=False)
+            matmul(a, b, deterministic=False)
+            plan = _plan()
+            pads = "".join(x for x, c in (("A", plan.a_copy), ("B", plan.b_copy)) if c)
+            pad_a, pad_b = RowPad(a), RowPad(w)
             fns = {
                 "cublas": lambda: torch.matmul(a, b),
                 "cublas_pad": lambda: torch.matmul(a64, b64),
                 "rule": lambda: matmul(a, b, deterministic=False),
+                "unpadded": lambda: matmul(a, b, cfg=old.cfg, split_k=split,
+                                           deterministic=False),
                 "rule_padA": lambda: matmul(a64, b, deterministic=False),
                 "rule_padB": lambda: matmul(a, b64, deterministic=False),
                 "rule_pad": lambda: matmul(a64, b64, deterministic=False),
                 "rule_pad16": lambda: matmul(a16, b16, deterministic=False),
-                "sq": lambda: matmul(a, b, cfg=sq, deterministic=False),
-                "sq_pad": lambda: matmul(a64, b64, cfg=sq, deterministic=False),
-                "pairs": lambda: matmul(a, b, cfg=pairs, deterministic=False),
-                "pairs_pad": lambda: matmul(a64, b64, cfg=pairs, deterministic=False),
                 "copyA": lambda: a64.copy_(a),
                 "copyB": lambda: w64.copy_(w),
+                "rowpadA": lambda: pad_a(a),
+                "rowpadB": lambda: pad_b(w),
             }
             ref = (a.float() @ b.float())
             errs = {name: ((fns[name]().float() - ref).abs().max() / ref.abs().max()).item()
-                    for name in ("rule", "rule_pad", "sq_pad", "pairs_pad")}
-            times = paired_graph_times(group, fns, rounds=5, target_ms=6.0)
-            t = times
-            row = dict(m=m, n=n, k=k, rule=rule.name,
-                       max_err=f"{max(errs.values()):.1e}",
+                    for name in ("rule", "unpadded", "rule_pad")}
+            t = paired_graph_times(group, fns, rounds=5, target_ms=6.0)
+            copies = ("copyA", "copyB", "rowpadA", "rowpadB")
+            row = dict(m=m, n=n, k=k, rule=plan.name, pads=pads or "-",
+                       unpadded=old.name, max_err=f"{max(errs.values()):.1e}",
+                       gain=round(t["unpadded"] / t["rule"], 4),
                        **{f"{name}_x": round(t["cublas"] / t[name], 4)
-                          for name in fns if name not in ("cublas", "copyA", "copyB")},
-                       copyA_us=round(t["copyA"], 2), copyB_us=round(t["copyB"], 2),
+                          for name in fns if name not in ("cublas",) + copies},
+                       **{f"{name}_us": round(t[name], 2) for name in copies},
                        rule_us=round(t["rule"], 2), rule_pad_us=round(t["rule_pad"], 2))
             rows.append(row)
             print(row, flush=True)
+        gains = [r["gain"] for r in rows if r["pads"] != "-"]
+        if gains:
+            print(f"align_probe: {len(gains)} of {len(rows)} shapes copied, geo-mean gain "
+                  f"{math.exp(sum(map(math.log, gains)) / len(gains)):.3f}, "
+                  f"{sum(g < 1 for g in gains)} slower", flush=True)
         return True
 
     launch(body, 1)

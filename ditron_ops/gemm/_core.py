@@ -42,8 +42,10 @@ from ..runtime.precompile import register_precompile
 from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_SPLIT,  # noqa: F401
                             NARROW_CANDIDATES, SHORT_K_CANDIDATE, SKINNY_CANDIDATES,
                             SLICED_TAIL_MAIN, TileConfig,
-                            WIDE_CANDIDATES, rule_configs, select_config, select_split, slices,
+                            WIDE_CANDIDATES, pad_operands, rule_configs, select_config,
+                            select_split, slices,
                             tail_tiles, tile_width)
+from ._pad import RowPad, off_sectors, padded_copy, read_rows, row_alignment, tma_ok
 from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
                             splitk_reduce_kernel, strip_gemm_kernel)
 
@@ -79,30 +81,14 @@ def consumer_grid(device: torch.device, group: Optional[Group], tiles: int,
     return max(1, min(tiles, budget))
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
-    """``t`` (2-D) can back a TMA descriptor as is: last dim contiguous, 16-byte aligned."""
-    e = t.element_size()
-    return (t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * e) % 16 == 0
-            and t.shape[0] > 0 and t.shape[1] > 0)
-
-
-def _padded_copy(t: torch.Tensor) -> torch.Tensor:
-    """Row-major copy of ``t`` with a 16-byte aligned row pitch (viewed back to ``t``'s shape)."""
-    rows, cols = t.shape
-    pitch = -(-cols * t.element_size() // 16) * 16 // t.element_size()
-    buf = t.new_empty((rows, pitch))[:, :cols]
-    buf.copy_(t)
-    return buf
-
-
 def b_operand(b: torch.Tensor, cfg: TileConfig, b_pad: Optional[torch.Tensor] = None
               ) -> tuple[Optional[torch.Tensor], TensorDescriptor, bool]:
     """``b``'s aligned copy when no TMA descriptor can be made over ``b`` or ``b.T`` (``b_pad``
     if given, else a new one; None when ``b`` serves as is), then ``b_descriptor`` of what the
     GEMM reads. The plan keeps the copy alive as long as its descriptor."""
     pad = None
-    if not _tma_ok(b) and not _tma_ok(b.t()):
-        pad = b_pad if b_pad is not None else _padded_copy(b)
+    if not tma_ok(b) and not tma_ok(b.t()):
+        pad = b_pad if b_pad is not None else padded_copy(b)
     return (pad, *b_descriptor(b if pad is None else pad, cfg))
 
 
@@ -114,12 +100,12 @@ def b_descriptor(b: torch.Tensor, cfg: TileConfig) -> tuple[TensorDescriptor, bo
     are; any other stride pattern is copied once into an aligned row-major buffer.
     """
     bn = cfg.block_n
-    if _tma_ok(b):
+    if tma_ok(b):
         return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, bn]), True
     bt = b.t()
-    if _tma_ok(bt):
+    if tma_ok(bt):
         return TensorDescriptor(bt, list(bt.shape), list(bt.stride()), [bn, cfg.block_k]), False
-    b = _padded_copy(b)
+    b = padded_copy(b)
     return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, bn]), True
 
 
@@ -160,7 +146,7 @@ def _shared_memory_limit(index: int) -> int:
 
 def _c_descriptor(out: torch.Tensor, cfg: TileConfig) -> Optional[TensorDescriptor]:
     """TMA store descriptor (two ``block_n / 2`` halves per tile) when ``out`` allows it."""
-    if _tma_ok(out):
+    if tma_ok(out):
         return TensorDescriptor(out, list(out.shape), list(out.stride()),
                                 [cfg.block_m, cfg.block_n // 2])
     return None
@@ -512,54 +498,69 @@ def _dummies(device: torch.device) -> tuple:
 
 class _MatmulPlan:
     """``matmul`` of one key: the tile configuration and K slices (``cfg`` and ``split_k``,
-    else the rule's for the shapes and mode: ``select_split``), an ``a`` that no descriptor
-    reads as it is through a padded buffer of the plan (copied per call), then the bound core
-    (``CoreGemm``; ``SplitKGemm`` when K is split, ``SlicedTailGemm`` when only the last wave's
-    is, ``StripGemm`` / ``SkinnyGemm`` for wide / small-M tiles; ``self.split``: the whole
-    product's slices, 1 unsplit)."""
+    else the rule's for the shapes and mode: ``select_split``), the operands' rows copied onto
+    128-byte lines per call where the rule says (``pad_operands``; ``RowPad``) or where no
+    descriptor reads them as they are (``padded_copy``), then the bound core (``CoreGemm``;
+    ``SplitKGemm`` when K is split, ``SlicedTailGemm`` when only the last wave's is,
+    ``StripGemm`` / ``SkinnyGemm`` for wide / small-M tiles; ``self.split``: the whole product's
+    slices, 1 unsplit)."""
 
     def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None):
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
-        split = 1
+        split, self.name = 1, "given"  # (the rule's candidate's name; benches print it)
+        a_rows, b_rows = read_rows(a), read_rows(b)
+        pad_a = pad_b = False
         if cfg is None:
-            chosen, split = select_split(m, n, k, program_budget(a.device, None), a.device,
+            programs = program_budget(a.device, None)
+            pad_a, pad_b = pad_operands(
+                m, n, k, programs, a.device, deterministic=deterministic,
+                out_bytes=out.element_size(), a_sectored=not off_sectors(a_rows),
+                b_sectored=not off_sectors(b_rows), elem_bytes=a.element_size())
+            lined = ((pad_a or row_alignment(a_rows) == 128)
+                     and (pad_b or row_alignment(b_rows) == 128))
+            chosen, split = select_split(m, n, k, programs, a.device,
                                          deterministic=deterministic, split=split_k,
-                                         out_bytes=out.element_size())
-            cfg = chosen.cfg
+                                         out_bytes=out.element_size(), lined=lined)
+            cfg, self.name = chosen.cfg, chosen.name
         elif split_k is not None and split_k > 1:  # a fixed configuration, split as asked
             split = slices(k, cfg.block_k, split_k)[0]
-        self.a_pad = None if _tma_ok(a) else _padded_copy(a)
-        a_ex = a if self.a_pad is None else self.a_pad
+        self.a_copy = RowPad(a_rows) if pad_a else None
+        self.a_pad = None if a_rows is not None else padded_copy(a)
+        self.b_copy = RowPad(b_rows) if pad_b else None
+        self.b_kn = b_rows is b
+        a_ex = self.a_copy.buf if pad_a else a if self.a_pad is None else self.a_pad
+        a_varies = a_ex is a
+        self.b_ex = None if not pad_b else self.b_copy.buf if self.b_kn else self.b_copy.buf.t()
+        b = b if self.b_ex is None else self.b_ex
         a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
                                   [cfg.block_m, cfg.block_k])
-        if cfg.swap_ab:
-            self.core = SkinnyGemm(a_desc, b, out, bias, m=m, cfg=cfg,
-                                   a_varies=self.a_pad is None)
-            self.split = 1
-            return
-        if split > 1:
-            self.core = SplitKGemm(a_desc, b, out, bias, m=m, cfg=cfg, split=split,
-                                   a_varies=self.a_pad is None)
-            self.split = self.core.slices
-            return
-        if cfg.strip:
-            self.core = StripGemm(a_desc, b, out, bias, m=m, cfg=cfg, a_varies=self.a_pad is None)
-            self.split = 1
-            return
         self.split = 1
-        if cfg.tail_slices:
-            self.core = SlicedTailGemm(a_desc, b, out, bias, m=m, cfg=cfg,
-                                       a_varies=self.a_pad is None)
-            return
-        sig, offsets, claim, record = _dummies(a.device)
-        self.core = CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig,
-                             offsets=offsets, claim=claim, record=record, m=a.shape[0], cfg=cfg,
-                             a_varies=self.a_pad is None)
+        if cfg.swap_ab:
+            self.core = SkinnyGemm(a_desc, b, out, bias, m=m, cfg=cfg, a_varies=a_varies)
+        elif split > 1:
+            self.core = SplitKGemm(a_desc, b, out, bias, m=m, cfg=cfg, split=split,
+                                   a_varies=a_varies)
+            self.split = self.core.slices
+        elif cfg.strip:
+            self.core = StripGemm(a_desc, b, out, bias, m=m, cfg=cfg, a_varies=a_varies)
+        elif cfg.tail_slices:
+            self.core = SlicedTailGemm(a_desc, b, out, bias, m=m, cfg=cfg, a_varies=a_varies)
+        else:
+            sig, offsets, claim, record = _dummies(a.device)
+            self.core = CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig,
+                                 offsets=offsets, claim=claim, record=record, m=m, cfg=cfg,
+                                 a_varies=a_varies)
 
     def run(self, a, b, bias, out):
-        if self.a_pad is not None:
+        if self.a_copy is not None:
+            self.a_copy(a)
+            a = None
+        elif self.a_pad is not None:
             self.a_pad.copy_(a)
             a = None
+        if self.b_copy is not None:
+            self.b_copy(b if self.b_kn else b.t())
+            b = self.b_ex
         return self.core.run(a, b, out, bias)
 
 
@@ -673,7 +674,7 @@ def precompile_plain_only(device: torch.device, dtypes: tuple) -> None:
     bf16, B ``[K, N]`` and ``[N, K]``, out in the dtype and in fp32 (deterministic mode's
     products); ``SHORT_K_CANDIDATE``, the wide candidates' ``StripGemm`` and the sliced tail's
     unsplit launch (``SLICED_TAIL_MAIN``; out in the dtype only: ``short_k``, ``wide``,
-    ``sliced_tail``; its split launches are ``_precompile``'s).
+    ``sliced_tail``; its split launches are ``_precompile``'s), and ``RowPad``'s copy.
     ``tools/sm90_compile.py`` calls it with a CPU device."""
     wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
     sig, offsets, claim, record = _dummies(device)
@@ -695,6 +696,8 @@ def precompile_plain_only(device: torch.device, dtypes: tuple) -> None:
                     CoreGemm(a_desc, b, out, None, group=None, wait=False, sig=sig,
                              offsets=offsets, claim=claim, record=record, m=cfg.block_m,
                              cfg=cfg, a_varies=True)
+    for dtype in wanted:
+        RowPad(torch.ones(8, 264, dtype=dtype, device=device))
 
 
 register_precompile("matmul", _precompile, ("matmul",))

@@ -237,13 +237,16 @@ SHORT_K_MIN_WAVES = 2
 
 
 def short_k(first: Candidate, m: int, n: int, k: int, programs: int, device: torch.device,
-            out_bytes: int) -> bool:
+            out_bytes: int, lined: bool = True) -> bool:
     """Whether the plain ``matmul`` takes ``SHORT_K_CANDIDATE`` over ``first`` (``select``'s
     choice), in either mode: on the GPU, ``first`` the 128x256 tiles, at most
-    ``SHORT_K_MAX_STEPS`` K steps, at least ``SHORT_K_MIN_WAVES`` waves of them, and a 2-byte C
+    ``SHORT_K_MAX_STEPS`` K steps, at least ``SHORT_K_MIN_WAVES`` waves of them, a 2-byte C
     (an fp32 C block leaves each program two stages, and the pairs then ran slower than the
-    128x256 tiles: benchmarks/NOTES.md, GEMM core)."""
-    if device.type != "cuda" or first.cfg != GPU_CONFIGS[GPU_CONFIG] or out_bytes != 2:
+    128x256 tiles: benchmarks/NOTES.md, GEMM core) and both operands' rows on 128-byte lines
+    (``lined``: off them the pairs ran 0.6-0.7x as fast as on them, far more than the 128x256
+    tiles lose; benchmarks/NOTES.md, GEMM core, "Operand rows off 128-byte lines")."""
+    if (device.type != "cuda" or first.cfg != GPU_CONFIGS[GPU_CONFIG] or out_bytes != 2
+            or not lined):
         return False
     tiles = -(-m // first.cfg.block_m) * -(-n // first.cfg.block_n)
     return -(-k // first.cfg.block_k) <= SHORT_K_MAX_STEPS and tiles >= SHORT_K_MIN_WAVES * programs
@@ -447,7 +450,8 @@ a few % of the call."""
 
 
 def sliced_tail(first: Candidate, m: int, n: int, k: int, programs: int, device: torch.device,
-                *, deterministic: bool, out_bytes: int) -> Optional[Candidate]:
+                *, deterministic: bool, out_bytes: int, lined: bool = True
+                ) -> Optional[Candidate]:
     """``select``'s tiles with their partial last wave in K slices, where the model puts them
     under ``TAIL_MARGIN`` of the unsplit choice ``first``'s time (``predicted_time x steps``,
     in 128x256 K steps; ``first``'s own tiles sliced are weighed against it at their
@@ -465,9 +469,9 @@ def sliced_tail(first: Candidate, m: int, n: int, k: int, programs: int, device:
 
     the least over ``select``'s candidates and ``S`` in 2..``MAX_SPLIT`` (at least
     ``MIN_SLICE_STEPS`` steps a slice), each candidate at its ``tail_efficiency``; tiles other
-    than 128x256 only where K is a multiple of ``BLOCK_K`` (A's rows on 128-byte lines: with K
-    8 past one, 128x128 tiles ran 0.6-0.7x as fast as with K on it, 128x256 ones did not slow;
-    benchmarks/NOTES.md, GEMM core).
+    than 128x256 only where both operands' rows start on 128-byte lines (``lined``: with K 8
+    past a multiple of 64, 128x128 tiles ran 0.6-0.7x as fast as with K on it, the 128x256
+    ones far less slowed; benchmarks/NOTES.md, GEMM core).
 
     Only the default mode (the last wave's rows get another K order: not batch invariant), the
     GPU (the unsplit launch runs a candidate's tiles, ``GPU_CONFIG``'s without the half-tile
@@ -480,8 +484,8 @@ def sliced_tail(first: Candidate, m: int, n: int, k: int, programs: int, device:
     best, best_t = None, None
     for c in _shortlist(m, device, False):
         cfg = c.cfg
-        if cfg != GPU_CONFIGS[GPU_CONFIG] and k % cfg.block_k:
-            continue  # (narrower tiles with A's rows off 128-byte lines: far slower, measured)
+        if cfg != GPU_CONFIGS[GPU_CONFIG] and not lined:
+            continue  # (narrower tiles with rows off 128-byte lines: far slower, measured)
         bar = TAIL_MARGIN * versus * (c.efficiency / (c.tail_efficiency or c.efficiency)
                                       if cfg == first.cfg else 1.0)
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
@@ -511,7 +515,7 @@ def sliced_tail(first: Candidate, m: int, n: int, k: int, programs: int, device:
 
 def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
                  deterministic: bool, split: int | None = None,
-                 out_bytes: int = 2) -> tuple[Candidate, int]:
+                 out_bytes: int = 2, lined: Optional[bool] = None) -> tuple[Candidate, int]:
     """Tiles and K slices for the plain ``matmul`` (``[m, k] @ [k, n]`` on ``programs``):
     ``skinny``'s candidate at small M (unsplit, either mode; a forced ``split`` in the default
     mode takes the 64-row tiles instead), else ``select``'s candidate (``narrow``'s tiles
@@ -539,6 +543,10 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
         1 is the unsplit choice (``skinny``'s or ``select``'s).
     out_bytes : int
         Bytes per element of C (``short_k`` and ``wide``: 2-byte C only).
+    lined : bool, optional
+        Whether both operands' rows start on 128-byte lines as the GEMM reads them (after
+        ``pad_operands``' copies; ``short_k`` and ``sliced_tail``); default: K a multiple of 64
+        (2-byte rows of whole lines, the bases on lines as fresh tensors are).
 
     Returns
     -------
@@ -549,9 +557,10 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
     thin = skinny(m, device)
     if thin is not None and (deterministic or split is None or split == 1):
         return thin, 1
+    lined = k % 64 == 0 if lined is None else lined
     first = select(m, n, programs, device, deterministic=deterministic,
                    extra=narrow(m, device, deterministic))
-    if split is None and short_k(first, m, n, k, programs, device, out_bytes):
+    if split is None and short_k(first, m, n, k, programs, device, out_bytes, lined):
         return SHORT_K_CANDIDATE, 1  # (at two waves or more nothing splits)
     if split is None:  # (after short_k: its shapes were measured against 128x256 tiles only)
         first = select(m, n, programs, device, deterministic=deterministic,
@@ -570,6 +579,74 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
             best, best_t = (c, s), t
     if best[1] == 1:  # (split options need under one wave of tiles, a sliced tail one or more)
         tail = sliced_tail(first, m, n, k, programs, device, deterministic=False,
-                           out_bytes=out_bytes)
+                           out_bytes=out_bytes, lined=lined)
         return (tail, 1) if tail is not None else best
+    return best
+
+
+# -- operand rows off 128-byte lines -----------------------------------------------------------
+
+MISALIGNED_SLOWDOWN = (1.0, 1.09, 1.28)
+"""Time of the rule's GEMM with 0, 1 or 2 operands whose rows start off 32-byte sectors (bf16,
+K 8 past a multiple of 16), over its time with both on 128-byte lines: the medians over the 18
+shapes of ``tools/align_probe.py`` (H200; each operand copied onto lines alone and both; per
+shape 1.0-1.4 for one, 1.1-1.8 for both; cuBLAS itself ran up to 1.5x faster on the copies).
+Rows on sectors but off lines (K a multiple of 16 but not of 64) cost the 128x256 tiles about
+1% (0.96-1.02) and are never copied for it."""
+COPY_BYTES_PER_S = 3.0e12
+"""Rate of ``pad_rows_kernel`` (bytes read plus bytes written per second, H200)."""
+COPY_LAUNCH_US = 2.0
+"""Fixed cost of one operand copy (its launch), microseconds."""
+PAD_MARGIN = 0.95
+"""Copies are made only where the model puts the call under this fraction of its time without
+them (the slowdowns above are medians of a wide spread)."""
+
+
+def estimated_us(c: Candidate, split: int, m: int, n: int, k: int, programs: int) -> float:
+    """The model's time of ``select_split``'s ``(c, split)`` in microseconds: ``split_time_us``
+    (``STEP_US`` a step under one wave, ``SPLIT_STEP_US`` from one wave on, where every SM
+    loads)."""
+    if split > 1:
+        return split_time_us(c, m, n, k, programs, split)
+    tiles = -(-m // c.cfg.block_m) * -(-n // tile_width(c.cfg))
+    step = SPLIT_STEP_US if tiles >= programs * c.cfg.ctas_per_sm else STEP_US
+    return predicted_time(c, m, n, programs) * -(-k // c.cfg.block_k) * step
+
+
+def pad_operands(m: int, n: int, k: int, programs: int, device: torch.device, *,
+                 deterministic: bool, out_bytes: int, a_sectored: bool, b_sectored: bool,
+                 elem_bytes: int = 2) -> tuple[bool, bool]:
+    """Whether the plain ``matmul`` copies A's and B's rows onto 128-byte lines before the GEMM
+    (``_pad.RowPad``): the set of copies of least modelled time, where under ``PAD_MARGIN`` of
+    none. An operand is a candidate only where its rows start off 32-byte sectors
+    (``a_sectored`` / ``b_sectored`` False)::
+
+        time = T x MISALIGNED_SLOWDOWN[operands left off sectors]
+               + sum over copies (rows x K x elem_bytes x 2 / COPY_BYTES_PER_S + COPY_LAUNCH_US)
+
+    with ``T`` the rule's choice on lined rows (``select_split``, ``estimated_us``). Either mode
+    (a copy changes no value, so no bit of the product); never at the skinny tiles' M (there
+    the product is as fast as reading B once, which a copy doubles). On the GPU only.
+
+    Example: 16360x2560x7528 (bf16): both operands off sectors; copying B (2560 rows, 38.5 MB)
+    costs about 28 us against 1090 us for the GEMM, which it cut to 858 us (H200).
+    """
+    if device.type != "cuda" or skinny(m, device) is not None or (a_sectored and b_sectored):
+        return False, False
+    c, split = select_split(m, n, k, programs, device, deterministic=deterministic,
+                            out_bytes=out_bytes, lined=True)
+    t = estimated_us(c, split, m, n, k, programs)
+
+    def copy_us(rows: int) -> float:
+        return rows * k * elem_bytes * 2 / COPY_BYTES_PER_S * 1e6 + COPY_LAUNCH_US
+
+    best, best_t = (False, False), t * MISALIGNED_SLOWDOWN[(not a_sectored) + (not b_sectored)]
+    bar = PAD_MARGIN * best_t
+    for pad_a in (False,) if a_sectored else (False, True):
+        for pad_b in (False,) if b_sectored else (False, True):
+            left = (not a_sectored and not pad_a) + (not b_sectored and not pad_b)
+            cost = (t * MISALIGNED_SLOWDOWN[left] + (copy_us(m) if pad_a else 0.0)
+                    + (copy_us(n) if pad_b else 0.0))
+            if (pad_a or pad_b) and cost < bar and cost < best_t:
+                best, best_t = (pad_a, pad_b), cost
     return best

@@ -337,3 +337,20 @@ def strip_gemm_kernel(a_desc, b_desc, bs_desc, c_desc, cs_desc, c_ptr, bias_ptr,
         if off_s < N:
             _store_tile(acc_s, cs_desc, c_ptr, bias_ptr, off_m, off_s, M, N, stride_cm,
                         stride_cn, has_bias, C_TMA, False)
+
+
+@dl.jit(do_not_specialize=("rows", "cols", "src_pitch", "dst_pitch"))
+def pad_rows_kernel(src_ptr, dst_ptr, rows, cols, src_pitch, dst_pitch, BLOCK_R: tl.constexpr,
+                    BLOCK_C: tl.constexpr, VEC: tl.constexpr):
+    """``dst[r, c] = src[r, c]`` for ``r < rows``, ``c < cols``: an operand's rows into a buffer
+    whose rows start on 128-byte lines (``_core_configs.pad_operands``), one ``[BLOCK_R,
+    BLOCK_C]`` block a program. ``cols`` and both pitches are multiples of ``VEC`` elements (16
+    bytes: the operand backs a TMA descriptor), so every load and store is a 16-byte vector."""
+    cols = cols // VEC * VEC  # (states the divisibility: ``tl.multiple_of`` on these did not
+    src_pitch = src_pitch // VEC * VEC  # vectorize, sm_90a PTX)
+    dst_pitch = dst_pitch // VEC * VEC
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    x = tl.load(src_ptr + r[:, None] * src_pitch + c[None, :], mask=mask)
+    tl.store(dst_ptr + r[:, None] * dst_pitch + c[None, :], x, mask=mask)

@@ -14,7 +14,8 @@ from ..runtime.group import Group, op_id
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import tensor_key
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
-from ._core import (_padded_copy, _tma_ok, b_descriptor, consumer_programs, half_b_descriptor,
+from ._pad import padded_copy, tma_ok
+from ._core import (b_descriptor, consumer_programs, half_b_descriptor,
                     program_budget, rule_configs, select_config, tail_tiles)
 from ._rs_kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
 
@@ -81,8 +82,8 @@ class RsPlan:
         if previous is not None:  # a stale plan of this key: its padded buffers, no allocation
             self.a_pad, self.b_pad = previous.a_pad, previous.b_pad
         else:
-            self.a_pad = None if _tma_ok(a) else _padded_copy(a)
-            self.b_pad = None if (_tma_ok(b) or _tma_ok(b.t())) else _padded_copy(b)
+            self.a_pad = None if tma_ok(a) else padded_copy(a)
+            self.b_pad = None if (tma_ok(b) or tma_ok(b.t())) else padded_copy(b)
         a_ex = a if self.a_pad is None else self.a_pad
         a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
                                   [cfg.block_m, cfg.block_k])
@@ -173,7 +174,7 @@ def _epilogue_descriptors(out: torch.Tensor, buf: torch.Tensor, slot_rows_total:
     """``(c_desc, slots_desc)`` for the TMA epilogue of whole own tiles (``_reduce_store_tma``):
     ``out [rows_r, N]`` and the slots ``[W * slot_rows, N]`` in half-tile blocks; or
     ``(None, None)`` (masked pointer epilogue) when ``out`` cannot back a descriptor."""
-    if not _tma_ok(out):
+    if not tma_ok(out):
         return None, None
     n = out.shape[1]
     block = [cfg.block_m, cfg.block_n // 2]
