@@ -68,17 +68,21 @@ def test_row_pad_copies_rows_onto_lines(rows, cols, pitch):
 
 def test_pad_rule_picks_the_cheaper_copies():
     """Measured shapes (H200, ``tools/align_probe.py``): copying B (2560 rows) pays where A has
-    16360; copying A pays where it has half B's rows; operands on sectors, the skinny tiles'
-    M and the interpreter never copy; either mode answers alike (a copy changes no bits)."""
+    16360; copying A pays where it has half B's rows; B's rows alone off sectors cost the
+    128x256 tiles too little for a copy, the 128x128 tiles enough; operands on sectors, the
+    skinny tiles' M, tiles with a strip and the interpreter never copy; either mode answers
+    alike (a copy changes no bits)."""
     def pad(m, n, k, a_sectored=False, b_sectored=False, device=CUDA, det=False):
         return rules.pad_operands(m, n, k, 132, device, deterministic=det, out_bytes=2,
                                   a_sectored=a_sectored, b_sectored=b_sectored)
     assert pad(16360, 2560, 7528) == (False, True)
     assert pad(4232, 7976, 10392) == (True, False)
-    assert pad(16360, 2560, 7528, a_sectored=True) == (False, True)
+    assert pad(16360, 2560, 7528, a_sectored=True) == (False, False)  # (B alone: 5% of it)
+    assert pad(9472, 856, 1864, a_sectored=True) == (False, True)  # (128x128: 25%)
     assert pad(16360, 2560, 7528, b_sectored=True) == (False, False)  # (A's copy: 246 MB)
     assert pad(16360, 2560, 7528, True, True) == (False, False)
     assert pad(16, 2560, 7528) == (False, False)
+    assert pad(4024, 1280, 1576) == (False, False)  # (128x320 tiles)
     assert pad(16360, 2560, 7528, device=CPU) == (False, False)
     for shape in ((16360, 2560, 7528), (4232, 7976, 10392), (9472, 856, 1864)):
         assert pad(*shape) == pad(*shape, det=True)
@@ -100,11 +104,10 @@ def test_pad_rule_properties():
         copies += 1
         c, s = rules.select_split(m, n, k, 132, CUDA, deterministic=False, lined=True)
         t = rules.estimated_us(c, s, m, n, k, 132)
-        left = (not a_s and not pad_a) + (not b_s and not pad_b)
-        cost = (t * rules.MISALIGNED_SLOWDOWN[left]
+        cost = (t * rules.misaligned_slowdown(c, not (a_s or pad_a), not (b_s or pad_b))
                 + sum(r * k * 4 / rules.COPY_BYTES_PER_S * 1e6 + rules.COPY_LAUNCH_US
                       for r, p in ((m, pad_a), (n, pad_b)) if p))
-        assert cost < rules.PAD_MARGIN * t * rules.MISALIGNED_SLOWDOWN[(not a_s) + (not b_s)]
+        assert cost < rules.PAD_MARGIN * t * rules.misaligned_slowdown(c, not a_s, not b_s)
     assert copies > 10
 
 

@@ -27,12 +27,16 @@ from invariant_configs import write_csv  # (tools/ is the script's folder)
 
 SEEDS = range(301, 340)
 """Seeds of the drawn shapes beside the sweep's own (``gemm_sweep.SEED``)."""
+FRESH_SEEDS = range(401, 440)
+"""Seeds of ``--fresh`` shapes (``_core_configs.MISALIGNED_SLOWDOWN`` was fitted to the sweep's
+and ``SEEDS``' shapes)."""
 
 
-def misaligned(count: int) -> list[tuple[int, int, int]]:
-    """The sweep's shapes with ``K % 16 == 8``, then drawn ones of ``SEEDS``, ``count`` in all."""
-    out = [s for s in gemm_sweep.sweep_shapes() if s[2] % 16 == 8]
-    for seed in SEEDS:
+def misaligned(count: int, fresh: bool = False) -> list[tuple[int, int, int]]:
+    """The sweep's shapes with ``K % 16 == 8``, then drawn ones of ``SEEDS``, ``count`` in all
+    (``fresh``: drawn ones of ``FRESH_SEEDS`` only, shapes the constants were not fitted to)."""
+    out = [] if fresh else [s for s in gemm_sweep.sweep_shapes() if s[2] % 16 == 8]
+    for seed in FRESH_SEEDS if fresh else SEEDS:
         for s in gemm_sweep.sweep_shapes(seed=seed):
             if len(out) >= count:
                 return out
@@ -57,6 +61,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--count", type=int, default=20)
     p.add_argument("--shapes", default="")
+    p.add_argument("--fresh", action="store_true", help="shapes of FRESH_SEEDS only")
     p.add_argument("--csv", default=None)
     args = p.parse_args()
     given = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s]
@@ -65,7 +70,7 @@ def main() -> int:
     def body(group):
         warm_gpu(group.device)
         budget = program_budget(group.device, None)
-        for m, n, k in given or misaligned(args.count):
+        for m, n, k in given or misaligned(args.count, args.fresh):
             a, b = gemm_sweep._inputs(group, m, n, k, torch.bfloat16)
             w = b.t()
             a64, w64 = padded(a, 64), padded(w, 64)

@@ -586,20 +586,34 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
 
 # -- operand rows off 128-byte lines -----------------------------------------------------------
 
-MISALIGNED_SLOWDOWN = (1.0, 1.09, 1.28)
-"""Time of the rule's GEMM with 0, 1 or 2 operands whose rows start off 32-byte sectors (bf16,
-K 8 past a multiple of 16), over its time with both on 128-byte lines: the medians over the 18
-shapes of ``tools/align_probe.py`` (H200; each operand copied onto lines alone and both; per
-shape 1.0-1.4 for one, 1.1-1.8 for both; cuBLAS itself ran up to 1.5x faster on the copies).
-Rows on sectors but off lines (K a multiple of 16 but not of 64) cost the 128x256 tiles about
-1% (0.96-1.02) and are never copied for it."""
-COPY_BYTES_PER_S = 3.0e12
-"""Rate of ``pad_rows_kernel`` (bytes read plus bytes written per second, H200)."""
-COPY_LAUNCH_US = 2.0
-"""Fixed cost of one operand copy (its launch), microseconds."""
+MISALIGNED_SLOWDOWN = {"wide": (1.026, 1.056, 1.234), "narrow": (1.12, 1.25, 1.42)}
+"""Time of the rule's GEMM with A's rows, B's rows or both starting off 32-byte sectors (bf16,
+K 8 past a multiple of 16; the others on 128-byte lines), over its time with both on lines, by
+the tiles the rule picks with both on lines: "wide", 128 rows by 256 columns or more, else
+"narrow" (128x128, 64-row tiles; their A and B boxes each carry half as many bytes a step).
+The medians over the 24 shapes of ``tools/align_probe.py`` (H200; per shape 1.0-1.4 wide and
+1.04-1.8 narrow; cuBLAS itself ran up to 1.5x faster on lined copies). Rows on sectors but
+off lines (K a multiple of 16, not of 64) cost the 128x256 tiles about 1% and are never
+copied for it (``_pad.off_sectors``). Tiles with a strip (``wide``) are not in it: the two
+shapes where the rule picks them measured 1.08-1.09 with both off and 1.0-1.08 with one, and
+copying one operand lost 7% on 4024x1280x1576."""
+COPY_BYTES_PER_S = 3.6e12
+"""Rate of ``pad_rows_kernel``, bytes read plus bytes written per second (H200: 3.5-3.7e12
+from 70 MB up, up to 5.8e12 at 20-45 MB, whose reads hit L2)."""
+COPY_LAUNCH_US = 1.0
+"""Fixed cost of one operand copy, microseconds (copies of 3.5-8 MB took 1.8-2.5 us)."""
 PAD_MARGIN = 0.95
 """Copies are made only where the model puts the call under this fraction of its time without
 them (the slowdowns above are medians of a wide spread)."""
+
+
+def misaligned_slowdown(c: Candidate, a_off: bool, b_off: bool) -> float:
+    """``MISALIGNED_SLOWDOWN`` of ``c``'s tiles with A's / B's rows off sectors (1 with none,
+    and for tiles with a strip)."""
+    if not (a_off or b_off) or c.cfg.strip:
+        return 1.0
+    family = "wide" if c.cfg.block_m == 128 and tile_width(c.cfg) >= 256 else "narrow"
+    return MISALIGNED_SLOWDOWN[family][2 if a_off and b_off else 0 if a_off else 1]
 
 
 def estimated_us(c: Candidate, split: int, m: int, n: int, k: int, programs: int) -> float:
@@ -621,7 +635,7 @@ def pad_operands(m: int, n: int, k: int, programs: int, device: torch.device, *,
     none. An operand is a candidate only where its rows start off 32-byte sectors
     (``a_sectored`` / ``b_sectored`` False)::
 
-        time = T x MISALIGNED_SLOWDOWN[operands left off sectors]
+        time = T x misaligned_slowdown(tiles, operands left off sectors)
                + sum over copies (rows x K x elem_bytes x 2 / COPY_BYTES_PER_S + COPY_LAUNCH_US)
 
     with ``T`` the rule's choice on lined rows (``select_split``, ``estimated_us``). Either mode
@@ -629,7 +643,7 @@ def pad_operands(m: int, n: int, k: int, programs: int, device: torch.device, *,
     the product is as fast as reading B once, which a copy doubles). On the GPU only.
 
     Example: 16360x2560x7528 (bf16): both operands off sectors; copying B (2560 rows, 38.5 MB)
-    costs about 28 us against 1090 us for the GEMM, which it cut to 858 us (H200).
+    took 22 us and cut the GEMM from 1090 us to 860 us (H200, ``tools/align_probe.py``).
     """
     if device.type != "cuda" or skinny(m, device) is not None or (a_sectored and b_sectored):
         return False, False
@@ -640,13 +654,12 @@ def pad_operands(m: int, n: int, k: int, programs: int, device: torch.device, *,
     def copy_us(rows: int) -> float:
         return rows * k * elem_bytes * 2 / COPY_BYTES_PER_S * 1e6 + COPY_LAUNCH_US
 
-    best, best_t = (False, False), t * MISALIGNED_SLOWDOWN[(not a_sectored) + (not b_sectored)]
+    best, best_t = (False, False), t * misaligned_slowdown(c, not a_sectored, not b_sectored)
     bar = PAD_MARGIN * best_t
     for pad_a in (False,) if a_sectored else (False, True):
         for pad_b in (False,) if b_sectored else (False, True):
-            left = (not a_sectored and not pad_a) + (not b_sectored and not pad_b)
-            cost = (t * MISALIGNED_SLOWDOWN[left] + (copy_us(m) if pad_a else 0.0)
-                    + (copy_us(n) if pad_b else 0.0))
+            cost = (t * misaligned_slowdown(c, not (a_sectored or pad_a), not (b_sectored or pad_b))
+                    + (copy_us(m) if pad_a else 0.0) + (copy_us(n) if pad_b else 0.0))
             if (pad_a or pad_b) and cost < bar and cost < best_t:
                 best, best_t = (pad_a, pad_b), cost
     return best
