@@ -42,7 +42,8 @@ import random
 import torch
 
 from ..gemm import _core_configs as rules
-from ..gemm._core import GPU_CONFIGS, TileConfig, matmul, matmul_split, program_budget
+from ..gemm._core import (GPU_CONFIGS, TileConfig, matmul, matmul_config, matmul_split,
+                          program_budget)
 from ..runtime.virtual import launch
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
@@ -260,12 +261,11 @@ def _measure(group, cfg: BenchConfig, case: str, m: int, n: int, k: int, dtype: 
     else:  # the interpreter: plumbing only
         ours = time_spmd(group, lambda: matmul(a, b, deterministic=False), rounds=1, max_iters=1)
         base = time_spmd(group, lambda: torch.matmul(a, b), rounds=1, max_iters=1)
-    tiles, _ = rules.select_split(m, n, k, program_budget(group.device, None), group.device,
-                                  deterministic=False)
     return Result("gemm_sweep", case, 1, dtype_name, "triton persistent TMA", ours, "cuBLAS torch.matmul",
                   base, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model,
                   extra={"tflops": round(2 * m * n * k / ours / 1e6, 1), "rel_err": f"{err:.1e}",
-                         "config": tiles.name, "split_k": matmul_split(a, b)})
+                         "config": matmul_config(a, b, deterministic=False),
+                         "split_k": matmul_split(a, b, deterministic=False)})
 
 
 @register("gemm_sweep", help="GEMM core vs cuBLAS on 48 seeded shapes (M 128-16k, N 256-16k, K "

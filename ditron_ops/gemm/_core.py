@@ -638,17 +638,31 @@ def _plan(key, a, b, bias, out, cfg, det, split_k) -> _MatmulPlan:
     return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg, det, split_k))
 
 
-def matmul_split(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
-                 deterministic: Optional[bool] = None) -> int:
-    """The K slices ``matmul(a, b, out=out)`` runs the whole product in (1: unsplit, also
-    where only a partial last wave is sliced: the ``config`` name's ``/kt<S>``), from its plan
-    (built here when missing, as the call would): what ``bench gemm_sweep`` records as
-    ``split_k``."""
+def _plan_of(a, b, out, deterministic) -> "_MatmulPlan":
+    """The plan ``matmul(a, b, out=out)`` runs (built here when missing, as the call would)."""
     out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
     det = resolve_deterministic(deterministic)
     key = ("matmul", a.device, None, det, None, tensor_key(a), tensor_key(b), None,
            tensor_key(out))
-    return _plan(key, a, b, None, out, None, det, None).split
+    return _plan(key, a, b, None, out, None, det, None)
+
+
+def matmul_split(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
+                 deterministic: Optional[bool] = None) -> int:
+    """The K slices ``matmul(a, b, out=out)`` runs the whole product in (1: unsplit, also
+    where only a partial last wave is sliced: the ``config`` name's ``/kt<S>``), from its plan:
+    what ``bench gemm_sweep`` records as ``split_k``."""
+    return _plan_of(a, b, out, deterministic).split
+
+
+def matmul_config(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
+                  deterministic: Optional[bool] = None) -> str:
+    """The rule's candidate that ``matmul(a, b, out=out)`` runs, with ``+copyA`` / ``+copyB``
+    where its plan copies an operand's rows onto lines (``pad_operands``): what ``bench
+    gemm_sweep`` records as ``config``."""
+    plan = _plan_of(a, b, out, deterministic)
+    return plan.name + "".join(f"+copy{x}" for x, c in (("A", plan.a_copy), ("B", plan.b_copy))
+                               if c is not None)
 
 
 def _precompile(device: torch.device, dtypes: tuple) -> None:
