@@ -128,27 +128,58 @@ def test_select_split_keeps_narrow_tiles_to_lined_rows():
         rules.SHORT_K_CANDIDATE
 
 
+class _Doubling(RowPad):
+    """``RowPad`` whose copies hold twice the call's values: a product that shows them was
+    read from the copy, not from the call's tensor."""
+
+    def __call__(self, rows):
+        return super().__call__(rows).mul_(2)
+
+
 @pytest.mark.parametrize("pads", [(True, True), (True, False), (False, True)])
-def test_plan_copies_the_operands_the_rule_names(monkeypatch, pads):
-    """A plan whose rule says copy (patched: the rule pads on the GPU only) reads the copies:
-    integer inputs give the exact product for both B layouts, with bias, and the next call's
-    new values are copied again; the copies' rows start on lines."""
+def test_plan_reads_the_copies_the_rule_names(monkeypatch, pads):
+    """A plan whose rule says copy (patched: the rule pads on the GPU only) reads the copies it
+    makes each call (a copy holding doubled values doubles that operand in the product): for
+    both B layouts, with bias, A's rows 16 bytes off sectors; the next call's values are
+    copied again; the copies' rows start on lines."""
     monkeypatch.setattr(_core, "pad_operands", lambda *a, **k: pads)
+    monkeypatch.setattr(_core, "RowPad", _Doubling)
     monkeypatch.setattr(_core._MATMUL_PLANS, "cache", None, raising=False)  # (plans of other pads)
-    m, k, n = 40, 72, 24
+    m, k, n = 40, 64, 24
     for kn in (True, False):
-        a = _rows(m, k, 80)
-        b = _rows(k, n, 40, seed=1) if kn else _rows(n, k, 80, seed=1).t()
+        a = _rows(m, k, 72)                          # (144-byte pitch: off sectors)
+        b = _rows(k, n, 40, seed=1) if kn else _rows(n, k, 72, seed=1).t()
         bias = _ints(n, seed=2)
-        got = matmul(a, b, bias=bias, out=torch.empty(m, n))
-        plan = next(reversed(_core._MATMUL_PLANS.cache._plans.values()))
-        assert (plan.a_copy is not None, plan.b_copy is not None) == pads
-        for copy in (plan.a_copy, plan.b_copy):
-            if copy is not None:
-                assert copy.buf.stride(0) * 2 % LINE_BYTES == 0
-        assert torch.equal(got, a.float() @ b.float() + bias.float()), kn
-        a2, b2 = a * 2, b - 1
-        a.copy_(a2)
-        b.copy_(b2)
-        got = matmul(a, b, bias=bias, out=torch.empty(m, n))
-        assert torch.equal(got, a.float() @ b.float() + bias.float()), kn
+        for step in range(2):
+            got = matmul(a, b, bias=bias, out=torch.empty(m, n))
+            plan = next(reversed(_core._MATMUL_PLANS.cache._plans.values()))
+            assert (plan.a_copy is not None, plan.b_copy is not None) == pads
+            for copy in (plan.a_copy, plan.b_copy):
+                if copy is not None:
+                    assert copy.buf.stride(0) * 2 % LINE_BYTES == 0
+            want = ((a.float() * (2 if pads[0] else 1)) @ (b.float() * (2 if pads[1] else 1))
+                    + bias.float())
+            assert torch.equal(got, want), (kn, step)
+            a.copy_(a * 2)
+            b.copy_(b - 1)
+
+
+@pytest.mark.parametrize("pad_a", [False, True])
+def test_a_in_columns_is_read_as_given(monkeypatch, pad_a):
+    """A column-major A (``x.t()``: no descriptor over it, none over its transpose as A) is
+    copied into a plan buffer of rows, whatever the rule says about copies: the exact product;
+    plans of two views 16 bytes apart within a line are two plans."""
+    monkeypatch.setattr(_core, "pad_operands", lambda *a, **k: (pad_a, False))
+    monkeypatch.setattr(_core._MATMUL_PLANS, "cache", None, raising=False)
+    m, k, n = 40, 64, 24
+    a = _rows(k, m, m).t()
+    b = _rows(k, n, n, seed=1)
+    got = matmul(a, b, out=torch.empty(m, n))
+    assert torch.equal(got, a.float() @ b.float())
+    plan = next(reversed(_core._MATMUL_PLANS.cache._plans.values()))
+    assert plan.a_copy is None and plan.a_pad is not None
+    store = _rows(4, 2 * k, 2 * k)  # (256-byte pitch: rows on lines, then 16 bytes off them)
+    first, second = store[:, :k], store[:, 8:8 + k]
+    for view in (first, second):
+        matmul(view, b, out=torch.empty(4, n))
+    assert len(_core._MATMUL_PLANS.cache._plans) == 3

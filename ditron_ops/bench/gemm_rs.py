@@ -8,7 +8,10 @@ Cases (one run, one GPU)::
                 on the GEMM-RS local shapes [M, N/8] @ [N/8, K]; ``config`` names the tiles.
                 ``invariant-fp32out`` (GPU): the same times against cuBLAS writing fp32 too
                 (``torch.mm(out_dtype=)``), the part of the gap that is not the fp32 C bytes;
-                ``det_cost``: its time over the default mode's ``matmul`` (bf16 out), paired
+                ``det_cost``: its time over the default mode's ``matmul`` (bf16 out), paired;
+                ``invariant-bf16out``: the batch-invariant GEMM writing the input dtype (what
+                deterministic ``ag_gemm`` and ``matmul`` run) vs cuBLAS, paired in the same
+                rounds (``--only invariant``: these rows alone)
     present     gemm_rs fused at W=1 (start barrier, count out, flags, reduction in the epilogue)
                 vs our plain GEMM of the same shape: the fused path's own overhead
 
@@ -57,14 +60,22 @@ def _inputs(m, k, n, dtype, device, seed=0):
 
 def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
     """The one-rank cases: the batch-invariant GEMM vs cuBLAS, then ``present``."""
-    inv, inv32 = [], []
+    invariant(group, cfg, out)
+    present(group, cfg, out)
+
+
+def invariant(group, cfg: BenchConfig, out: list[Result]) -> None:
+    """``invariant`` rows (module docstring), their geo-mean rows; ``--only invariant`` runs
+    these alone."""
+    inv, inv32, inv16 = [], [], []
     for (k, n), models in _shapes(cfg.quick).items():
         for m in ((8, 64) if cfg.quick else _MS):
             a, b = _inputs(m, k, n, cfg.dtype, group.device)
             f32 = torch.empty(m, n, dtype=torch.float32, device=group.device)
             fns = {"ours": lambda: matmul(a, b, out=f32, deterministic=True),
                    "cublas": lambda: a @ b,
-                   "default": lambda: matmul(a, b, deterministic=False)}
+                   "default": lambda: matmul(a, b, deterministic=False),
+                   "ours16": lambda: matmul(a, b, deterministic=True)}
             if group.device.type == "cuda":  # (``mm.dtype`` has no CPU kernel)
                 fns["cublas32"] = lambda: torch.mm(a, b, out_dtype=torch.float32)
             times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
@@ -83,10 +94,17 @@ def _single(group, cfg: BenchConfig, out: list[Result]) -> None:
                                     "batch-invariant GEMM (fp32 out)", t_ours,
                                     "cuBLAS mm(out_dtype=fp32)", times["cublas32"], **fields))
                 out.append(inv32[-1])
+            tiles16, _ = select_split(m, n, k, program_budget(group.device, None), group.device,
+                                      deterministic=True, out_bytes=2)
+            inv16.append(Result("gemm_rs", f"invariant-bf16out M={m}", 1, cfg.dtype_name,
+                                f"batch-invariant GEMM ({cfg.dtype_name} out)", times["ours16"],
+                                "cuBLAS a @ b", t_cublas,
+                                **dict(fields, extra={"config": tiles16.name})))
+            out.append(inv16[-1])
     out.append(geo_mean_row(inv, "invariant"))
     if inv32:
         out.append(geo_mean_row(inv32, "invariant-fp32out"))
-    present(group, cfg, out)
+    out.append(geo_mean_row(inv16, "invariant-bf16out"))
 
 
 PRESENT_ROUNDS_FACTOR = 3
@@ -152,6 +170,9 @@ def run(cfg: BenchConfig) -> list[Result]:
     if cfg.device.type != "cuda":
         raise SystemExit("ditron.bench gemm_rs: needs a CUDA GPU (TMA GEMM)")
     out: list[Result] = []
+    if "invariant" in cfg.only:
+        launch(lambda g: invariant(g, cfg, out), 1, cfg.device)
+        return out
     launch(lambda g: _single(g, cfg, out), 1, cfg.device)
     for world in cfg.world_sizes:
         _virtual(cfg, out, world)

@@ -45,7 +45,8 @@ from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_SPLIT,  # noqa: F401
                             WIDE_CANDIDATES, pad_operands, rule_configs, select_config,
                             select_split, slices,
                             tail_tiles, tile_width)
-from ._pad import RowPad, off_sectors, padded_copy, read_rows, row_alignment, tma_ok
+from ._pad import (LINE_BYTES, RowPad, off_sectors, padded_copy, read_rows, row_alignment,
+                   tma_ok)
 from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
                             splitk_reduce_kernel, strip_gemm_kernel)
 
@@ -508,7 +509,7 @@ class _MatmulPlan:
     def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None):
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
         split, self.name = 1, "given"  # (the rule's candidate's name; benches print it)
-        a_rows, b_rows = read_rows(a), read_rows(b)
+        a_rows, b_rows = (a if tma_ok(a) else None), read_rows(b)  # (A has no transposed read)
         pad_a = pad_b = False
         if cfg is None:
             programs = program_budget(a.device, None)
@@ -516,6 +517,8 @@ class _MatmulPlan:
                 m, n, k, programs, a.device, deterministic=deterministic,
                 out_bytes=out.element_size(), a_sectored=not off_sectors(a_rows),
                 b_sectored=not off_sectors(b_rows), elem_bytes=a.element_size())
+            pad_a &= a_rows is not None  # (rows no descriptor reads: ``padded_copy`` below)
+            pad_b &= b_rows is not None
             lined = ((pad_a or row_alignment(a_rows) == 128)
                      and (pad_b or row_alignment(b_rows) == 128))
             chosen, split = select_split(m, n, k, programs, a.device,
@@ -605,7 +608,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     Notes
     -----
     The core the benchmarks compare with cuBLAS. Plans are cached per (shapes, strides, dtypes,
-    alignment, configuration, mode, split): a repeated call selects and compiles nothing; a new
+    16-byte alignment, where A's and B's rows start in a 128-byte line, configuration, mode,
+    split): a repeated call selects and compiles nothing; a new
     plan during CUDA-graph capture raises. A split plan owns its fp32 partials (``SplitKGemm``);
     its result differs from the unsplit one by fp32 rounding (the same bits run to run).
     """
@@ -625,9 +629,20 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         raise ValueError(f"ditron.matmul: tail_slices={cfg.tail_slices} in deterministic mode; "
                          "it never splits K (a fixed K order per element keeps rows batch "
                          "invariant)")
-    key = ("matmul", a.device, cfg, det, split_k, tensor_key(a), tensor_key(b),
-           tensor_key(bias), tensor_key(out))
-    return _plan(key, a, b, bias, out, cfg, det, split_k).run(a, b, bias, out)
+    return _plan(_matmul_key(a, b, bias, out, cfg, det, split_k), a, b, bias, out, cfg, det,
+                 split_k).run(a, b, bias, out)
+
+
+def _matmul_key(a, b, bias, out, cfg, det, split_k) -> tuple:
+    """A ``matmul`` plan's key: the tensors' ``tensor_key`` and where A's and B's rows start
+    within a 128-byte line (``pad_operands`` and ``select_split(lined=)`` read it: views of
+    one layout 16 bytes apart get plans of their own)."""
+    e = a.element_size()
+    b_pitch = b.stride(0) if b.stride(1) == 1 else b.stride(1)
+    lines = ((a.data_ptr() | a.stride(0) * e) & (LINE_BYTES - 1),
+             (b.data_ptr() | b_pitch * e) & (LINE_BYTES - 1))
+    return ("matmul", a.device, cfg, det, split_k, tensor_key(a), tensor_key(b),
+            tensor_key(bias), tensor_key(out), lines)
 
 
 def _plan(key, a, b, bias, out, cfg, det, split_k) -> _MatmulPlan:
@@ -642,9 +657,7 @@ def _plan_of(a, b, out, deterministic) -> "_MatmulPlan":
     """The plan ``matmul(a, b, out=out)`` runs (built here when missing, as the call would)."""
     out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
     det = resolve_deterministic(deterministic)
-    key = ("matmul", a.device, None, det, None, tensor_key(a), tensor_key(b), None,
-           tensor_key(out))
-    return _plan(key, a, b, None, out, None, det, None)
+    return _plan(_matmul_key(a, b, None, out, None, det, None), a, b, None, out, None, det, None)
 
 
 def matmul_split(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,

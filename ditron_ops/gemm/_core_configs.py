@@ -546,7 +546,9 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
     lined : bool, optional
         Whether both operands' rows start on 128-byte lines as the GEMM reads them (after
         ``pad_operands``' copies; ``short_k`` and ``sliced_tail``); default: K a multiple of 64
-        (2-byte rows of whole lines, the bases on lines as fresh tensors are).
+        (A's rows and a weight's ``w.t()``'s of whole 2-byte lines, the bases on lines as
+        fresh tensors are; a row-major ``[K, N]`` B's rows are N long: ``matmul`` passes what
+        its operands say).
 
     Returns
     -------

@@ -76,3 +76,18 @@ def test_copies_replay_from_a_cuda_graph_and_keep_deterministic_bits():
     lined = w.new_empty(n, -(-k // 64) * 64)[:, :k].copy_(w)
     assert row_alignment(read_rows(lined.t())) == 128
     assert torch.equal(det, matmul(a, lined.t(), deterministic=True))
+
+
+def test_deterministic_rows_do_not_depend_on_copies_or_m():
+    """Deterministic mode with the rule's copies (B copied at the full M): the rows of calls on
+    row slices of A (views starting off lines; M 1, 17, 255, where other tiles and no copies
+    run) are bitwise the full call's rows."""
+    m, n, k = SHAPES[0]
+    gen = torch.Generator(device="cpu").manual_seed(6)
+    a = torch.randn(m, k, generator=gen).to(dtype=torch.bfloat16, device=DEV)
+    b = torch.randn(n, k, generator=gen).to(dtype=torch.bfloat16, device=DEV).t()
+    full = matmul(a, b, deterministic=True)
+    assert _plan().b_copy is not None
+    for lo, rows in ((3, 17), (1000, 255), (77, 1)):
+        part = matmul(a[lo:lo + rows], b, deterministic=True)
+        assert torch.equal(part, full[lo:lo + rows]), (lo, rows)
