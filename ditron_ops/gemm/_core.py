@@ -510,17 +510,21 @@ class _MatmulPlan:
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
         split, self.name = 1, "given"  # (the rule's candidate's name; benches print it)
         a_rows, b_rows = (a if tma_ok(a) else None), read_rows(b)  # (A has no transposed read)
+        # Rows of K elements (A's; B's when given as a weight's ``w.t()``) are what
+        # ``pad_operands`` weighs: a row-major [K, N] B's 512-byte box rows straddle one line
+        # more, not twice as many, and were never measured slower (None: as on lines).
+        b_k = None if b_rows is b else b_rows
         pad_a = pad_b = False
         if cfg is None:
             programs = program_budget(a.device, None)
             pad_a, pad_b = pad_operands(
                 m, n, k, programs, a.device, deterministic=deterministic,
                 out_bytes=out.element_size(), a_sectored=not off_sectors(a_rows),
-                b_sectored=not off_sectors(b_rows), elem_bytes=a.element_size())
+                b_sectored=not off_sectors(b_k), elem_bytes=a.element_size())
             pad_a &= a_rows is not None  # (rows no descriptor reads: ``padded_copy`` below)
-            pad_b &= b_rows is not None
+            pad_b &= b_k is not None
             lined = ((pad_a or row_alignment(a_rows) == 128)
-                     and (pad_b or row_alignment(b_rows) == 128))
+                     and (pad_b or row_alignment(b_k) == 128))
             chosen, split = select_split(m, n, k, programs, a.device,
                                          deterministic=deterministic, split=split_k,
                                          out_bytes=out.element_size(), lined=lined)
@@ -529,11 +533,10 @@ class _MatmulPlan:
             split = slices(k, cfg.block_k, split_k)[0]
         self.a_copy = RowPad(a_rows) if pad_a else None
         self.a_pad = None if a_rows is not None else padded_copy(a)
-        self.b_copy = RowPad(b_rows) if pad_b else None
-        self.b_kn = b_rows is b
+        self.b_copy = RowPad(b_k) if pad_b else None
         a_ex = self.a_copy.buf if pad_a else a if self.a_pad is None else self.a_pad
         a_varies = a_ex is a
-        self.b_ex = None if not pad_b else self.b_copy.buf if self.b_kn else self.b_copy.buf.t()
+        self.b_ex = self.b_copy.buf.t() if pad_b else None
         b = b if self.b_ex is None else self.b_ex
         a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
                                   [cfg.block_m, cfg.block_k])
@@ -562,7 +565,7 @@ class _MatmulPlan:
             self.a_pad.copy_(a)
             a = None
         if self.b_copy is not None:
-            self.b_copy(b if self.b_kn else b.t())
+            self.b_copy(b.t())
             b = self.b_ex
         return self.core.run(a, b, out, bias)
 

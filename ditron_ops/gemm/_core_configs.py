@@ -634,8 +634,9 @@ def pad_operands(m: int, n: int, k: int, programs: int, device: torch.device, *,
                  elem_bytes: int = 2) -> tuple[bool, bool]:
     """Whether the plain ``matmul`` copies A's and B's rows onto 128-byte lines before the GEMM
     (``_pad.RowPad``): the set of copies of least modelled time, where under ``PAD_MARGIN`` of
-    none. An operand is a candidate only where its rows start off 32-byte sectors
-    (``a_sectored`` / ``b_sectored`` False)::
+    none. An operand is a candidate only where its K-long rows (A's; B's given as a weight's
+    ``w.t()``, the layout measured) start off 32-byte sectors (``a_sectored`` / ``b_sectored``
+    False; ``matmul`` passes a row-major ``[K, N]`` B as on sectors)::
 
         time = T x misaligned_slowdown(tiles, operands left off sectors)
                + sum over copies (rows x K x elem_bytes x 2 / COPY_BYTES_PER_S + COPY_LAUNCH_US)

@@ -1,10 +1,10 @@
 """Operand rows the GEMM kernels can read: TMA-ready copies, and rows moved onto 128-byte lines.
 
 A TMA descriptor needs a row-major operand with 16-byte aligned rows (``tma_ok``); anything else
-is copied once per call into a buffer of the plan (``padded_copy``). Rows that TMA can read but
-that start off 128-byte lines (bf16 with K 8 past a multiple of 16: every 128-byte row of a
-``BLOCK_K = 64`` box then straddles two lines and five 32-byte sectors) slow every tile
-configuration (``_core_configs.MISALIGNED_SLOWDOWN``); where the rule says a copy costs less
+is copied once per call into a buffer of the plan (``padded_copy``). K-long rows (A's, and a
+weight's ``w.t()``) that TMA can read but that start off 128-byte lines (bf16 with K 8 past a
+multiple of 16: every 128-byte row of a ``BLOCK_K = 64`` box then straddles two lines and five
+32-byte sectors) slow every tile configuration (``_core_configs.MISALIGNED_SLOWDOWN``); where the rule says a copy costs less
 than it saves (``_core_configs.pad_operands``), ``RowPad`` copies the call's rows into a buffer
 whose rows start on lines (``pad_rows_kernel``) and the GEMM reads that.
 """

@@ -94,15 +94,20 @@ def test_split_replays_from_a_cuda_graph():
 
 
 def test_short_k_pairs_run_two_programs_per_sm_and_are_exact():
-    """A short-K, many-wave shape (M and N off the tiles, K off BLOCK_K): the default mode's
-    plain ``matmul`` runs ``SHORT_K_CANDIDATE`` (the rule's pick) on a grid of two programs
-    per SM, with and without bias, B as ``[K, N]`` and as
-    ``w.t()``, equal to the exact product rounded once, in deterministic mode too; an fp32 C
-    keeps ``select``'s tiles; a CUDA-graph replay gives the same bits."""
+    """A short-K, many-wave shape (M and N off the tiles, K = 1024: A's and ``w.t()``'s rows on
+    128-byte lines): the default mode's plain ``matmul`` runs ``SHORT_K_CANDIDATE`` (the
+    rule's pick) on a grid of two programs per SM, with and without bias, B as ``[K, N]`` and
+    as ``w.t()``, equal to the exact product rounded once, in deterministic mode too; an fp32
+    C keeps ``select``'s tiles; a CUDA-graph replay gives the same bits. With K = 1000 (rows
+    off lines: the rule leaves the pairs out) the pairs forced are exact too."""
     budget = program_budget(DEV, None)
-    m, n, k = 128 * 12 + 40, 256 * (-(-2 * budget // 13)) + 72, 1000
+    m, n, k = 128 * 12 + 40, 256 * (-(-2 * budget // 13)) + 72, 1024
     cand = rules.SHORT_K_CANDIDATE
     assert rules.select_split(m, n, k, budget, DEV, deterministic=False) == (cand, 1)
+    assert rules.select_split(m, n, 1000, budget, DEV, deterministic=False)[0] != cand
+    a_off, b_off = _ints(m, 1000, seed=1), _ints(n, 1000, seed=2).t()
+    assert torch.equal(matmul(a_off, b_off, cfg=cand.cfg, deterministic=False),
+                       (a_off.double() @ b_off.double()).to(torch.bfloat16))
     a, bias = _ints(m, k, seed=1), _ints(n, seed=3)
     for layout, with_bias, b, want in integer_cases(a, bias, k, n):
         got = matmul(a, b, bias=bias if with_bias else None, deterministic=False)
