@@ -12,7 +12,6 @@ Usage (GPU machine): ``python tools/align_probe.py --csv out.csv`` (``--shapes M
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 import torch
@@ -23,7 +22,7 @@ from ditron_ops.gemm import _core_configs as rules
 from ditron_ops.gemm._core import _MATMUL_PLANS, matmul, program_budget
 from ditron_ops.gemm._pad import RowPad
 from ditron_ops.runtime.virtual import launch
-from invariant_configs import write_csv  # (tools/ is the script's folder)
+from invariant_configs import print_gains, write_csv  # (tools/ is the script's folder)
 
 SEEDS = range(301, 340)
 """Seeds of the drawn shapes beside the sweep's own (``gemm_sweep.SEED``)."""
@@ -110,11 +109,8 @@ def main() -> int:
                        rule_us=round(t["rule"], 2), rule_pad_us=round(t["rule_pad"], 2))
             rows.append(row)
             print(row, flush=True)
-        gains = [r["gain"] for r in rows if r["pads"] != "-"]
-        if gains:
-            print(f"align_probe: {len(gains)} of {len(rows)} shapes copied, geo-mean gain "
-                  f"{math.exp(sum(map(math.log, gains)) / len(gains)):.3f}, "
-                  f"{sum(g < 1 for g in gains)} slower", flush=True)
+        print_gains("align_probe, copied", [r["gain"] for r in rows if r["pads"] != "-"],
+                    f" of {len(rows)}")
         return True
 
     launch(body, 1)

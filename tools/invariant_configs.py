@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 
 import torch
@@ -78,6 +79,14 @@ def write_csv(rows: list[dict], path) -> None:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
+
+
+def print_gains(tool: str, gains: list[float], of: str = "") -> None:
+    """One line: how many ``gains`` (time before / after), their geo-mean, how many below 1."""
+    if gains:
+        print(f"{tool}: {len(gains)}{of} shapes, geo-mean gain "
+              f"{math.exp(sum(map(math.log, gains)) / len(gains)):.3f}, "
+              f"{sum(g < 1 for g in gains)} slower", flush=True)
 
 
 def finish(rows: list[dict], path, reference: str) -> int:

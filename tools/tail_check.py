@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 
 import torch
@@ -25,7 +24,7 @@ from ditron_ops.bench.harness import paired_graph_times, warm_gpu
 from ditron_ops.gemm import _core_configs as rules
 from ditron_ops.gemm._core import matmul, program_budget
 from ditron_ops.runtime.virtual import launch
-from invariant_configs import write_csv  # (tools/ is the script's folder)
+from invariant_configs import print_gains, write_csv  # (tools/ is the script's folder)
 
 SEEDS = range(101, 140)
 """Seeds of the drawn shapes (the sweep's own is ``gemm_sweep.SEED`` = 20)."""
@@ -93,11 +92,7 @@ def main() -> int:
                        **{name: round(times["cublas"] / times[name], 4) for name in forced})
             rows.append(row)
             print(row, flush=True)
-        gains = [r["gain"] for r in rows]
-        if gains:
-            print(f"tail_check: {len(gains)} shapes, geo-mean gain "
-                  f"{math.exp(sum(map(math.log, gains)) / len(gains)):.3f}, "
-                  f"{sum(g < 1 for g in gains)} slower", flush=True)
+        print_gains("tail_check", [r["gain"] for r in rows])
         return True
 
     launch(body, 1)
