@@ -125,10 +125,9 @@ def test_rule_on_the_sweep_shapes_it_should_shorten():
     def rule(m, n, k, p=132, det=False, out_bytes=2):
         return rules.select_split(m, n, k, p, CUDA, deterministic=det, out_bytes=out_bytes)
 
-    cand, s = rule(10520, 2048, 15936)  # (249 K steps: in ``long_k_order``'s tile order)
-    assert (cand.name, s) == ("128x256x64/s4/kt8/g32", 1)
-    assert cand.cfg == dataclasses.replace(rules.SLICED_TAIL_MAIN.cfg, tail_slices=8,
-                                           group_m=rules.LONG_K_GROUP_M)
+    cand, s = rule(10520, 2048, 15936)
+    assert (cand.name, s) == ("128x256x64/s4/kt8", 1)
+    assert cand.cfg == dataclasses.replace(rules.SLICED_TAIL_MAIN.cfg, tail_slices=8)
     for det, out_bytes in ((True, 2), (False, 4)):  # batch invariance; the 2-byte C's stages
         assert rule(10520, 2048, 15936, det=det, out_bytes=out_bytes)[0].cfg.tail_slices == 0
     assert rule(8448, 4224, 8192)[0].cfg.tail_slices == 0  # 66 x 17 = 1122 = 8.5 waves: halves
@@ -149,8 +148,7 @@ def test_rule_on_the_sweep_shapes_it_should_shorten():
 
 def test_rule_properties():
     """Wherever the rule slices a tail: default mode, one of ``select``'s candidates' tiles
-    (128x256 as ``SLICED_TAIL_MAIN``; over ``LONG_K_STEPS`` K steps in groups of
-    ``LONG_K_GROUP_M`` tile rows), one whole wave of them or more and a partial one, 2 to
+    (128x256 as ``SLICED_TAIL_MAIN``), one whole wave of them or more and a partial one, 2 to
     ``MAX_SPLIT`` slices of at least ``MIN_SLICE_STEPS`` steps, the half-tile tail off; never
     in deterministic mode."""
     sliced, kinds = 0, set()
@@ -167,9 +165,6 @@ def test_rule_properties():
         assert s == 1 and tiles >= p and tiles % p, (m, n, k, p)
         assert 2 <= cfg.tail_slices == used <= rules.MAX_SPLIT and steps >= rules.MIN_SLICE_STEPS
         bases = [c.cfg for c in rules.GPU_CANDIDATES[1:]] + [rules.SLICED_TAIL_MAIN.cfg]
-        assert dataclasses.replace(cfg, tail_slices=0, group_m=8) in bases, cfg
-        long_k = (cfg.block_n == 256 and -(-k // 64) >= rules.LONG_K_STEPS
-                  and tiles >= rules.LONG_K_MIN_WAVES * p)
-        assert cfg.group_m == (rules.LONG_K_GROUP_M if long_k else 8), (m, n, k, p)
+        assert dataclasses.replace(cfg, tail_slices=0) in bases, cfg
         kinds.add(cfg.block_n)
     assert sliced > 10 and kinds == {128, 256}

@@ -2,7 +2,6 @@
 ``_core_configs.select_split``). In the interpreter (one program) the rule never splits, so the
 kernels run with ``split_k`` forced; the rule is tested as a pure function on the GPU's
 candidates. Deterministic mode and the fused ops never split."""
-import dataclasses
 import importlib.util
 import itertools
 import os
@@ -126,8 +125,7 @@ BUDGETS = (1, 33, 66, 132)
 
 def test_deterministic_mode_never_splits():
     """The rule: deterministic mode gets ``select``'s tiles (the skinny ones at small M on the
-    GPU, ``narrow``'s weighed too; the two-program tiles where ``short_k`` says, the 128x256
-    ones in ``long_k_order``'s tile order where it says) unsplit on
+    GPU, ``narrow``'s weighed too; the two-program tiles where ``short_k`` says) unsplit on
     every shape and budget, forced or not; ``matmul`` refuses a forced split there (argument
     or context)."""
     for device, (m, n, k, p) in itertools.product(
@@ -135,7 +133,7 @@ def test_deterministic_mode_never_splits():
         want = rules.skinny(m, device) or rules.select(m, n, p, device, deterministic=True,
                                                         extra=rules.narrow(m, device, True))
         short = (rules.SHORT_K_CANDIDATE if rules.short_k(want, m, n, k, p, device, 2, k % 64 == 0)
-                 else rules.long_k_order(want, m, n, k, p, 2))
+                 else want)
         assert rules.select_split(m, n, k, p, device, deterministic=True) == (short, 1)
         assert rules.select_split(m, n, k, p, device, deterministic=True, split=8) == (want, 1)
         assert rules.split_options(m, n, k, p, device, deterministic=True) == []
@@ -155,8 +153,7 @@ def test_deterministic_mode_never_splits():
 def test_rule_properties_on_the_gpu_candidates():
     """Default mode on the GPU's candidates: an unsplit choice is ``select``'s with ``wide``'s
     tiles (the two-program tiles where ``short_k`` says, its last wave in K slices where
-    ``sliced_tail`` says, the 128x256 tiles' order where ``long_k_order`` says), the skinny
-    tiles' at M <= 32; a
+    ``sliced_tail`` says), the skinny tiles' at M <= 32; a
     split only for tiles under one wave, 2 to ``MAX_SPLIT`` slices of at least
     ``MIN_SLICE_STEPS`` steps, when the model predicts it faster; the same answer every time."""
     splits = 0
@@ -171,8 +168,7 @@ def test_rule_properties_on_the_gpu_candidates():
             if cand.cfg.tail_slices:
                 assert not short and cand.cfg.tail_slices >= 2, (m, n, k, p)
                 continue
-            assert cand == (rules.SHORT_K_CANDIDATE if short
-                            else rules.long_k_order(first, m, n, k, p, 2)), (m, n, k, p)
+            assert cand == (rules.SHORT_K_CANDIDATE if short else first), (m, n, k, p)
             continue
         splits += 1
         tiles = -(-m // cand.cfg.block_m) * -(-n // cand.cfg.block_n)
@@ -341,24 +337,3 @@ def test_fit_tool_fits_the_split_constants_to_sweep_rows(monkeypatch, tmp_path):
     got = tool.fit_split_sweep(points)
     for key, want in truth.items():
         assert abs(got[key] - want) < 1e-3 * want, (key, got[key], want)
-
-
-def test_long_k_order():
-    """The 128x256 tiles run in groups of ``LONG_K_GROUP_M`` tile rows over ``LONG_K_STEPS`` K
-    steps and two waves (784x14336x9280: 392 tiles, 145 steps; measured 0.885x -> 0.961x
-    cuBLAS), not at 64 steps (8192x1376x4096 lost 7%), under two waves, with an fp32 C or
-    for other tiles; ``select_split`` applies it in either mode (the order changes no bit),
-    never to a forced slice count."""
-    big, g = rules.GPU_CANDIDATES[0], rules.LONG_K_GROUP_M
-    got = rules.long_k_order(big, 784, 14336, 9280, 132, 2)
-    assert got.name == f"{big.name}/g{g}" and got.cfg == dataclasses.replace(big.cfg, group_m=g)
-    for args in ((8192, 1376, 4096, 132, 2), (2048, 4096, 9280, 132, 2),
-                 (784, 14336, 9280, 132, 4)):
-        assert rules.long_k_order(big, *args) is big, args
-    for other in rules.GPU_CANDIDATES[1:] + (rules.SHORT_K_CANDIDATE,) + rules.WIDE_CANDIDATES:
-        assert rules.long_k_order(other, 784, 14336, 9280, 132, 2) is other
-    for det in (False, True):
-        cand, s = rules.select_split(784, 14336, 9280, 132, CUDA, deterministic=det)
-        assert s == 1 and cand.cfg.group_m == g, det
-    assert rules.select_split(784, 14336, 9280, 132, CUDA, deterministic=False,
-                              split=1)[0].cfg.group_m == 8

@@ -39,8 +39,8 @@ from ..runtime.group import Group, op_id, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import register_precompile
-from ._core_configs import (GPU_CANDIDATES, GPU_CONFIG, GPU_CONFIGS,  # noqa: F401
-                            LONG_K_GROUP_M, MAX_SPLIT, NARROW_CANDIDATES, SHORT_K_CANDIDATE, SKINNY_CANDIDATES,
+from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_SPLIT,  # noqa: F401
+                            NARROW_CANDIDATES, SHORT_K_CANDIDATE, SKINNY_CANDIDATES,
                             SLICED_TAIL_MAIN, TileConfig,
                             WIDE_CANDIDATES, pad_operands, rule_configs, select_config,
                             select_split, slices,
@@ -704,15 +704,11 @@ def precompile_plain_only(device: torch.device, dtypes: tuple) -> None:
     bf16, B ``[K, N]`` and ``[N, K]``, out in the dtype and in fp32 (deterministic mode's
     products); ``SHORT_K_CANDIDATE``, the wide candidates' ``StripGemm`` and the sliced tail's
     unsplit launch (``SLICED_TAIL_MAIN``; out in the dtype only: ``short_k``, ``wide``,
-    ``sliced_tail``; its split launches are ``_precompile``'s), both 128x256 launches again in
-    ``long_k_order``'s tile order (with its sliced tail's split launches), and ``RowPad``'s
-    copy.
+    ``sliced_tail``; its split launches are ``_precompile``'s), and ``RowPad``'s copy.
     ``tools/sm90_compile.py`` calls it with a CPU device."""
     wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
     sig, offsets, claim, record = _dummies(device)
-    long_k = tuple(dataclasses.replace(c, cfg=dataclasses.replace(c.cfg, group_m=LONG_K_GROUP_M))
-                   for c in (GPU_CANDIDATES[0], SLICED_TAIL_MAIN))  # (``long_k_order``'s)
-    two_bytes = (SHORT_K_CANDIDATE, SLICED_TAIL_MAIN) + WIDE_CANDIDATES + long_k  # (2-byte C only)
+    two_bytes = (SHORT_K_CANDIDATE, SLICED_TAIL_MAIN) + WIDE_CANDIDATES  # (2-byte C only)
     plain = SKINNY_CANDIDATES + NARROW_CANDIDATES + two_bytes
     for cand, dtype in itertools.product(plain, wanted):
         cfg = cand.cfg
@@ -732,11 +728,6 @@ def precompile_plain_only(device: torch.device, dtypes: tuple) -> None:
                              cfg=cfg, a_varies=True)
     for dtype in wanted:
         RowPad(torch.ones(8, 264, dtype=dtype, device=device))
-        a = torch.ones(128, 256, dtype=dtype, device=device)
-        a_desc = TensorDescriptor(a, [128, 256], [256, 1], [128, 64])
-        for b in (a.new_ones(256, 256), a.new_ones(256, 256).t()):  # (a long-K sliced tail's)
-            SplitKGemm(a_desc, b, torch.empty(128, 256, dtype=dtype, device=device), None, m=128,
-                       cfg=long_k[1].cfg, split=2, a_varies=True)
 
 
 register_precompile("matmul", _precompile, ("matmul",))

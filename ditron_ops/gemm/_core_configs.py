@@ -513,35 +513,6 @@ def sliced_tail(first: Candidate, m: int, n: int, k: int, programs: int, device:
                      False)
 
 
-LONG_K_GROUP_M = 32
-"""``GROUP_M`` (tile rows a group of the persistent grid's order spans) of the 128x256 tiles in
-the plain ``matmul`` over ``LONG_K_STEPS`` K steps and ``LONG_K_MIN_WAVES`` waves or more
-(``long_k_order``; 8 elsewhere). Why: over long K, groups of 32 tile rows ran 2-9% faster than
-8 on 10 of the 12 such sweep and model shapes (``tools/group_probe.py``; benchmarks/NOTES.md,
-GEMM core, "GROUP_M on the many-wave shapes"), while at 64 steps and fewer it lost up to 7%.
-The order of the tiles changes no row's bits, so either mode."""
-LONG_K_STEPS = 70
-"""Fewest ``BLOCK_K`` steps at which ``long_k_order`` applies."""
-LONG_K_MIN_WAVES = 2
-"""Fewest waves of 128x256 tiles at which ``long_k_order`` applies (the shapes measured)."""
-
-
-def long_k_order(c: Candidate, m: int, n: int, k: int, programs: int,
-                 out_bytes: int) -> Candidate:
-    """``c`` with ``GROUP_M`` = ``LONG_K_GROUP_M`` where it is the plain ``matmul``'s 128x256
-    tiles (unsplit, or with a sliced tail) with a 2-byte C, at least ``LONG_K_STEPS`` K steps
-    and ``LONG_K_MIN_WAVES`` waves; else ``c``."""
-    cfg = c.cfg
-    if (cfg.block_m, cfg.block_n, cfg.strip, cfg.ctas_per_sm, cfg.swap_ab) != (128, 256, 0, 1, False):
-        return c
-    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    if (out_bytes != 2 or -(-k // cfg.block_k) < LONG_K_STEPS
-            or tiles < LONG_K_MIN_WAVES * programs):
-        return c
-    return dataclasses.replace(c, name=f"{c.name}/g{LONG_K_GROUP_M}",
-                               cfg=dataclasses.replace(cfg, group_m=LONG_K_GROUP_M))
-
-
 def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
                  deterministic: bool, split: int | None = None,
                  out_bytes: int = 2, lined: Optional[bool] = None) -> tuple[Candidate, int]:
@@ -583,20 +554,8 @@ def select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
     -------
     tuple of (Candidate, int)
         The candidate and the slices to run (1: the unsplit persistent GEMM, or with
-        ``cfg.tail_slices`` its whole waves unsplit and the last in K slices); the rule's own
-        unsplit 128x256 tiles in ``long_k_order``'s tile order.
+        ``cfg.tail_slices`` its whole waves unsplit and the last in K slices).
     """
-    c, s = _select_split(m, n, k, programs, device, deterministic=deterministic, split=split,
-                         out_bytes=out_bytes, lined=lined)
-    if split is None and s == 1:
-        c = long_k_order(c, m, n, k, programs, out_bytes)
-    return c, s
-
-
-def _select_split(m: int, n: int, k: int, programs: int, device: torch.device, *,
-                  deterministic: bool, split: int | None, out_bytes: int,
-                  lined: Optional[bool]) -> tuple[Candidate, int]:
-    """``select_split`` before ``long_k_order``."""
     thin = skinny(m, device)
     if thin is not None and (deterministic or split is None or split == 1):
         return thin, 1

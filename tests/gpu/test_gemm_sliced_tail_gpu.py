@@ -96,22 +96,3 @@ def test_sliced_tail_replays_from_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, matmul(a, b, deterministic=False))
-
-
-def test_long_k_order_is_exact_and_changes_no_bit():
-    """Over ``LONG_K_STEPS`` K steps and two waves of 128x256 tiles the rule orders the tiles in
-    groups of ``LONG_K_GROUP_M`` tile rows (``long_k_order``), its whole waves and its last one
-    (sliced or as half tiles): integer inputs give the exact product rounded once, both B
-    layouts, with and without bias, and the bits of the same tiles in groups of 8."""
-    budget = program_budget(DEV, None)
-    m, n, k = 128 * (2 * budget // 8 + 1) - 40, 256 * 8 - 24, 64 * rules.LONG_K_STEPS + 40
-    cand, s = rules.select_split(m, n, k, budget, DEV, deterministic=False)
-    assert s == 1 and cand.cfg.group_m == rules.LONG_K_GROUP_M, cand
-    a, bias = _ints(m, k, seed=1), _ints(n, seed=3)
-    for layout, with_bias, b, want in integer_cases(a, bias, k, n):
-        got = matmul(a, b, bias=bias if with_bias else None, deterministic=False)
-        assert _plan().core.cfg.group_m == rules.LONG_K_GROUP_M
-        assert torch.equal(got, want.to(torch.bfloat16)), (layout, with_bias)
-        eight = matmul(a, b, bias=bias if with_bias else None, deterministic=False,
-                       cfg=dataclasses.replace(cand.cfg, group_m=8))
-        assert torch.equal(got, eight), (layout, with_bias)
