@@ -13,6 +13,8 @@ import contextlib
 
 import torch
 
+from .runtime.tracing import tracing
+
 lib = torch.library.Library("ditron", "DEF")
 _NO_SCOPE = contextlib.nullcontext()
 
@@ -31,7 +33,7 @@ def autograd_scope(*tensors):
     input needs a gradient, else nothing. Skipping the layer is what its own no-grad path does
     after two Python frames and a redispatch (about 10 µs of the H200 machine's CPU per call);
     under torch.compile the op is traced as it is."""
-    if torch.compiler.is_compiling():
+    if tracing():
         return _NO_SCOPE
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return _NO_SCOPE
@@ -44,7 +46,7 @@ def direct(*tensors) -> bool:
     modes, user modes see the op as usual), plain tensors, and no gradient to record. The
     implementation is the function the dispatcher would call; skipping the dispatch saves its
     argument boxing and the Python re-entry (about 5 µs of the H200 machine's CPU per call)."""
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+    if (tracing() or torch._C._len_torch_dispatch_stack()
             or torch._C._is_torch_function_mode_enabled()):
         return False
     grad = torch.is_grad_enabled()

@@ -18,6 +18,9 @@ def check_tensor(op: str, name: str, t, group: Group, dtypes: Iterable[torch.dty
         allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"ditron.{op}: {name} has dtype {str(t.dtype).replace('torch.', '')}; "
                         f"expected one of {allowed}")
+    if t.is_meta:  # (False for torch.compile's fake tensors: they report the device they stand for)
+        raise ValueError(f"ditron.{op}: {name} is on the meta device (no data); pass a tensor on "
+                         f"{group.device}, where rank {group.rank} of {group.group_name!r} runs")
     if t.get_device() != group.device_index:
         raise ValueError(f"ditron.{op}: {name} is on {t.device} but rank {group.rank} of "
                          f"{group.group_name!r} runs on {group.device}")

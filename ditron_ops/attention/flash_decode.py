@@ -16,9 +16,10 @@ from ..language.barrier import start_barrier_kernel
 from ..deterministic import resolve_deterministic
 from ..errors import DitronInputError
 from ..runtime.agreement import agree
-from ..runtime.group import Group, current_group, op_id, resolve_group, sm_count
+from ..runtime.group import Group, call_group, op_id, resolve_group, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import call_key, tensor_key
+from ..runtime.tracing import tracing
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._flash_decode_kernels import chunk_combine_kernel, decode_merge_kernel, split_kv_kernel
 
@@ -79,17 +80,17 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     >>> ditron_ops.launch(body, 2)[0]
     [1.5, 1.5]
     """
-    group = current_group(group)
+    group, name = call_group(group)
     flag = resolve_deterministic(deterministic)
     key = call_key("flash_decode", q, k_cache, v_cache, kv_lens, flag)
     d = memo(group, key, lambda: _validate(group, q, k_cache, v_cache, kv_lens, flag))
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    if kv_lens.device.type == "cpu" and not torch.compiler.is_compiling():
+    if kv_lens.device.type == "cpu" and not tracing():
         _check_lens(group, kv_lens, k_cache.shape[1])  # on the host: free (device: the kernel's)
     if direct(q, k_cache, v_cache, kv_lens):  # the plan key reuses the memo key's tensor keys
-        return _impl(q, k_cache, v_cache, kv_lens, group.group_name, scale, flag,
+        return _impl(q, k_cache, v_cache, kv_lens, name, scale, flag,
                      tensor_keys=None if key is None else key[1:5])
-    return torch.ops.ditron.flash_decode(q, k_cache, v_cache, kv_lens, group.group_name, scale, flag)
+    return torch.ops.ditron.flash_decode(q, k_cache, v_cache, kv_lens, name, scale, flag)
 
 
 def _validate(group: Group, q, k_cache, v_cache, kv_lens, deterministic: bool) -> int:

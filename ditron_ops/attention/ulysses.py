@@ -22,7 +22,7 @@ from .._validation import check_tensor
 from ..collectives import all_to_all
 from ..deterministic import resolve_deterministic
 from ..runtime.agreement import agree
-from ..runtime.group import Group, current_group, op_id, resolve_group, sm_count
+from ..runtime.group import Group, call_group, op_id, resolve_group, sm_count
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
@@ -132,11 +132,11 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     >>> ditron_ops.launch(body, 2)[1]
     [1.5, 1.5, 1.5]
     """
-    group = current_group(group)
+    group, name = call_group(group)
     dtypes = GPU_DTYPES if group.device.type == "cuda" else CPU_DTYPES
     check_tensor("ulysses_attention", "q", q, group, dtypes, min_dim=4)
-    for name, t in (("k", k), ("v", v)):
-        check_tensor("ulysses_attention", name, t, group, (q.dtype,), min_dim=4)
+    for arg, t in (("k", k), ("v", v)):
+        check_tensor("ulysses_attention", arg, t, group, (q.dtype,), min_dim=4)
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
         raise ValueError(f"ditron.ulysses_attention: q must be [B, S_r, Hq, D] and k, v equal "
                          f"[B, S_r, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -159,7 +159,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise TypeError(f"ditron.ulysses_attention: causal must be a bool, got {causal!r}")
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     flag = resolve_deterministic(deterministic)
-    return torch.ops.ditron.ulysses_attention(q, k, v, group.group_name, causal, scale, flag)
+    return torch.ops.ditron.ulysses_attention(q, k, v, name, causal, scale, flag)
 
 
 # -- the kernel's arguments -------------------------------------------------------------------

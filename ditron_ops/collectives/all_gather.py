@@ -14,7 +14,7 @@ from .. import reference
 from .._library import define_op, direct
 from .._validation import check_sizes, check_tensor, memo
 from ..runtime.agreement import agree
-from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.group import Group, call_group, resolve_group
 from ..runtime.plan import call_key
 from ._launch import push_combine
 
@@ -59,7 +59,7 @@ def all_gather(x: torch.Tensor, group: Optional[Group] = None, *,
     >>> ditron_ops.launch(body, 2)
     [[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]]
     """
-    group = current_group(group)
+    group, name = call_group(group)
 
     def validate() -> list[int]:
         check_tensor("all_gather", "x", x, group, DTYPES, min_dim=1)
@@ -74,8 +74,8 @@ def all_gather(x: torch.Tensor, group: Optional[Group] = None, *,
 
     sizes = memo(group, call_key("all_gather", x, shard_sizes), validate)
     if direct(x):
-        return _all_gather_impl(x, group.group_name, sizes)
-    return torch.ops.ditron.all_gather(x, group.group_name, sizes)
+        return _all_gather_impl(x, name, sizes)
+    return torch.ops.ditron.all_gather(x, name, sizes)
 
 
 def _all_gather_impl(x: torch.Tensor, group_name: str, shard_sizes: list[int]) -> torch.Tensor:

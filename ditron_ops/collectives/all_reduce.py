@@ -24,7 +24,7 @@ from .._library import define_op, direct
 from .._validation import check_tensor, memo
 from ..deterministic import resolve_deterministic
 from ..runtime.agreement import agree
-from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.group import Group, call_group, resolve_group
 from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
 from ._launch import aligned, combine_plan, push_combine, run_plan
@@ -73,7 +73,7 @@ def all_reduce(x: torch.Tensor, group: Optional[Group] = None, *, algorithm: str
     >>> ditron_ops.launch(body, 2)[0]
     [3.0, 3.0, 3.0, 3.0, 3.0]
     """
-    group = current_group(group)
+    group, name = call_group(group)
     flag = resolve_deterministic(deterministic)
 
     def validate() -> str:  # the algorithm to run
@@ -89,8 +89,8 @@ def all_reduce(x: torch.Tensor, group: Optional[Group] = None, *, algorithm: str
 
     chosen = memo(group, call_key("all_reduce", x, algorithm, flag), validate)
     if direct(x):
-        return _all_reduce_impl(x, group.group_name, chosen, flag)
-    return torch.ops.ditron.all_reduce(x, group.group_name, chosen, flag)
+        return _all_reduce_impl(x, name, chosen, flag)
+    return torch.ops.ditron.all_reduce(x, name, chosen, flag)
 
 
 def _all_reduce_impl(x: torch.Tensor, group_name: str, algorithm: str, deterministic: bool) -> torch.Tensor:

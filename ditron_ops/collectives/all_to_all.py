@@ -21,7 +21,7 @@ from .. import reference
 from .._library import define_op
 from .._validation import check_tensor, memo
 from ..runtime.agreement import agree
-from ..runtime.group import Group, current_group, op_id, resolve_group
+from ..runtime.group import Group, call_group, op_id, resolve_group
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import call_key
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
@@ -75,10 +75,10 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int,
     >>> ditron_ops.launch(body, 2)
     [[[0.0], [10.0]], [[1.0], [11.0]]]
     """
-    group = current_group(group)
+    group, name = call_group(group)
     dims = memo(group, call_key("all_to_all", x, scatter_dim, gather_dim),
                 lambda: _validate(group, x, scatter_dim, gather_dim))
-    return torch.ops.ditron.all_to_all(x, group.group_name, dims[0], dims[1])
+    return torch.ops.ditron.all_to_all(x, name, dims[0], dims[1])
 
 
 def _validate(group: Group, x, scatter_dim, gather_dim) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from .._library import define_op, direct
 from .._validation import check_tensor, memo
 from ..deterministic import resolve_deterministic
 from ..runtime.agreement import agree
-from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.group import Group, call_group, name_for_rows, resolve_group
 from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
 from ._launch import push_combine
@@ -60,7 +60,7 @@ def reduce_scatter(x: torch.Tensor, group: Optional[Group] = None, *,
     >>> ditron_ops.launch(body, 2)[1]
     [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]
     """
-    group = current_group(group)
+    group, name = call_group(group)
     flag = resolve_deterministic(deterministic)
 
     def validate() -> bool:
@@ -70,9 +70,10 @@ def reduce_scatter(x: torch.Tensor, group: Optional[Group] = None, *,
         return True
 
     memo(group, call_key("reduce_scatter", x, flag), validate)
+    name = name_for_rows(name, group, split_sizes(x.shape[0], group.world_size))
     if direct(x):
-        return _reduce_scatter_impl(x, group.group_name, flag)
-    return torch.ops.ditron.reduce_scatter(x, group.group_name, flag)
+        return _reduce_scatter_impl(x, name, flag)
+    return torch.ops.ditron.reduce_scatter(x, name, flag)
 
 
 def _reduce_scatter_impl(x: torch.Tensor, group_name: str, deterministic: bool) -> torch.Tensor:

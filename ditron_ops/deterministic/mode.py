@@ -2,12 +2,19 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
+import threading
 from typing import Iterator, Optional
 
-import torch
 
-_mode: contextvars.ContextVar[bool] = contextvars.ContextVar("ditron_deterministic", default=False)
+class _Mode(threading.local):
+    """This thread's mode. A ``threading.local``, not a ``ContextVar``: torch.compile traces a
+    read of it and guards on the value, so a compiled function recompiles when the mode it was
+    traced under changes (it refuses ``ContextVar.get``)."""
+
+    enabled: bool = False
+
+
+_mode = _Mode()
 
 
 @contextlib.contextmanager
@@ -16,31 +23,26 @@ def deterministic(enabled: bool = True) -> Iterator[None]:
 
     Nest-safe: the previous mode is restored on exit, also when the block raises.
     """
-    token = _mode.set(bool(enabled))
+    previous, _mode.enabled = _mode.enabled, bool(enabled)
     try:
         yield
     finally:
-        _mode.reset(token)
+        _mode.enabled = previous
 
 
 def is_deterministic() -> bool:
-    """The mode of the current context."""
-    return _mode.get()
-
-
-@torch.compiler.assume_constant_result
-def _context_mode() -> bool:
-    return _mode.get()
+    """The mode of the calling thread."""
+    return _mode.enabled
 
 
 def resolve_deterministic(flag: Optional[bool]) -> bool:
     """A call's explicit flag, else the context's mode.
 
-    Under ``torch.compile`` the context's mode is read once, when the function is traced; pass
-    ``deterministic=`` explicitly in compiled code whose mode changes between calls.
+    Under ``torch.compile`` the mode is read when the function is traced, and the compiled
+    function is guarded on it: calling it under the other mode traces it again.
     """
     if flag is None:
-        return _context_mode()
+        return _mode.enabled
     if not isinstance(flag, bool):
         raise TypeError(f"ditron: deterministic must be True, False or None, got {flag!r}")
     return flag

@@ -14,7 +14,7 @@ from .._library import autograd_scope, define_op, direct
 from .._validation import check_sizes, check_tensor, memo
 from ..collectives.unfused import gather_rows
 from ..runtime.agreement import agree
-from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.group import Group, call_group, resolve_group
 from ..runtime.plan import call_key
 from . import _ag_launch
 
@@ -87,23 +87,23 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     >>> ditron_ops.launch(body, 2)[0]
     [8.0, 16.0, 16.0]
     """
-    group = current_group(group)
+    group, name = call_group(group)
     key = call_key("ag_gemm", a, b, bias, out, impl, shard_sizes)
     sizes = memo(group, key, lambda: _validate(group, a, b, bias, out, impl, shard_sizes))
     gather = bool(return_gathered)
     if out is not None:
         if direct(a, b, bias, out):
-            gathered = _ag_gemm_out_impl(a, b, bias, out, group.group_name, sizes, gather, impl)
+            gathered = _ag_gemm_out_impl(a, b, bias, out, name, sizes, gather, impl)
         else:
-            gathered = torch.ops.ditron.ag_gemm_out(a, b, bias, out, group.group_name, sizes,
+            gathered = torch.ops.ditron.ag_gemm_out(a, b, bias, out, name, sizes,
                                                     gather, impl)
         result = out
     elif direct(a, b, bias):  # the validation key holds a, b and bias's tensor keys: reused
-        result, gathered = _run(a, b, bias, None, group.group_name, sizes, gather, impl,
+        result, gathered = _run(a, b, bias, None, name, sizes, gather, impl,
                                 empty=False, tensor_keys=None if key is None else key[1:4])
     else:
         with autograd_scope(a, b, bias):
-            result, gathered = torch.ops.ditron.ag_gemm(a, b, bias, group.group_name, sizes,
+            result, gathered = torch.ops.ditron.ag_gemm(a, b, bias, name, sizes,
                                                         gather, impl)
     return (result, gathered) if return_gathered else result
 
@@ -120,7 +120,8 @@ def _validate(group: Group, a, b, bias, out, impl: str, shard_sizes) -> list[int
                          f"{tuple(b.shape)} (K must match)")
     sizes = [a.shape[0]] * group.world_size if shard_sizes is None else check_sizes(
         "ag_gemm", "shard_sizes", shard_sizes, group)
-    if sizes[group.rank] != a.shape[0]:
+    # (only given sizes read the rank: a compiled graph then serves every rank)
+    if shard_sizes is not None and sizes[group.rank] != a.shape[0]:
         raise ValueError(f"ditron.ag_gemm: shard_sizes[{group.rank}] = {sizes[group.rank]} but a has "
                          f"{a.shape[0]} rows on rank {group.rank}")
     if bias is not None:

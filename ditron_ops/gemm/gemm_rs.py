@@ -31,7 +31,7 @@ from ._core import matmul
 from ..collectives.unfused import gather_rows, reduce_rows, sum_all
 from ..deterministic import resolve_deterministic
 from ..runtime.agreement import agree
-from ..runtime.group import Group, current_group, resolve_group
+from ..runtime.group import Group, call_group, name_for_rows, resolve_group
 from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
 from . import _rs_launch
@@ -104,7 +104,7 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     >>> ditron_ops.launch(body, 2)[1]
     [24.0, 24.0]
     """
-    group = current_group(group)
+    group, name = call_group(group)
     flag = resolve_deterministic(deterministic)
 
     def validate() -> list[int]:
@@ -120,11 +120,12 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
 
     key = call_key("gemm_rs", a, b, impl, shard_sizes, flag)
     rows = memo(group, key, validate)
+    name = name_for_rows(name, group, rows)
     if direct(a, b):  # the plan key reuses the memo key's tensor keys (a, b)
-        return _gemm_rs_impl(a, b, group.group_name, rows, flag, impl,
+        return _gemm_rs_impl(a, b, name, rows, flag, impl,
                              tensor_keys=None if key is None else key[1:3])
     with autograd_scope(a, b):
-        return torch.ops.ditron.gemm_rs(a, b, group.group_name, rows, flag, impl)
+        return torch.ops.ditron.gemm_rs(a, b, name, rows, flag, impl)
 
 
 def gemm_ar(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
@@ -158,7 +159,7 @@ def gemm_ar(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     >>> ditron_ops.launch(body, 2)
     [((4, 8), [24.0]), ((4, 8), [24.0])]
     """
-    group = current_group(group)
+    group, name = call_group(group)
     flag = resolve_deterministic(deterministic)
 
     def validate() -> bool:
@@ -173,8 +174,8 @@ def gemm_ar(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
 
     memo(group, call_key("gemm_ar", a, b, impl, algorithm, flag), validate)
     if direct(a, b):
-        return _gemm_ar_impl(a, b, group.group_name, flag, impl, algorithm)
-    return torch.ops.ditron.gemm_ar(a, b, group.group_name, flag, impl, algorithm)
+        return _gemm_ar_impl(a, b, name, flag, impl, algorithm)
+    return torch.ops.ditron.gemm_ar(a, b, name, flag, impl, algorithm)
 
 
 AUTO_MIN_FLOPS_RS = 60 * 10**9

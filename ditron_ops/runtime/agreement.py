@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import DitronMismatchError, DitronTimeoutError
+from .tracing import tracing
 
 CAPACITY = 4096
 """Agreed signatures kept per group; when full, all ranks forget them at the same call."""
@@ -30,7 +31,7 @@ CAPACITY = 4096
 def agree(group, op: str, fields: tuple) -> None:
     """Raise ``DitronMismatchError`` on every rank unless all ranks call ``op`` with the same
     ``fields`` (``((name, value), ...)``, hashable, picklable)."""
-    if group.world_size == 1 or torch.compiler.is_compiling():
+    if group.world_size == 1 or tracing():
         return  # compiling: checked when the eager call validated (traces are per process)
     signature = (op, fields)
     agreed = group._agreed

@@ -7,7 +7,6 @@ with ``resolve_group`` (the same idea as PyTorch's ProcessGroup names).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import functools
 import threading
@@ -18,13 +17,28 @@ import torch
 from .. import _env
 from ..errors import DitronError, DitronInputError, DitronSizeMismatchError, DitronTimeoutError
 from .plan import PlanCache
+from .tracing import tracing
 from .error_record import (ERR_EPOCH, ERR_KIND, ERR_OP, ERR_PEER, ERR_RANK, ERR_STATUS, ERR_WORDS,
                            KIND_BAD_INPUT, KIND_SIZE_MISMATCH)
 
 _registry: dict[str, "Group"] = {}
 _registry_lock = threading.Lock()
-_current: contextvars.ContextVar[Optional["Group"]] = contextvars.ContextVar("ditron_group", default=None)
+
+
+class _Context(threading.local):
+    """This thread's current group (``using_group``). A ``threading.local``, not a
+    ``ContextVar``: torch.compile traces reads of it and guards on what it read, per thread,
+    where it refuses ``ContextVar.get``."""
+
+    group: Optional["Group"] = None
+
+
+_context = _Context()
 _default: Optional["Group"] = None
+CONTEXT = ""
+"""The ``group_name`` an op gets under torch.compile when the caller passed ``group=None``: the
+op resolves it when it runs, to the context group of the thread running it (``resolve_group``),
+so one compiled graph serves every rank and every launch."""
 
 NULL_CONTEXT = contextlib.nullcontext()
 """What ``waiting_launch`` returns where there is nothing to do (made once: no per-call object)."""
@@ -357,7 +371,10 @@ def unregister_group(group: Group) -> None:
 
 
 def resolve_group(group_name: str) -> Group:
-    """The ``Group`` registered under ``group_name`` (what op implementations call)."""
+    """The ``Group`` registered under ``group_name`` (what op implementations call);
+    ``CONTEXT`` names this thread's context group."""
+    if group_name == CONTEXT:
+        return current_group(None)
     try:
         return _registry[group_name]
     except KeyError:
@@ -375,28 +392,43 @@ def set_default_group(group: Optional[Group]) -> None:
 
 @contextlib.contextmanager
 def using_group(group: Group):
-    """Make ``group`` the current group of this thread/context (``group=None`` resolves to it)."""
-    token = _current.set(group)
+    """Make ``group`` the current group of this thread (``group=None`` resolves to it)."""
+    previous, _context.group = _context.group, group
     try:
         yield group
     finally:
-        _current.reset(token)
-
-
-@torch.compiler.assume_constant_result
-def _context_group_name() -> str:
-    found = _current.get() or _default
-    return "" if found is None else found.group_name
+        _context.group = previous
 
 
 def current_group(group: Optional[Group] = None) -> Group:
-    """Resolve an op's ``group`` argument: explicit, else the context's, else the default."""
+    """Resolve an op's ``group`` argument: explicit, else the thread's context group, else the
+    default."""
     if group is not None:
         if not isinstance(group, Group):
             raise TypeError(f"ditron: group must be a ditron_ops Group, got {type(group).__name__}")
         return group
-    found = resolve_group(_context_group_name()) if _context_group_name() else None
+    found = _context.group or _default
     if found is None:
         raise ValueError("ditron: no group given and none is current; pass group=, run inside "
                          "ditron_ops.launch(...), or call ditron_ops.init_nvshmem()/set_default_group()")
     return found
+
+
+def call_group(given: Optional[Group]) -> tuple[Group, str]:
+    """A public op's ``(group, group_name)`` for its ``group`` argument ``given``: the resolved
+    group, and the name its ``torch.ops.ditron`` op receives. That name is ``CONTEXT`` under
+    torch.compile when ``given`` is None: a graph traced on one rank must not name that rank's
+    group, since every rank and every later launch runs it."""
+    group = current_group(given)
+    if given is None and tracing():
+        return group, CONTEXT
+    return group, group.group_name
+
+
+def name_for_rows(name: str, group: Group, rows) -> str:
+    """The op's ``group_name`` when its output has ``rows[rank]`` rows: a ``CONTEXT`` graph of
+    uneven ``rows`` would give every rank the tracing rank's shape, so the group's own name goes
+    in instead (torch.compile then guards on it: one graph per rank)."""
+    if name == CONTEXT and len(set(rows)) > 1:
+        return group.group_name
+    return name

@@ -29,6 +29,7 @@ import torch
 
 from ..errors import DitronError
 from . import compiler
+from .tracing import tracing
 
 PLAN_CAPACITY = 128
 """Plans kept per group (LRU): shapes a model calls an op with are few per layer type."""
@@ -110,7 +111,7 @@ def call_key(*parts) -> Optional[tuple]:
     """A validation key of a public call: ``parts`` with every tensor as its ``tensor_key`` and
     lists as tuples; None when a part is unhashable, and under torch.compile (traced tensors have
     no address; the checks run once, at trace time)."""
-    if torch.compiler.is_compiling():
+    if tracing():
         return None
     key = tuple(tensor_key(p) if isinstance(p, torch.Tensor) else
                 tuple(p) if isinstance(p, list) else p for p in parts)

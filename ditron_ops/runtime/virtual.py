@@ -302,7 +302,10 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
     ----------
     fn : callable
         SPMD function; receives this rank's ``Group`` first. Inside it ``group=None`` in any op
-        resolves to this group. Each rank runs in its own thread, on its own CUDA stream.
+        resolves to this group. Each rank runs in its own thread, on its own CUDA stream, which
+        starts after the work queued on the caller's current stream when ``launch`` is called
+        (tensors the caller just wrote are ready); ``launch`` returns after every rank's work,
+        so the caller may use the results on any stream.
     world_size : int
         Number of virtual ranks W >= 1.
     device : torch.device or str, optional
@@ -329,6 +332,13 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
     world = VirtualWorld(world_size, device, timeout_s, gate)
     results: list[Any] = [None] * world_size
     errors: list[Optional[BaseException]] = [None] * world_size
+    # The ranks' streams start after the work the caller queued so far (inputs it just wrote,
+    # weights still being copied); the caller's memory stays alive until the synchronize below,
+    # so the allocator cannot hand it to anyone while a rank reads it.
+    ready = None
+    if world.device.type == "cuda":
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(world.device))
 
     def body(rank: int) -> None:
         group = world.groups[rank]
@@ -338,6 +348,7 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
                           else contextlib.nullcontext())
             if world.device.type == "cuda":
                 torch.cuda.set_device(world.device)
+                group.stream.wait_event(ready)
             # Backward runs on this rank's thread: autograd's one CUDA worker thread would run
             # every rank's backward nodes in turn, and a node that meets its peers (the launch
             # gate, a plan's allocation) would wait for ranks queued behind it.
@@ -358,8 +369,8 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
     for t in threads:
         t.join()
     try:
-        if world.device.type == "cuda":
-            torch.cuda.synchronize(world.device)  # kernels of failed ranks end by their deadline
+        if world.device.type == "cuda":  # the caller's stream (and every other) after the ranks';
+            torch.cuda.synchronize(world.device)  # failed ranks' kernels end by their deadline
     finally:
         world.close()
     if any(e is not None for e in errors):
