@@ -6,6 +6,8 @@ rank then ran the op as that rank), and ``torch.compiler.is_compiling()``, a pro
 that is True on every thread while one thread compiles, which made the other ranks' eager calls
 skip their agreement exchange.
 """
+import time
+
 import pytest
 import torch
 
@@ -15,57 +17,64 @@ from ditron_ops.runtime.group import CONTEXT
 
 def _step(a, w1, w2):
     h = ditron_ops.ag_gemm(a, w1)                 # [W * 4, 6]
-    y = ditron_ops.gemm_rs(h, w2)                 # this rank's rows of the sum
-    return ditron_ops.all_reduce(y * 2, algorithm="one_shot")
+    y = ditron_ops.gemm_rs(h, w2, deterministic=True)   # this rank's rows of the sum
+    return ditron_ops.all_reduce(y * 2, algorithm="one_shot", deterministic=True)
 
 
-def _inputs(rank, rows=4):
+DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(
+               torch.cuda.is_available(), reason="a CPU world runs in the interpreter (CPU-only processes)")),
+           pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _inputs(rank, device, rows=4):
     gen = torch.Generator().manual_seed(100 + rank)
-    a = torch.randn(rows, 8, generator=gen)
-    w1 = torch.randn(8, 6, generator=gen)
-    w2 = torch.randn(6, 5, generator=gen)
-    return a, w1, w2
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return tuple(torch.randn(*shape, generator=gen).to(device, dtype)
+                 for shape in ((rows, 8), (8, 6), (6, 5)))
 
 
-def _run(compiled, world_size):
+def _run(compiled, world_size, device="cpu"):
     def body(group):
-        a, w1, w2 = _inputs(group.rank)
+        a, w1, w2 = _inputs(group.rank, device)
         got = compiled(a, w1, w2)          # compiled first: a peer may still be eager
         want = _step(a, w1, w2)
         return torch.equal(got, want), tuple(got.shape)
-    return ditron_ops.launch(body, world_size)
+    return ditron_ops.launch(body, world_size, device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
-def test_context_group_compiled_across_ranks_and_launches(backend):
+def test_context_group_compiled_across_ranks_and_launches(backend, device):
     for world_size in (2, 3, 8):
         # Dynamo checks its cache before it takes its compile lock, so the W ranks of a new
         # world may each trace once: a fresh function per world keeps under its recompile limit
         torch._dynamo.reset()
         compiled = torch.compile(_step, fullgraph=True, backend=backend)
         for _ in range(2):  # a second launch reuses the graphs with its own groups
-            results = _run(compiled, world_size)
+            results = _run(compiled, world_size, device)
             assert all(ok for ok, _ in results), (backend, world_size, results)
             # gemm_rs of W * 4 gathered rows: 4 rows of the sum per rank
             assert [shape for _, shape in results] == [(4, 5)] * world_size
 
 
-def test_uneven_rows_get_their_own_shape_per_rank():
+@pytest.mark.parametrize("device", DEVICES)
+def test_uneven_rows_get_their_own_shape_per_rank(device):
     """gemm_rs whose rows do not split evenly: each rank's graph has its own output shape."""
     torch._dynamo.reset()
 
     def step(h, w2):
-        return ditron_ops.gemm_rs(h, w2)
+        return ditron_ops.gemm_rs(h, w2, deterministic=True)
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
 
     def body(group):
         gen = torch.Generator().manual_seed(7)
-        h, w2 = torch.randn(7, 6, generator=gen), torch.randn(6, 5, generator=gen)
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        h, w2 = (torch.randn(*s, generator=gen).to(device, dtype) for s in ((7, 6), (6, 5)))
         return tuple(compiled(h, w2).shape), torch.equal(compiled(h, w2), step(h, w2))
 
     for _ in range(2):
-        assert ditron_ops.launch(body, 3) == [((3, 5), True), ((2, 5), True), ((2, 5), True)]
+        assert ditron_ops.launch(body, 3, device) == [((3, 5), True), ((2, 5), True), ((2, 5), True)]
 
 
 def test_traced_graph_names_the_context_not_a_rank():
@@ -95,3 +104,25 @@ def test_traced_graph_names_the_context_not_a_rank():
 def test_context_name_outside_a_group_is_a_typed_error():
     with pytest.raises(ValueError, match="no group given and none is current"):
         ditron_ops.runtime.resolve_group(CONTEXT)
+
+
+def test_a_peer_inside_torch_compile_is_waited_for_past_the_bound():
+    """Host barriers do not count the time a peer spends in torch.compile (an inductor compile
+    outlasts any wait bound, and Dynamo serializes the ranks' compiles)."""
+    def slow_backend(gm, example_inputs):
+        time.sleep(2.5)  # a compile 2.5x the bound below
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x * 2, backend=slow_backend)
+
+    def body(group):
+        x = torch.ones(4)
+        if group.rank == 1:
+            x = compiled(x)  # rank 0 meets it at all_reduce's agreement meanwhile
+        return ditron_ops.all_reduce(x).tolist()
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        pytest.skip("the CPU world shows it; the barrier is the same on the GPU")
+    assert ditron_ops.launch(body, 2, device, timeout_s=1.0) == [[3.0] * 4] * 2

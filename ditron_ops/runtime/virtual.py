@@ -28,6 +28,8 @@ from .group import (NULL_CONTEXT, Group, SymmetricBuffer, register_group, unregi
                     using_group)
 
 _world_ids = itertools.count()
+_TORCH_COMPILE_POLL_S = 0.2
+"""How often a barrier waiter looks whether a torch.compile session still runs."""
 
 
 def _default_device() -> torch.device:
@@ -41,8 +43,10 @@ class CompileAwareBarrier:
 
     A waiter's deadline is ``timeout`` after the later of its arrival and the moment the
     process last stopped compiling (``compiler.paused_since``), and never passes while a
-    compile or module load runs (``compiler.busy``): a rank building its first call's plan is
-    waited for, a rank that never comes is still reported ``timeout`` after compiling ended.
+    compile or module load runs (``compiler.busy``) or a rank is inside a ``torch.compile``
+    session (an inductor compile takes longer than any wait bound; Dynamo serializes the
+    ranks' compiles, so a peer can sit behind another's): a rank building its first call's plan
+    is waited for, a rank that never comes is still reported ``timeout`` after compiling ended.
     Waking on release costs what ``threading.Barrier`` costs (one condition notify).
     """
 
@@ -52,6 +56,7 @@ class CompileAwareBarrier:
         self._count = 0
         self._generation = 0
         self._broken = False
+        self._torch_compiled = 0.0  # when a waiter last saw a torch.compile session running
 
     def wait(self, timeout: float) -> None:
         """Wait for all parties; ``threading.BrokenBarrierError`` on timeout or ``abort``."""
@@ -70,7 +75,12 @@ class CompileAwareBarrier:
                 if compiler.busy():  # the deadline lies at least ``timeout`` past its end
                     self._cond.wait(timeout)
                     continue
-                left = max(arrived, compiler.paused_since()) + timeout - time.monotonic()
+                if torch.compiler.is_compiling():  # a peer inside torch.compile (process-wide
+                    self._torch_compiled = time.monotonic()  # flag): no end signal, so poll
+                    self._cond.wait(_TORCH_COMPILE_POLL_S)
+                    continue
+                left = (max(arrived, compiler.paused_since(), self._torch_compiled) + timeout
+                        - time.monotonic())
                 if left <= 0:
                     self._broken = True
                     self._cond.notify_all()
