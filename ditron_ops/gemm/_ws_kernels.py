@@ -1,0 +1,578 @@
+"""Persistent, warp-specialized sm_90 GEMM in Gluon (DESIGN.md §14, the second GEMM path).
+
+``C[M, N] = A[M, K] @ B[K, N] (+ bias[N])``, fp32 accumulation, bf16/fp16 operands::
+
+    loader partition (1 warp)         consumer partition(s) (wgmma warpgroups)
+    ------------------------          ----------------------------------------
+    for each unit of this program:    for each unit this consumer owns:
+      for each K step:                  for each K step:
+        wait  empty[s]                    wait  ready[s]
+        TMA A, B -> ring[s]               wgmma async (ring[s]); wait <= 1 in flight
+        (expect-tx on ready[s])           arrive empty[s - 1]
+                                        epilogue: + bias, round, smem, TMA store (async)
+
+The ring of ``STAGES`` A/B tiles is continuous across tiles (the loader prefetches the next
+tile's K steps while the consumers run their epilogue). Two schedules of the consumers:
+
+* cooperative (``PINGPONG=False``): one default partition of ``num_warps`` = 8 warps, i.e. two
+  warpgroups each owning half of the rows of a 128x256 tile (wgmma m64n256k16 each);
+* ping-pong (``PINGPONG=True``): two 4-warp consumer partitions (the default one and a worker),
+  each owning whole units: consumer ``c`` takes this program's units ``c, c + 2, ...``. An
+  ``order`` mbarrier pair makes a consumer start its mainloop only once the other has waited
+  for all K steps of the previous unit (without it consumer 1 waited on ring phases several
+  laps ahead, which a parity wait cannot tell apart: the launch failure of the first version);
+  the mainloops alternate on the tensor cores, each epilogue under the other's mainloop.
+
+Work: a persistent grid; each program takes a list of work units ``(tile, K range)`` (data
+parallel, stream-K or split-K: ``_ws_configs`` says which and how they are reduced, the rule
+``_ws_configs.plan`` picks one). Tiles follow a grouped order (``GROUP_M`` rows of tiles per
+band: L2 reuse of B). A unit covering part of a tile's K steps writes an fp32 partial to a
+workspace and bumps the tile's arrival counter; the last to arrive sums the tile's partials in
+K order (fixed order, one rounding) and runs the epilogue.
+
+B arrives as ``[K, N]`` row-major (``B_KN``: TMA boxes ``[BLOCK_K, BLOCK_N]``) or as the
+transpose of a row-major ``[N, K]`` weight (boxes ``[BLOCK_N, BLOCK_K]``, handed to wgmma as a
+transposed shared-memory view). TMA zero-fills every box outside ``[M, K]`` / ``[K, N]``, so
+ragged M, N, K need no masks in the mainloop, and clips the stores of C.
+
+The module imports on a Triton without Gluon (``ws_matmul`` then raises); nothing in
+``ditron_ops`` imports it yet.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+try:  # Gluon ships with triton >= 3.5; the portable core never needs it
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
+                                                                  tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    HAVE_GLUON = True
+except ImportError:  # annotations are strings (future import), so the defs below still run
+    gluon = gl = None
+    HAVE_GLUON = False
+
+from ._ws_configs import (MODE_DP, MODE_SK, MODE_SPLIT, WS_CONFIGS, WS_DEFAULT,  # noqa: F401
+                          WsConfig, WsPlan, describe, fit_stages, plan, smem_bytes)
+
+_jit = gluon.jit if HAVE_GLUON else (lambda fn: fn)
+_constexpr_function = gluon.constexpr_function if HAVE_GLUON else (lambda fn: fn)
+
+MAXNREG = 168
+"""Registers per thread the kernel is compiled for: 3 warpgroups x 128 threads x 168 <= 64 Ki.
+The loader's warpgroup then drops to ``LOADER_REGS`` and the consumers rise (setmaxnreg)."""
+LOADER_REGS = 24
+"""Registers of the loader partition (scalar work only; the hardware minimum)."""
+CONSUMER_REGS = 240
+"""Registers of the ping-pong worker consumer (a 128-register accumulator plus addressing);
+the default partition gets what is left of ``MAXNREG`` x 3 warpgroups."""
+_K_LOADER_REGS = gl.constexpr(LOADER_REGS) if HAVE_GLUON else LOADER_REGS  # kernels read these
+_K_CONSUMER_REGS = gl.constexpr(CONSUMER_REGS) if HAVE_GLUON else CONSUMER_REGS
+
+
+# --------------------------------------------------------------------------------------------
+# Device code
+# --------------------------------------------------------------------------------------------
+
+@_constexpr_function
+def _wgmma_n(block_n):
+    """wgmma instruction N: the whole tile width (one m64nNk16 per warpgroup and K16 step)."""
+    return min(block_n, 256)
+
+
+@_jit
+def _tile_mn(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
+    """Grouped tile order: bands of ``GROUP_M`` tile rows, column-major inside a band, so the
+    programs working at one time share B columns and A rows in L2."""
+    band_tiles = GROUP_M * tiles_n
+    first_m = (tile // band_tiles) * GROUP_M
+    rows = gl.minimum(tiles_m - first_m, GROUP_M)
+    in_band = tile % band_tiles
+    return first_m + in_band % rows, in_band // rows
+
+
+@_jit
+def _sched(M, N, K, dp_tiles, split, MODE: gl.constexpr, BLOCK_M: gl.constexpr,
+           BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """This program's share of the work (``_ws_configs`` module docstring, the modes).
+
+    Returns ``(tiles_m, tiles_n, k_steps, units, n_dp, s, e, t0, q, r, kps)``: ``units`` work
+    units, the first ``n_dp`` whole data-parallel tiles; stream-K: this program's iteration
+    range ``[s, e)`` starting in stream-K tile ``t0``, ``q``/``r`` the range length and
+    remainder; split-K: ``kps`` K steps per slice."""
+    tiles_m = gl.cdiv(M, BLOCK_M)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    tiles = tiles_m * tiles_n
+    k_steps = gl.cdiv(K, BLOCK_K)
+    p = gl.program_id(0)
+    G = gl.num_programs(0)
+    if MODE == 1:
+        n_dp = dp_tiles // G
+        total = (tiles - dp_tiles) * k_steps
+        q = total // G
+        r = total % G
+        s = p * q + gl.minimum(p, r)
+        e = s + q + (p < r).to(gl.int32)
+        t0 = s // k_steps
+        n_sk = gl.where(e > s, (e - 1) // k_steps - t0 + 1, 0)
+        units = n_dp + n_sk
+        kps = k_steps
+    elif MODE == 2:
+        kps = gl.cdiv(k_steps, split)
+        units = gl.cdiv(tiles * split - p, G)
+        n_dp = units
+        s = p * 0
+        e = s
+        t0 = s
+        q = s
+        r = s
+    else:
+        units = gl.cdiv(tiles - p, G)
+        n_dp = units
+        kps = k_steps
+        s = p * 0
+        e = s
+        t0 = s
+        q = s
+        r = s
+    return tiles_m, tiles_n, k_steps, units, n_dp, s, e, t0, q, r, kps
+
+
+@_jit
+def _unit(i, k_steps, n_dp, s, e, t0, kps, dp_tiles, split, MODE: gl.constexpr):
+    """Work unit ``i`` of this program: ``(tile, k_begin, k_end)`` in K steps."""
+    p = gl.program_id(0)
+    G = gl.num_programs(0)
+    if MODE == 1:
+        tt = t0 + (i - n_dp)
+        base = tt * k_steps
+        dp = i < n_dp
+        tile = gl.where(dp, p + i * G, dp_tiles + tt)
+        kb = gl.where(dp, 0, gl.maximum(s, base) - base)
+        ke = gl.where(dp, k_steps, gl.minimum(e, base + k_steps) - base)
+    elif MODE == 2:
+        u = p + i * G
+        tile = u // split
+        kb = (u % split) * kps
+        ke = gl.minimum(k_steps, kb + kps)
+    else:
+        tile = p + i * G
+        kb = i * 0
+        ke = k_steps + kb
+    return tile, kb, ke
+
+
+@_jit
+def _owner(g, q, r):
+    """The stream-K range holding iteration ``g``."""
+    big = r * (q + 1)
+    return gl.where(g < big, g // (q + 1), r + (g - big) // gl.maximum(q, 1))
+
+
+@_jit
+def _ws_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, split,
+               B_KN: gl.constexpr, GROUP_M: gl.constexpr, MODE: gl.constexpr):
+    """Producer partition: fills the ring in work-unit order, one K step per slot."""
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    if B_KN:
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    else:
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    # Both boxes land in full (zero fill outside the tensor), so the byte count never varies.
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+
+    tiles_m, tiles_n, k_steps, units, n_dp, s, e, t0, q, r, kps = _sched(
+        M, N, K, dp_tiles, split, MODE, BLOCK_M, BLOCK_N, BLOCK_K)
+    it = 0  # ring position, continuous over units (consumers derive theirs the same way)
+    for i in range(units):
+        tile, kb, ke = _unit(i, k_steps, n_dp, s, e, t0, kps, dp_tiles, split, MODE)
+        pid_m, pid_n = _tile_mn(tile, tiles_m, tiles_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        for kk in range(kb, ke):
+            slot = it % STAGES
+            # Parity of the previous fill's release; a fresh barrier passes parity 1 at once.
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, nbytes)
+            tma.async_copy_global_to_shared(a_desc, [off_m, kk * BLOCK_K], bar, a_bufs.index(slot))
+            if B_KN:
+                tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, off_n], bar,
+                                                b_bufs.index(slot))
+            else:
+                tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar,
+                                                b_bufs.index(slot))
+            it += 1
+
+
+@_jit
+def _split_cols(x, PARTS: gl.constexpr):
+    """``x`` [R, C] as ``PARTS`` column blocks [R, C / PARTS], left to right (register moves
+    only: the wgmma layout keeps each thread's columns in its registers)."""
+    xs = (x, )
+    for _ in gl.static_range(PARTS.bit_length() - 1):
+        halves = ()
+        for j in gl.static_range(len(xs)):
+            y = xs[j]
+            # [R, 2, C/2] -> [R, C/2, 2]: the split axis last, so split() gives the halves.
+            halves += y.reshape(y.shape[0], 2, y.shape[1] // 2).permute(0, 2, 1).split()
+        xs = halves
+    return xs
+
+
+@_jit
+def _tile_offsets(part, col0, BLOCK_N: gl.constexpr):
+    """Offsets ``row * BLOCK_N + col0 + col`` of ``part``'s elements in a row-major partial
+    tile (``part``'s layout)."""
+    rows = gl.arange(0, part.shape[0], layout=gl.SliceLayout(1, part.type.layout))
+    cols = gl.arange(0, part.shape[1], layout=gl.SliceLayout(0, part.type.layout))
+    return gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols + col0, 0)
+
+
+@_jit
+def _store_part(part, i: gl.constexpr, c_desc, c_smem, bias_ptr, off_m, off_n, N,
+                HAS_BIAS: gl.constexpr):
+    """Epilogue of column block ``i``: + bias, round, stage, TMA store (left in flight; waited
+    only before the staging tile is rewritten)."""
+    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+    if HAS_BIAS:
+        cols = off_n + i * EPI_N + gl.arange(0, EPI_N, layout=gl.SliceLayout(0, part.type.layout))
+        bias = gl.load(bias_ptr + cols, mask=cols < N, other=0.0)
+        part = part + gl.expand_dims(bias.to(gl.float32), 0)
+    out = part.to(c_desc.dtype)
+    tma.store_wait(0)
+    c_smem.store(out)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n + i * EPI_N], c_smem)
+
+
+@_jit
+def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr, cnt_ptr,
+                 M, N, K, dp_tiles, split,
+                 HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
+                 MODE: gl.constexpr, SLOT: gl.constexpr, SLOTS: gl.constexpr,
+                 WARPS: gl.constexpr):
+    """Consumer partition: wgmma over the ring, then the epilogue of each owned work unit.
+
+    ``SLOT`` of ``SLOTS`` consumers: this one takes the program's units ``SLOT, SLOT + SLOTS,
+    ...``; ``WARPS``: its warps (4: one warpgroup, 8: two stacked along M).
+
+    Ping-pong order (``SLOTS`` = 2): a consumer starts unit ``i``'s mainloop only after the
+    other consumer has waited for every K step of unit ``i - 1`` (``order`` barriers). The
+    ring's parity waits are then never more than one phase ahead of a slot's barrier."""
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    BLOCK_M: gl.constexpr = a_bufs.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    if B_KN:
+        BLOCK_N: gl.constexpr = b_bufs.shape[2]
+    else:
+        BLOCK_N: gl.constexpr = b_bufs.shape[1]
+    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+    PARTS: gl.constexpr = BLOCK_N // EPI_N
+    TILE: gl.constexpr = BLOCK_M * BLOCK_N
+    # Warps stacked along M ([WARPS, 1]): each warpgroup runs one wide m64nNk16 per K16 step,
+    # the fewest instructions and the least shared-memory traffic per MAC.
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1],
+        instr_shape=[16, _wgmma_n(BLOCK_N), 256 // a_bufs.dtype.primitive_bitwidth])
+
+    tiles_m, tiles_n, k_steps, units, n_dp, s, e, t0, q, r, kps = _sched(
+        M, N, K, dp_tiles, split, MODE, BLOCK_M, BLOCK_N, BLOCK_K)
+    p = gl.program_id(0)
+    it = 0  # ring position (the loader's order)
+    for i in range(units):
+        tile, kb, ke = _unit(i, k_steps, n_dp, s, e, t0, kps, dp_tiles, split, MODE)
+        if i % SLOTS == SLOT:
+            if SLOTS > 1:
+                mbarrier.wait(order.index(SLOT), ((i - 1) // 2) & 1, pred=i > 0)
+            prev = 0
+            # Not carried over units: dead in the epilogue once its partial or C is stored.
+            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+            for kk in range(kb, ke):
+                slot = it % STAGES
+                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+                if B_KN:
+                    b_tile = b_bufs.index(slot)
+                else:
+                    b_tile = b_bufs.index(slot).permute((1, 0))  # [N, K] box as K-major B
+                # use_acc=False on the first step zeroes the accumulator for free.
+                acc = warpgroup_mma(a_bufs.index(slot), b_tile, acc, use_acc=kk > kb,
+                                    is_async=True)
+                # Keep one wgmma in flight: the previous step's is done, so its slot goes back.
+                acc = warpgroup_mma_wait(1, deps=(acc, ))
+                if WARPS > 4:
+                    # Arrive is issued by one thread; the other warpgroup's wgmma must be done.
+                    gl.thread_barrier()
+                mbarrier.arrive(empty.index(prev), pred=kk > kb)
+                prev = slot
+                it += 1
+            if SLOTS > 1:
+                mbarrier.arrive(order.index(1 - SLOT))  # the other consumer's next unit may go
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            if WARPS > 4:
+                gl.thread_barrier()
+            mbarrier.arrive(empty.index(prev))
+
+            pid_m, pid_n = _tile_mn(tile, tiles_m, tiles_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            parts = _split_cols(acc, PARTS)
+            if MODE == 0:
+                for c in gl.static_range(PARTS):
+                    _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, off_n, N, HAS_BIAS)
+            else:
+                if MODE == 1:
+                    tt = tile - dp_tiles
+                    base = tt * k_steps
+                    partial = (i >= n_dp) & ((kb > 0) | (ke < k_steps))
+                    first = _owner(base, q, r)
+                    nseg = _owner(base + k_steps - 1, q, r) - first + 1
+                    my_slot = 2 * p + (i > n_dp).to(gl.int32)
+                    cidx = tt
+                else:
+                    partial = split > 1
+                    first = tile * split
+                    nseg = split
+                    my_slot = p + i * gl.num_programs(0)
+                    cidx = tile
+                if partial:
+                    # This range's fp32 partial to its workspace tile, then arrive.
+                    wbase = ws_ptr + my_slot.to(gl.int64) * TILE
+                    for c in gl.static_range(PARTS):
+                        gl.store(wbase + _tile_offsets(parts[c], c * EPI_N, BLOCK_N), parts[c])
+                    gl.thread_barrier()
+                    old = gl.atomic_add(cnt_ptr + cidx, 1, sem="acq_rel", scope="gpu")
+                    if old == nseg - 1:
+                        # Last to arrive: sum the partials in K order (one fixed order).
+                        gl.store(cnt_ptr + cidx, 0)  # ready for the next launch
+                        for c in gl.static_range(PARTS):
+                            offs = _tile_offsets(parts[c], c * EPI_N, BLOCK_N)
+                            tot = gl.full_like(parts[c], 0.0)
+                            for j in range(nseg):
+                                if MODE == 1:
+                                    pj = first + j
+                                    sj = 2 * pj + ((pj * q + gl.minimum(pj, r)) < base).to(
+                                        gl.int32)
+                                else:
+                                    sj = first + j
+                                tot += gl.load(ws_ptr + sj.to(gl.int64) * TILE + offs,
+                                               cache_modifier=".cg")
+                            _store_part(tot, c, c_desc, c_smem, bias_ptr, off_m, off_n, N,
+                                        HAS_BIAS)
+                else:
+                    for c in gl.static_range(PARTS):
+                        _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, off_n, N,
+                                    HAS_BIAS)
+        else:
+            it += ke - kb
+    tma.store_wait(0)
+
+
+@_jit
+def _ws_consumer_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr,
+                        cnt_ptr, M, N, K, dp_tiles, split, HAS_BIAS: gl.constexpr,
+                        B_KN: gl.constexpr, GROUP_M: gl.constexpr, MODE: gl.constexpr):
+    """The ping-pong's second consumer (a 4-warp worker partition, slot 1 of 2)."""
+    _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr, cnt_ptr,
+                 M, N, K, dp_tiles, split, HAS_BIAS, B_KN, GROUP_M, MODE, 1, 2, 4)
+
+
+def _jit_dims(fn):
+    """``ws_gemm_kernel``'s decorator: sizes unspecialized (one binary serves every shape)."""
+    return (gluon.jit(fn, do_not_specialize=["M", "N", "K", "dp_tiles", "split"])
+            if HAVE_GLUON else fn)
+
+
+@_jit_dims
+def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, M, N, K, dp_tiles, split,
+                   HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
+                   STAGES: gl.constexpr, PINGPONG: gl.constexpr, MODE: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """Persistent warp-specialized GEMM (module docstring). Grid: ``(programs, )``.
+
+    ``a_desc`` [M, K] boxes [BLOCK_M, BLOCK_K]; ``b_desc`` [K, N] boxes [BLOCK_K, BLOCK_N]
+    (``B_KN``) or [N, K] boxes [BLOCK_N, BLOCK_K]; ``c_desc`` [M, N] boxes [BLOCK_M, EPI_N];
+    ``bias_ptr`` [N] (read only with ``HAS_BIAS``); ``ws_ptr`` fp32 partial tiles and
+    ``cnt_ptr`` int32 zeroed arrival counters (``MODE`` 1/2 only; ``_ws_configs.WsPlan``)."""
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    # ready[s]: the loader's TMA bytes landed; empty[s]: the consumer finished reading slot s.
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    # order[c]: ping-pong consumer c may start its next unit's mainloop.
+    order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(order.index(i), count=1)
+    # One staging tile per consumer for the subtiled TMA stores of C.
+    c_smem0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+
+    if PINGPONG:
+        c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        gl.warp_specialize([
+            (_ws_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
+                            ws_ptr, cnt_ptr, M, N, K, dp_tiles, split,
+                            HAS_BIAS, B_KN, GROUP_M, MODE, 0, 2, num_warps)),
+            (_ws_consumer_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc,
+                                   bias_ptr, ws_ptr, cnt_ptr, M, N, K, dp_tiles, split,
+                                   HAS_BIAS, B_KN, GROUP_M, MODE)),
+            (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, split,
+                          B_KN, GROUP_M, MODE)),
+        ], [4, 1], [_K_CONSUMER_REGS, _K_LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_ws_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
+                            ws_ptr, cnt_ptr, M, N, K, dp_tiles, split,
+                            HAS_BIAS, B_KN, GROUP_M, MODE, 0, 1, num_warps)),
+            (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, split,
+                          B_KN, GROUP_M, MODE)),
+        ], [1], [_K_LOADER_REGS])
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _gl_dtype(torch_dtype):
+    import torch
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
+            torch.float32: gl.float32}[torch_dtype]
+
+
+def _layout(block, torch_dtype):
+    return gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(torch_dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    import torch
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+_SCRATCH = {}
+"""Per device: (fp32 workspace, int32 counters), grown on demand. Counters are zero between
+launches (each reducer resets its tile's). Grow them outside CUDA-graph capture (a warm-up)."""
+_RETIRED = []
+"""Outgrown scratch buffers, kept alive: a captured CUDA graph may still point at them."""
+
+
+def _scratch(device, ws_floats: int, counters: int):
+    import torch
+    key = (device.type, device.index)
+    ws, cnt = _SCRATCH.get(key, (None, None))
+    if ws is None or ws.numel() < max(ws_floats, 1):
+        _RETIRED.append(ws)
+        ws = torch.empty(max(ws_floats, 1 << 16), dtype=torch.float32, device=device)
+    if cnt is None or cnt.numel() < max(counters, 1):
+        _RETIRED.append(cnt)
+        cnt = torch.zeros(max(counters, 1 << 12), dtype=torch.int32, device=device)
+    _SCRATCH[key] = (ws, cnt)
+    return ws, cnt
+
+
+def ws_operands(a, b, out, bias, p: WsPlan):
+    """Descriptors and launch arguments of ``ws_gemm_kernel`` for plan ``p`` (no launch).
+
+    Returns ``(args, meta)``: positional arguments and constexpr/launch keywords."""
+    cfg = p.cfg
+    M, K = a.shape
+    N = b.shape[1]
+    if cfg.pingpong and cfg.num_warps != 4:
+        raise ValueError("ws_matmul: a ping-pong consumer is one warpgroup (num_warps=4)")
+    if cfg.block_n % cfg.epi_n or cfg.epi_n & (cfg.epi_n - 1):
+        raise ValueError(f"ws_matmul: epi_n {cfg.epi_n} must be a power-of-two divisor of block_n")
+    b_kn = b.stride(1) == 1  # row-major [K, N]; else K-major (w.t() of a row-major [N, K])
+    if b_kn:
+        b_desc = GluonDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n],
+                                             _layout((cfg.block_k, cfg.block_n), b.dtype))
+    else:
+        w = b.t()  # [N, K], rows contiguous
+        b_desc = GluonDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k],
+                                             _layout((cfg.block_n, cfg.block_k), b.dtype))
+    a_desc = GluonDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k],
+                                         _layout((cfg.block_m, cfg.block_k), a.dtype))
+    c_desc = GluonDescriptor.from_tensor(out, [cfg.block_m, cfg.epi_n],
+                                         _layout((cfg.block_m, cfg.epi_n), out.dtype))
+    stages = p.stages or fit_stages(cfg, a.element_size(), out.element_size())
+    ws, cnt = _scratch(a.device, p.ws_tiles * cfg.block_m * cfg.block_n, p.counters)
+    args = (a_desc, b_desc, c_desc, bias if bias is not None else out, ws, cnt, M, N, K,
+            p.dp_tiles, p.split)
+    meta = dict(HAS_BIAS=bias is not None, B_KN=b_kn, GROUP_M=cfg.group_m, STAGES=stages,
+                PINGPONG=cfg.pingpong, MODE=p.mode, num_warps=cfg.num_warps, maxnreg=MAXNREG)
+    return args, meta
+
+
+def check_operands(a, b, out, bias) -> None:
+    """Raise ``ValueError`` where TMA cannot address the operands (16-byte rows and bases)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or 0 in (*a.shape, b.shape[1]):
+        raise ValueError(f"ws_matmul: shapes {tuple(a.shape)} @ {tuple(b.shape)}")
+    if a.dtype not in (_torch().bfloat16, _torch().float16) or b.dtype != a.dtype:
+        raise ValueError(f"ws_matmul: dtypes {a.dtype}, {b.dtype} (bf16 or fp16, equal)")
+    if a.stride(1) != 1 or not (b.stride(1) == 1 or b.stride(0) == 1):
+        raise ValueError("ws_matmul: A must be row-major; B row-major [K, N] or w.t()")
+    if out.stride(1) != 1 or tuple(out.shape) != (a.shape[0], b.shape[1]):
+        raise ValueError(f"ws_matmul: out {tuple(out.shape)} must be a row-major [M, N]")
+    for t in (a, b, out):
+        big = max(t.stride())
+        if t.data_ptr() % 16 or (big * t.element_size()) % 16:
+            raise ValueError("ws_matmul: TMA needs 16-byte aligned bases and row pitches")
+    if bias is not None and (bias.shape != (b.shape[1], ) or bias.stride(0) != 1):
+        raise ValueError(f"ws_matmul: bias {tuple(bias.shape)} must be a contiguous [N]")
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = None,
+              mode: Optional[int] = None, deterministic: bool = False):
+    """``out = a @ b (+ bias)`` by ``ws_gemm_kernel`` on the current CUDA device (sm_90).
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``[M, K]`` row-major, bf16 or fp16.
+    b : torch.Tensor
+        ``[K, N]`` of ``a``'s dtype: row-major, or ``w.t()`` of a row-major ``[N, K]`` weight.
+    out : torch.Tensor, optional
+        ``[M, N]`` row-major, bf16, fp16 or fp32 (default: ``a``'s dtype, new).
+    bias : torch.Tensor, optional
+        ``[N]``, added in fp32 before rounding.
+    cfg : str, optional
+        Force a tile config (a ``WS_CONFIGS`` name); default: the rule's.
+    plan_ : WsPlan, optional
+        The whole launch plan (default ``_ws_configs.plan`` of the shape).
+    mode : int, optional
+        Force ``MODE_DP`` / ``MODE_SK``.
+    deterministic : bool
+        One fixed config, data parallel (DESIGN.md section 7).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+    """
+    if not HAVE_GLUON:
+        raise RuntimeError("ws_matmul needs triton.experimental.gluon (triton >= 3.5)")
+    torch = _torch()
+    if out is None:
+        out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+    check_operands(a, b, out, bias)
+    if plan_ is None:
+        dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        plan_ = plan(a.shape[0], b.shape[1], a.shape[1], a.element_size(), out.element_size(),
+                     _sm_count(dev), deterministic=deterministic, variant=cfg, mode=mode)
+    args, meta = ws_operands(a, b, out, bias, plan_)
+    ws_gemm_kernel[(plan_.grid, )](*args, **meta)
+    return out

@@ -1,0 +1,158 @@
+"""CPU tests of the warp-specialized GEMM's planning rule and work decomposition
+(``ditron_ops/gemm/_ws_configs.py``; the kernel's scheduling arithmetic mirrored in Python)."""
+import importlib.util
+import os
+import random
+import sys
+
+import pytest
+
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ditron_ops",
+                     "gemm", "_ws_configs.py")
+_spec = importlib.util.spec_from_file_location("ws_configs_under_test", _PATH)
+C = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = C  # pure Python: no ditron_ops import (its import picks CPU/GPU modes)
+_spec.loader.exec_module(C)
+
+
+def _units(p, G, tiles, ks, mode, dp_tiles, split):
+    """``_sched`` + ``_unit`` + the consumer's partial bookkeeping of ``_ws_kernels`` for
+    program ``p``: [(tile, kb, ke, partial, counter, nseg, my_slot, reader_slots)]."""
+    out = []
+    if mode == C.MODE_SK:
+        n_dp = dp_tiles // G
+        total = (tiles - dp_tiles) * ks
+        q, r = divmod(total, G)
+        s = p * q + min(p, r)
+        e = s + q + (p < r)
+        t0 = s // ks
+        n = n_dp + ((e - 1) // ks - t0 + 1 if e > s else 0)
+
+        def owner(g):
+            big = r * (q + 1)
+            return g // (q + 1) if g < big else r + (g - big) // max(q, 1)
+        for i in range(n):
+            tt = t0 + (i - n_dp)
+            base = tt * ks
+            if i < n_dp:
+                tile, kb, ke = p + i * G, 0, ks
+            else:
+                tile, kb, ke = dp_tiles + tt, max(s, base) - base, min(e, base + ks) - base
+            partial = i >= n_dp and (kb > 0 or ke < ks)
+            first = owner(base)
+            nseg = owner(base + ks - 1) - first + 1
+            slot = 2 * p + (i > n_dp)
+            readers = [2 * (first + j) + (((first + j) * q + min(first + j, r)) < base)
+                       for j in range(nseg)]
+            out.append((tile, kb, ke, partial, tt, nseg, slot, readers))
+    elif mode == C.MODE_SPLIT:
+        kps = -(-ks // split)
+        n = -(-(tiles * split - p) // G)
+        for i in range(n):
+            u = p + i * G
+            tile = u // split
+            kb = (u % split) * kps
+            ke = min(ks, kb + kps)
+            out.append((tile, kb, ke, split > 1, tile, split, u,
+                        [tile * split + j for j in range(split)]))
+    else:
+        n = -(-(tiles - p) // G)
+        for i in range(n):
+            out.append((p + i * G, 0, ks, False, None, 1, None, None))
+    return out
+
+
+def _check_plan(M, N, K, pl):
+    cfg = pl.cfg
+    tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
+    ks = C.cdiv(K, cfg.block_k)
+    cover = {}
+    writers = {}
+    readers = {}
+    for p in range(pl.grid):
+        seen_slots = set()
+        for tile, kb, ke, partial, cnt, nseg, slot, rd in _units(p, pl.grid, tiles, ks, pl.mode,
+                                                                pl.dp_tiles, pl.split):
+            assert 0 <= tile < tiles and 0 <= kb < ke <= ks, (tile, kb, ke)
+            for k in range(kb, ke):
+                assert (tile, k) not in cover, "a K step done twice"
+                cover[(tile, k)] = p
+            if partial:
+                assert slot not in seen_slots, "a program reuses a workspace slot"
+                seen_slots.add(slot)
+                assert 0 <= slot < pl.ws_tiles and 0 <= cnt < pl.counters
+                writers.setdefault(tile, []).append((kb, slot))
+                readers.setdefault(tile, set()).add((nseg, tuple(rd)))
+            else:
+                assert (kb, ke) == (0, ks), "a partial range takes the direct epilogue"
+    assert len(cover) == tiles * ks, "K steps missed"
+    for tile, ws in writers.items():
+        (nseg, rd), = readers[tile]  # every contributor agrees on the reduction
+        assert len(ws) == nseg
+        # the reducer reads the slots in K order: exactly the writers' slots sorted by k_begin
+        assert list(rd) == [slot for _, slot in sorted(ws)]
+
+
+SHAPES = [(512, 1536, 4096), (3000, 1536, 4096), (4096, 7392, 8192), (512, 576, 4608),
+          (6256, 392, 2024), (64, 4096, 4096), (129, 136, 72), (2100, 7000, 648), (1, 8, 8),
+          (16384, 16384, 128)]
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("mode", [None, C.MODE_DP, C.MODE_SK])
+@pytest.mark.parametrize("variant", list(C.RULE_CONFIGS))
+def test_decomposition_covers_once(M, N, K, mode, variant):
+    _check_plan(M, N, K, C.plan(M, N, K, variant=variant, mode=mode))
+
+
+@pytest.mark.parametrize("split", [2, 3, 5])
+def test_split_k_decomposition(split):
+    for M, N, K in SHAPES[:6]:
+        pl = C.plan(M, N, K, variant="coop128x256", mode=C.MODE_SPLIT, split=split)
+        _check_plan(M, N, K, pl)
+
+
+def test_rule_is_pure_and_seeded_sweep():
+    """A seeded sweep nobody tuned for: valid plans, the same plan twice, grid within SMs."""
+    rng = random.Random(20240)
+    for _ in range(60):
+        M, N, K = (rng.randint(1, 2048) * 8 for _ in range(3))
+        for sms in (132, 114, 78):
+            pl = C.plan(M, N, K, sms=sms)
+            assert pl == C.plan(M, N, K, sms=sms)
+            assert 1 <= pl.grid <= sms
+            assert pl.variant in C.RULE_CONFIGS and pl.mode in (C.MODE_DP, C.MODE_SK)
+        _check_plan(M, N, K, C.plan(M, N, K))
+
+
+def test_rule_prefers_full_waves_and_small_tiles_when_few():
+    # 4 x 6 tiles of 128x256 with 64 K steps: far fewer tiles than SMs -> smaller tiles
+    pl = C.plan(512, 1536, 4096)
+    assert (pl.variant, pl.mode) == ("pp128x128", C.MODE_DP)
+    # forced stream-K on few tiles: every SM gets a share of the K steps
+    assert C.plan(512, 1536, 4096, variant="coop128x256", mode=C.MODE_SK).grid > 24
+    # an exact number of waves of a long K: data parallel
+    pl = C.plan(4096, 8448, 4096, variant="coop128x256")
+    assert (pl.mode, pl.grid) == (C.MODE_DP, 132)
+    # a partial last wave (928 tiles = 7.03 waves of 132): stream-K after full DP waves
+    pl = C.plan(4096, 7392, 8192, variant="coop128x256")
+    assert pl.mode == C.MODE_SK and pl.dp_tiles % pl.grid == 0 and pl.dp_tiles > 0
+
+
+def test_deterministic_mode_is_batch_invariant():
+    """The deterministic plan's config and K split never depend on M."""
+    for N, K in ((1536, 4096), (576, 4608), (7392, 8192)):
+        plans = {C.plan(M, N, K, deterministic=True) for M in (1, 7, 512, 1000, 4096, 12345)}
+        assert {(p.variant, p.mode, p.split) for p in plans} == {
+            (C.DETERMINISTIC_CONFIG, C.MODE_DP, 1)}
+    p = C.plan(100, 1536, 8192, deterministic=True, split=4)
+    q = C.plan(9000, 1536, 8192, deterministic=True, split=4)
+    assert (p.variant, p.mode, p.split) == (q.variant, q.mode, q.split) == (
+        C.DETERMINISTIC_CONFIG, C.MODE_SPLIT, 4)
+
+
+def test_stages_fit_shared_memory():
+    for cfg in C.WS_CONFIGS.values():
+        for in_b, out_b in ((2, 2), (2, 4)):
+            st = C.fit_stages(cfg, in_b, out_b)
+            assert st >= 2 and C.smem_bytes(cfg, st, in_b, out_b) <= C.SMEM_BYTES - 256

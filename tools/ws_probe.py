@@ -1,0 +1,525 @@
+"""Probe of the warp-specialized Gluon GEMM (``ditron_ops/gemm/_ws_kernels.py``) on an H200.
+
+Checks every variant of ``WS_CONFIGS`` on integer-valued operands (exact against torch in fp32:
+small integers, so every product and partial sum is exact and both sides round the same fp32
+value), then times it against cuBLAS (``torch.matmul``) by paired CUDA-graph replay::
+
+    python tools/ws_probe.py --out DIR          # GPU: correctness, timing, table, DIR/ws_probe.csv
+    python tools/ws_probe.py --compile-only     # no GPU: compile all variants for sm_90a and
+                                                # report registers, spills, HGMMA, shared memory
+
+Options: ``--variants a,b`` (default all), ``--no-tl`` (skip the portable ``tl`` core column),
+``--rounds N``, ``--quick`` (fewer shapes).
+
+Timing: per shape, one graph of up to 20 calls per contender (cuBLAS, each variant, the ``tl``
+core), inputs rotated over enough buffer sets to exceed L2; graphs replayed alternately; the
+median per-call time over the rounds. Ratio = t_cublas / t_ours (> 1: faster than cuBLAS).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import math
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CHECK_SHAPES = [(1000, 2560, 2560), (517, 4480, 5120), (4808, 272, 14080), (64, 4096, 4096),
+                (129, 136, 72), (2100, 7000, 648)]
+"""Correctness shapes (M, N, K): ragged M, N, K; one tile-column; a K tail of one short step;
+enough tiles for stream-K after data-parallel waves."""
+
+MODEL_NK = [
+    ("llama3-8b/tp4", 1536, 4096), ("llama3-8b/tp4", 4096, 1024),
+    ("llama3-8b/tp4", 3584, 4096), ("llama3-8b/tp4", 4096, 3584),
+    ("mistral-l2/tp8", 1792, 12288), ("mistral-l2/tp8", 12288, 1536),
+    ("mistral-l2/tp8", 3584, 12288), ("mistral-l2/tp8", 12288, 3584),
+    ("gemma2-27b/tp8", 576, 4608), ("gemma2-27b/tp8", 9216, 4608),
+    ("qwen2-72b/tp8", 7392, 8192), ("qwen2-72b/tp8", 8192, 3696),
+]
+"""TP shards (N, K) of public models' linear layers (QKV, O, gate+up, down)."""
+MODEL_M = (512, 1000, 2048, 3000, 4096)
+RANDOM_SHAPES = 10
+RANDOM_SEED = 39
+L2_SPAN = 128 << 20
+"""Bytes the rotated buffer sets of one shape span at least (H200 L2: 50 MB)."""
+GRAPH_CALLS = 20
+GRAPH_TARGET_S = 3e-3
+"""Calls per graph shrink below ``GRAPH_CALLS`` so that one replay takes about this long."""
+HANG_S = float(os.environ.get("WS_PROBE_HANG_S", "60"))
+"""Silence (no progress) after which the watchdog ends the process: a barrier-phase bug hangs
+the kernel and the CUDA context cannot be recovered."""
+DEADLINE_S = 320.0
+"""Timing stops after this many seconds of the run (the table still prints; the lead's limit
+is 6 minutes including compiles)."""
+
+_last_progress = [time.time()]
+
+
+def touch() -> None:
+    """Tell the watchdog the probe is alive."""
+    _last_progress[0] = time.time()
+
+
+def log(*args) -> None:
+    touch()
+    print(*args, flush=True)
+
+
+def _start_watchdog() -> None:
+    import threading
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            if time.time() - _last_progress[0] > HANG_S:
+                print(f"HANG: no progress for {HANG_S:.0f} s (a kernel never finished); exiting",
+                      flush=True)
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _short(dtype) -> str:
+    return {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}[str(dtype)]
+
+
+# --------------------------------------------------------------------------------------------
+# Compile only (CPU)
+# --------------------------------------------------------------------------------------------
+
+def _fake_driver() -> None:
+    """A stand-in driver whose target is sm_90 (warm-up compiles without a GPU)."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver as active_driver
+
+    class _Driver:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+    active_driver.set_active(_Driver())
+
+
+@functools.lru_cache(maxsize=None)
+def _ws_module():
+    """``_ws_kernels`` without importing ``ditron_ops`` (its import picks CPU/GPU modes)."""
+    import importlib
+    import types
+    pkg = types.ModuleType("ditron_ws")  # a stand-in package over ditron_ops/gemm
+    pkg.__path__ = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                 "ditron_ops", "gemm")]
+    sys.modules["ditron_ws"] = pkg
+    return importlib.import_module("ditron_ws._ws_kernels")
+
+
+def variant_plan(ws, name, M, N, K, in_bytes=2, out_bytes=2, sms=132):
+    """Plan of probe variant ``name``: ``auto`` (the rule), ``det`` (deterministic mode),
+    ``CFG`` (rule's schedule with that config), ``CFG:dp`` / ``CFG:sk`` / ``CFG:splitS``
+    (forced schedule)."""
+    if name == "auto":
+        return ws.plan(M, N, K, in_bytes, out_bytes, sms)
+    if name == "det":
+        return ws.plan(M, N, K, in_bytes, out_bytes, sms, deterministic=True)
+    cfg, _, mode = name.partition(":")
+    if mode.startswith("split"):
+        return ws.plan(M, N, K, in_bytes, out_bytes, sms, variant=cfg, mode=ws.MODE_SPLIT,
+                       split=int(mode[5:]))
+    mode = {"": None, "dp": ws.MODE_DP, "sk": ws.MODE_SK}[mode]
+    return ws.plan(M, N, K, in_bytes, out_bytes, sms, variant=cfg, mode=mode)
+
+
+def _sass_stats(kernel) -> dict:
+    """Registers and spills (ptxas -v on the PTX), HGMMA and local-memory counts (SASS)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(ptx, "w") as fh:
+            fh.write(kernel.asm["ptx"])
+        info = subprocess.run([os.path.join(bin_dir, "ptxas"), "-v", "--gpu-name", "sm_90a", ptx,
+                               "-o", cubin], capture_output=True, text=True, check=True).stderr
+        with open(cubin, "wb") as fh:
+            fh.write(kernel.asm["cubin"])
+        sass = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", cubin],
+                              capture_output=True, text=True, check=True).stdout
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", info))
+    hgmma = sorted(set(re.findall(r"HGMMA\.\S+", sass)))
+    setmax = sorted(set(int(x, 16) for x in re.findall(r"USETMAXREG\.\S+ \S*?,? ?(0x[0-9a-f]+)",
+                                                        sass)))
+    return dict(regs=regs, spills=spills, hgmma=len(re.findall(r"\bHGMMA\.", sass)),
+                hgmma_kinds=hgmma, local=len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+                setmaxnreg=setmax)
+
+
+def compile_only(variants) -> int:
+    import torch
+    _fake_driver()
+    ws = _ws_module()
+    log(f"compile-only: triton sm_90a, variants {', '.join(variants)}")
+    log(f"{'variant':<12} {'in':<4} {'B':<6} {'bias':<4} {'C':<4} {'st':>2} {'smem':>6} "
+        f"{'regs':>4} {'spill':>5} {'LDL/STL':>7} {'HGMMA':>5}  setmaxnreg  kinds  (s)")
+    bad = 0
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    combos = [(bf16, False, False, bf16), (bf16, True, True, fp32),
+              (fp16, False, True, fp16), (fp16, True, False, fp32)]
+    for name in variants:
+        for dt, b_kn, has_bias, out_dt in combos:
+            M, N, K = 1000, 2560, 2560
+            cfg_plan = variant_plan(ws, name, M, N, K, dt.itemsize, out_dt.itemsize)
+            a = torch.empty(M, K, dtype=dt)
+            b = torch.empty(K, N, dtype=dt) if b_kn else torch.empty(N, K, dtype=dt).t()
+            out = torch.empty(M, N, dtype=out_dt)
+            bias = torch.empty(N, dtype=dt) if has_bias else None
+            t0 = time.time()
+            try:
+                args, meta = ws.ws_operands(a, b, out, bias, cfg_plan)
+                kernel = ws.ws_gemm_kernel.warmup(*args, **meta, grid=(cfg_plan.grid, ))
+                st = _sass_stats(kernel)
+            except Exception as exc:  # report and go on: the other variants still say something
+                bad += 1
+                log(f"{name:<12} {_short(dt):<4} {'kn' if b_kn else 'w.t()':<6} FAILED: "
+                    f"{type(exc).__name__}: {str(exc)[:300]}")
+                continue
+            ok = st["spills"] == 0 and st["local"] == 0 and st["hgmma"] > 0
+            bad += not ok
+            log(f"{name[:12]:<12} {_short(dt):<4} {'kn' if b_kn else 'w.t()':<6} "
+                f"{'y' if has_bias else 'n':<4} {_short(out_dt):<4} {meta['STAGES']:>2} "
+                f"{kernel.metadata.shared:>6} {st['regs']:>4} {st['spills']:>5} {st['local']:>7} "
+                f"{st['hgmma']:>5}  {'/'.join(map(str, st['setmaxnreg'])):<10} "
+                f"{','.join(k[6:] for k in st['hgmma_kinds'])}  ({time.time() - t0:.1f})")
+    log("compile-only: " + ("all variants compile, no spills, HGMMA present" if not bad
+                            else f"{bad} problem(s)"))
+    return 1 if bad else 0
+
+
+# --------------------------------------------------------------------------------------------
+# GPU
+# --------------------------------------------------------------------------------------------
+
+def _sync(what: str) -> None:
+    """Synchronize, naming ``what`` if the watchdog fires meanwhile."""
+    import torch
+    ev = torch.cuda.Event()
+    ev.record()
+    t0 = time.time()
+    while not ev.query():
+        if time.time() - t0 > HANG_S - 5:
+            log(f"HANG: {what} did not finish")
+            os._exit(3)
+        time.sleep(1e-4)
+    touch()
+
+
+def _ints(shape, dtype, gen):
+    import torch
+    return torch.randint(-2, 3, shape, generator=gen, device="cuda").to(dtype)
+
+
+def check(ws, variants) -> dict:
+    """Exact integer checks per variant; returns ``{variant: failures}``."""
+    import torch
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    # Every (dtype, B layout, bias) with both C dtypes across them: 8 compiles per variant.
+    combos = [(dt, b_kn, has_bias,
+               dt if (b_kn + has_bias + (dt == torch.float16)) % 2 else torch.float32)
+              for dt in (torch.bfloat16, torch.float16)
+              for b_kn in (False, True)
+              for has_bias in (False, True)]
+    fails = {}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for name in variants:
+        n_fail = n_run = 0
+        t0 = time.time()
+        for M, N, K in CHECK_SHAPES:
+            for dt, b_kn, has_bias, out_dt in combos:
+                a = _ints((M, K), dt, gen)
+                b = _ints((K, N), dt, gen) if b_kn else _ints((N, K), dt, gen).t()
+                bias = _ints((N, ), dt, gen) if has_bias else None
+                out = torch.full((M, N), float("nan"), dtype=out_dt, device="cuda")
+                pl = variant_plan(ws, name, M, N, K, dt.itemsize, out_dt.itemsize, sms)
+                cfg = pl.cfg
+                tag = (f"{name} [{ws.describe(pl)}] {M}x{N}x{K} {_short(dt)} "
+                       f"{'kn' if b_kn else 'w.t()'} bias={int(has_bias)} C={_short(out_dt)}")
+                try:
+                    ws.ws_matmul(a, b, out, bias, plan_=pl)
+                    _sync(tag)
+                except Exception as exc:
+                    n_fail += 1
+                    log(f"  ERROR {tag}: {type(exc).__name__}: {str(exc)[:400]}")
+                    if "CUDA error" in str(exc) or "illegal" in str(exc):
+                        log("the CUDA context is lost; exiting")
+                        os._exit(4)
+                    continue
+                ref = a.float() @ b.float()
+                if bias is not None:
+                    ref += bias.float()
+                ref = ref.to(out_dt)
+                n_run += 1
+                touch()
+                if not torch.equal(out, ref):
+                    n_fail += 1
+                    diff = (out.float() - ref.float()).abs().nan_to_num(float("inf"))
+                    bad = (diff > 0).nonzero()
+                    r, c = bad[0].tolist()
+                    log(f"  FAIL {tag}: {bad.shape[0]} wrong, max |diff| {diff.max().item():.3g}, "
+                        f"first at ({r}, {c}) tile ({r // cfg.block_m}, {c // cfg.block_n}); "
+                        f"rows {bad[:, 0].min().item()}..{bad[:, 0].max().item()}, "
+                        f"cols {bad[:, 1].min().item()}..{bad[:, 1].max().item()}")
+        n_fail += _check_repeat(ws, name, sms, gen)
+        fails[name] = n_fail
+        log(f"check {name}: {n_run} runs, {n_fail} failed ({time.time() - t0:.1f} s)")
+    return fails
+
+
+def _check_repeat(ws, name, sms, gen) -> int:
+    """Float inputs: bitwise equal run to run (fixed-order reductions); for ``det`` also batch
+    invariance (``op(x[:m])`` equals ``op(x)[:m]`` bitwise). Returns the failures."""
+    import torch
+    bad = 0
+    M, N, K = 1000, 1536, 4096
+    a = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+    w = torch.randn(N, K, generator=gen, device="cuda").to(torch.bfloat16)
+    pl = variant_plan(ws, name, M, N, K, 2, 2, sms)
+    ref = ws.ws_matmul(a, w.t(), plan_=pl)
+    for _ in range(3):
+        if not torch.equal(ws.ws_matmul(a, w.t(), plan_=pl), ref):
+            bad += 1
+            log(f"  FAIL {name} [{ws.describe(pl)}]: not bitwise equal run to run")
+            break
+    if name == "det":
+        for m in (1, 7, 64, 129, 500, 999):
+            part = ws.ws_matmul(a[:m], w.t(), deterministic=True)
+            if not torch.equal(part, ref[:m]):
+                bad += 1
+                log(f"  FAIL det: rows 0..{m} differ from the full batch's")
+    _sync(f"{name} repeat")
+    return bad
+
+
+def timing_shapes(quick: bool, seeds=(RANDOM_SEED, ), model: bool = True):
+    import random
+    shapes = [(tag, M, N, K) for tag, N, K in MODEL_NK for M in MODEL_M] if model else []
+    if quick:
+        shapes = shapes[::3]
+    for seed in seeds:
+        shapes += _random_shapes(seed, RANDOM_SHAPES // (2 if quick else 1))
+    return shapes
+
+
+def _random_shapes(seed, n):
+    import random
+    rng = random.Random(seed)
+    dims = lambda: next(x for x in iter(lambda: rng.randint(32, 2048) * 8, None) if x % 128)
+    return [(f"random/s{seed}", dims(), dims(), dims()) for _ in range(n)]
+
+
+def _graph(fn, calls):
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(min(calls, 3)):  # warm-up outside the graph (compiles, cuBLAS heuristics)
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    _sync("graph warm-up")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i)
+    return g
+
+
+def time_shape(ws, variants, M, N, K, rounds, tl_matmul):
+    """Per-call seconds of each contender (cuBLAS, variants, tl core) on one shape."""
+    import torch
+    dt = torch.bfloat16
+    set_bytes = 2 * (M * K + N * K + M * N)
+    sets = max(1, min(GRAPH_CALLS, math.ceil(L2_SPAN / set_bytes)))
+    a = [torch.randn(M, K, dtype=dt, device="cuda") for _ in range(sets)]
+    w = [torch.randn(N, K, dtype=dt, device="cuda") for _ in range(sets)]
+    c = [torch.empty(M, N, dtype=dt, device="cuda") for _ in range(sets)]
+    fns = {"cublas": lambda i: torch.matmul(a[i % sets], w[i % sets].t(), out=c[i % sets])}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for name in variants:
+        pl = variant_plan(ws, name, M, N, K, 2, 2, sms)
+        fns[name] = (lambda pl: lambda i: ws.ws_matmul(a[i % sets], w[i % sets].t(), c[i % sets],
+                                                       plan_=pl))(pl)
+    if tl_matmul is not None:
+        fns["tl"] = lambda i: tl_matmul(a[i % sets], w[i % sets].t(), out=c[i % sets])
+    # Calls per graph: about GRAPH_TARGET_S per replay, from one timed cuBLAS call.
+    fns["cublas"](0)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    fns["cublas"](1)
+    e1.record()
+    torch.cuda.synchronize()
+    est = e0.elapsed_time(e1) * 1e-3
+    calls = max(2, min(GRAPH_CALLS, round(GRAPH_TARGET_S / max(est, 1e-6))))
+    graphs = {}
+    for name, fn in fns.items():
+        try:
+            graphs[name] = _graph(fn, calls)
+        except Exception as exc:
+            log(f"  {name}: no graph ({type(exc).__name__}: {str(exc)[:200]})")
+    _sync(f"graph warm-up {M}x{N}x{K}")
+    times = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, g in graphs.items():
+            e0.record()
+            g.replay()
+            e1.record()
+            e1.synchronize()
+            times[name].append(e0.elapsed_time(e1) * 1e-3 / calls)
+    del graphs
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def geo(xs):
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def run_gpu(args, variants) -> int:
+    import torch
+    import triton
+    ws = _ws_module()
+    dev = torch.cuda.get_device_properties(0)
+    log(f"device {dev.name}, {dev.multi_processor_count} SMs; torch {torch.__version__}, "
+        f"triton {triton.__version__}; variants {', '.join(variants)}")
+    t_start = time.time()
+    _start_watchdog()
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference stays exact
+    fails = check(ws, variants)
+    if args.check_only:
+        log("check failures: " + " ".join(f"{n}={fails[n]}" for n in variants))
+        return 1 if any(fails.values()) else 0
+    # Scratch sized once for every plan of the sweep: graphs keep their pointers.
+    ws._scratch(torch.device("cuda", 0), 2 * 132 * 128 * 256, 1 << 16)
+    tl_matmul = None
+    if not args.no_tl:
+        try:
+            from ditron_ops.gemm._core import matmul as tl_matmul
+        except Exception as exc:
+            log(f"tl core unavailable ({type(exc).__name__}: {str(exc)[:200]})")
+    shapes = timing_shapes(args.quick, [int(x) for x in args.seeds.split(",")],
+                           not args.no_model)
+    log(f"timing {len(shapes)} shapes (bf16, B = w.t(), C bf16, no bias), {args.rounds} rounds")
+    rows = []
+    for idx, (tag, M, N, K) in enumerate(shapes):
+        if time.time() - t_start > args.deadline:
+            log(f"deadline: timing stopped after {idx} of {len(shapes)} shapes")
+            break
+        try:
+            t = time_shape(ws, variants, M, N, K, args.rounds, tl_matmul)
+        except Exception as exc:
+            log(f"  {M}x{N}x{K}: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        rows.append((tag, M, N, K, t))
+        ratios = " ".join(f"{n}={t['cublas'] / t[n]:.3f}" for n in t if n != "cublas")
+        auto = ws.describe(variant_plan(ws, "auto", M, N, K))
+        log(f"[{idx + 1}/{len(shapes)} {time.time() - t_start:.0f}s] {tag} {M}x{N}x{K} "
+            f"cublas {t['cublas'] * 1e6:.1f}us {ratios} auto={auto}")
+        torch.cuda.empty_cache()
+
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "ws_probe.csv")
+    with open(path, "w", newline="") as fh:
+        wr = csv.writer(fh)
+        wr.writerow(["tag", "M", "N", "K", "contender", "t_cublas_us", "t_us", "ratio", "tflops",
+                     "check_failures"])
+        for tag, M, N, K, t in rows:
+            for name, tv in t.items():
+                wr.writerow([tag, M, N, K, name, f"{t['cublas'] * 1e6:.2f}", f"{tv * 1e6:.2f}",
+                             f"{t['cublas'] / tv:.4f}", f"{2 * M * N * K / tv * 1e-12:.1f}",
+                             fails.get(name, "")])
+
+    cols = [n for n in variants + ["tl"] if rows and n in rows[0][4]]
+    log("")
+    log("ratio = t_cublas / t_ours (>1: faster than cuBLAS); bf16, B = w.t(); cuBLAS TFLOP/s")
+    log(f"{'tag':<15}{'M':>6}{'N':>7}{'K':>7}{'cuBLAS':>7} "
+        + " ".join(f"{n[:11]:>11}" for n in cols))
+    for tag, M, N, K, t in rows:
+        tf = 2 * M * N * K / t["cublas"] * 1e-12
+        log(f"{tag:<15}{M:>6}{N:>7}{K:>7}{tf:>7.0f} "
+            + " ".join(f"{t['cublas'] / t[n]:>11.3f}" if n in t else f"{'-':>11}" for n in cols))
+    log("")
+    for group, sel in (("model", lambda r: not r[0].startswith("random")),
+                       ("random", lambda r: r[0].startswith("random")), ("all", lambda r: True)):
+        sub = [r for r in rows if sel(r)]
+        if not sub:
+            continue
+        best = geo([max(r[4]["cublas"] / r[4][n] for n in variants if n in r[4]) for r in sub])
+        log(f"geo-mean {group:<6} ({len(sub):>2}): "
+            + " ".join(f"{n}={geo([r[4]['cublas'] / r[4][n] for r in sub if n in r[4]]):.3f}"
+                       for n in cols) + f" best-ws={best:.3f}")
+    seeds = sorted({r[0] for r in rows if r[0].startswith("random")})
+    for seed in seeds if len(seeds) > 1 else []:
+        sub = [r for r in rows if r[0] == seed]
+        log(f"geo-mean {seed:<10}: " + " ".join(
+            f"{n}={geo([r[4]['cublas'] / r[4][n] for r in sub if n in r[4]]):.3f}" for n in cols))
+    for n in [v for v in ("auto", ) + tuple(variants) if v in cols][:1]:
+        for group, sel in (("model", lambda r: not r[0].startswith("random")),
+                           ("random", lambda r: r[0].startswith("random"))):
+            sub = sorted((r[4]["cublas"] / r[4][n], r) for r in rows if sel(r) and n in r[4])
+            log(f"worst {n} {group}: " + ", ".join(
+                f"{r[1]}x{r[2]}x{r[3]} {x:.3f} [{ws.describe(variant_plan(ws, n, *r[1:4]))}]"
+                for x, r in sub[:5]))
+    log("check failures: " + " ".join(f"{n}={fails[n]}" for n in variants))
+    log(f"csv: {path}; total {time.time() - t_start:.0f} s")
+    return 1 if any(fails.values()) else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="ws_probe_out")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--variants", default="")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-tl", action="store_true")
+    ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--rule-configs", default="", help="configs the rule may pick, a,b")
+    ap.add_argument("--no-model", action="store_true", help="random shapes only")
+    ap.add_argument("--seeds", default=str(RANDOM_SEED), help="random-shape seeds, a,b,...")
+    ap.add_argument("--deadline", type=float, default=DEADLINE_S)
+    args = ap.parse_args()
+    if args.compile_only:
+        import importlib.util
+        spec = importlib.util.find_spec("triton.experimental.gluon")
+        if spec is None:
+            log("triton without gluon")
+            return 1
+    _ws_module()
+    if args.rule_configs:  # restrict the rule (e.g. to the configs that passed their checks)
+        sys.modules["ditron_ws._ws_configs"].RULE_CONFIGS = tuple(args.rule_configs.split(","))
+    ws_names = list(_ws_module().WS_CONFIGS) if not args.variants else args.variants.split(",")
+    if args.compile_only:
+        return compile_only(ws_names)
+    return run_gpu(args, ws_names)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
