@@ -99,7 +99,7 @@ FORCED_BEST = {(64, 4096): "64x64x64/s6", (64, 8192): "64x64x64/s6",
                (128, 4096): "64x64x64/s6", (128, 8192): "64x128x64/s6",
                (128, 12288): "64x256x64/s4", (128, 16384): "64x256x64/s4"}
 """The fastest of 64x64/s6, 64x128/s6 and 64x256/s4 per (M, N) in the forced runs of the
-batch-invariant GEMM (H200, 132 SMs, ``benchmarks/results/invariant_configs-bf16-cuda.csv``)."""
+batch-invariant GEMM (H200, 132 SMs, ``benchmarks/probes/invariant_configs-bf16-cuda.csv``)."""
 
 
 def test_plain_deterministic_matmul_weighs_the_narrow_tiles():

@@ -67,7 +67,7 @@ def test_row_pad_copies_rows_onto_lines(rows, cols, pitch):
 
 
 def test_pad_rule_picks_the_cheaper_copies():
-    """Measured shapes (H200, ``tools/align_probe.py``): copying B (2560 rows) pays where A has
+    """Measured shapes (H200, ``benchmarks/probes/align_probe.py``): copying B (2560 rows) pays where A has
     16360; copying A pays where it has half B's rows; B's rows alone off sectors cost the
     128x256 tiles too little for a copy, the 128x128 tiles enough; operands on sectors, the
     skinny tiles' M, tiles with a strip and the interpreter never copy; either mode answers

@@ -182,7 +182,7 @@ def test_rule_properties_on_the_gpu_candidates():
 
 
 def test_rule_choices_with_the_probe_fitted_constants():
-    """On an H200's 132 SMs, with the split-K constants fitted to ``tools/splitk_probe.py``'s
+    """On an H200's 132 SMs, with the split-K constants fitted to ``benchmarks/probes/splitk_probe.py``'s
     forced splits (the reduce with every slice's load at once) and ``SPLIT_MARGIN``: the sweep
     splits exactly its five few-tile shapes whose measured splits beat their unsplit tiles in
     that run (1392x704x15808 0.90x cuBLAS against 0.78x, 712x896x9288 0.86 against 0.84, ...);

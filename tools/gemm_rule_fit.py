@@ -5,7 +5,7 @@ ours, higher is better):
 
 * ``benchmarks/results/gemm_configs-bf16-cuda.csv`` (``bench gemm_sweep --only configs``): 9
   configurations on the 48 seeded sweep shapes, bf16 out; the default mode's rule is scored here;
-* ``benchmarks/results/invariant_configs-bf16-cuda.csv`` (``tools/invariant_configs.py``): 8
+* ``benchmarks/probes/invariant_configs-bf16-cuda.csv`` (``benchmarks/probes/invariant_configs.py``): 8
   M-side tilings of the fp32-out GEMM at M 1-1024 on the six GEMM-RS model shapes; the
   deterministic mode's rule is scored here.
 
@@ -56,7 +56,7 @@ from ditron_ops.gemm import _core_configs as rules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP_CSV = os.path.join(ROOT, "benchmarks", "results", "gemm_configs-bf16-cuda.csv")
-INVARIANT_CSV = os.path.join(ROOT, "benchmarks", "results", "invariant_configs-bf16-cuda.csv")
+INVARIANT_CSV = os.path.join(ROOT, "benchmarks", "probes", "invariant_configs-bf16-cuda.csv")
 SPLITK_CSV = os.path.join(ROOT, "benchmarks", "results", "gemm_splitk-bf16-cuda.csv")
 SWEEP_RUN_CSV = os.path.join(ROOT, "benchmarks", "results", "gemm_sweep-bf16-cuda.csv")
 SPLIT_CONSTANTS = {"step": "STEP_US", "split_step": "SPLIT_STEP_US", "bw": "PARTIAL_BYTES_PER_S",

@@ -115,7 +115,7 @@ between runs of the same code (benchmarks/NOTES.md, gemm_rs / gemm_ar)."""
 
 def present(group, cfg: BenchConfig, out: list[Result]) -> None:
     """``present``: gemm_rs fused at W=1 (deterministic) vs our plain GEMM, per shape, and the
-    geo-mean row (``tools/present.py gemm_rs`` runs this alone). A second graph of the same plain
+    geo-mean row. A second graph of the same plain
     GEMM, timed in the same turns, gives the measurement's own noise (``noise_pct``)."""
     rows = []
     for (k, n), models in _shapes(cfg.quick).items():

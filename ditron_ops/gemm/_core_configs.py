@@ -22,7 +22,7 @@ the 128x256 tiles (benchmarks/NOTES.md, GEMM core).
 
 Deterministic mode picks only candidates whose rows were measured bitwise equal to the 128x256
 tiles' rows (``Candidate.deterministic``): BLOCK_K = 64 and the MMA's K order fixed, a row's
-result does not depend on the M-side tiling (all 240 rows of ``tools/invariant_configs.py``).
+result does not depend on the M-side tiling (all 240 rows of ``benchmarks/probes/invariant_configs.py``).
 
 Split-K (``select_split``; the default mode's plain ``matmul`` only, never deterministic mode,
 whose K order per element is fixed, and never the fused ops' waiting kernels): where a
@@ -36,7 +36,7 @@ under ``SPLIT_MARGIN`` of the unsplit time. Its time, in microseconds::
 
 (``time(c, 1)`` is the tile rule's time x steps x ``STEP_US``: an S = 1 choice is always
 ``select``'s). The partial traffic and the fixed cost are fitted to forced split runs
-(``tools/splitk_probe.py``; data and history: benchmarks/NOTES.md, GEMM core).
+(``benchmarks/probes/splitk_probe.py``; data and history: benchmarks/NOTES.md, GEMM core).
 
 Two programs per SM (``short_k``; the plain ``matmul`` with a 2-byte C only, either mode):
 where ``select`` picked the 128x256 tiles for a short K over two waves or more, 128x128 tiles
@@ -227,7 +227,7 @@ pipeline fill and C store run under the other's MMAs. Why: with a dozen or two K
 tile's fill and epilogue are a large share of it, and 128x256 tiles run one program per SM.
 Measured +2-11% over the rule's 128x256 tiles on the sweep shapes it takes, -9-12% on short-K
 shapes under two waves (H200; benchmarks/NOTES.md, GEMM core, "Two programs per SM"). Its
-rows were measured bitwise those of the 128x256 tiles (``tools/invariant_pairs.py``; a 2-byte C
+rows were measured bitwise those of the 128x256 tiles (``benchmarks/probes/invariant_pairs.py``; a 2-byte C
 rounds the same fp32 sums), so deterministic mode takes it too."""
 SHORT_K_MAX_STEPS = 24
 """Most ``BLOCK_K`` steps at which ``short_k`` applies (every measured gain at 9-25 steps; from
@@ -365,7 +365,7 @@ agree: fitted free with the two constants below it comes to 0.76."""
 PARTIAL_BYTES_PER_S = 3e12
 """Rate of the fp32 partials' traffic (each written once by the split GEMM and read once by the
 reduce: ``S x M x N x 8`` bytes), bytes/s: fitted with ``SPLIT_LAUNCH_US`` to 109 forced split
-runs of ``tools/splitk_probe.py`` (the middle of the values that pick alike; history:
+runs of ``benchmarks/probes/splitk_probe.py`` (the middle of the values that pick alike; history:
 benchmarks/NOTES.md, GEMM core)."""
 SPLIT_LAUNCH_US = 3.0
 """Fixed cost of a split call over the unsplit one (the reduce kernel's launch and latency, the
@@ -593,7 +593,7 @@ MISALIGNED_SLOWDOWN = {"wide": (1.026, 1.056, 1.234), "narrow": (1.12, 1.25, 1.4
 K 8 past a multiple of 16; the others on 128-byte lines), over its time with both on lines, by
 the tiles the rule picks with both on lines: "wide", 128 rows by 256 columns or more, else
 "narrow" (128x128, 64-row tiles; their A and B boxes each carry half as many bytes a step).
-The medians over the 24 shapes of ``tools/align_probe.py`` (H200; per shape 1.0-1.4 wide and
+The medians over the 24 shapes of ``benchmarks/probes/align_probe.py`` (H200; per shape 1.0-1.4 wide and
 1.04-1.8 narrow; cuBLAS itself ran up to 1.5x faster on lined copies). Rows on sectors but
 off lines (K a multiple of 16, not of 64) cost the 128x256 tiles about 1% and are never
 copied for it (``_pad.off_sectors``). Tiles with a strip (``wide``) are not in it: the two
@@ -646,7 +646,7 @@ def pad_operands(m: int, n: int, k: int, programs: int, device: torch.device, *,
     the product is as fast as reading B once, which a copy doubles). On the GPU only.
 
     Example: 16360x2560x7528 (bf16): both operands off sectors; copying B (2560 rows, 38.5 MB)
-    took 22 us and cut the GEMM from 1090 us to 860 us (H200, ``tools/align_probe.py``).
+    took 22 us and cut the GEMM from 1090 us to 860 us (H200, ``benchmarks/probes/align_probe.py``).
     """
     if device.type != "cuda" or skinny(m, device) is not None or (a_sectored and b_sectored):
         return False, False

@@ -18,7 +18,7 @@ DEV = torch.device("cuda")
 RULE_SHAPES = {(800, 768, 10760): True, (712, 896, 9288): True, (1392, 704, 15808): True,
                (200, 4736, 4504): False, (512, 512, 32768): True, (256, 512, 65536): True}
 """Few-tile, long-K shapes and whether the rule splits them on 132 SMs (``SPLIT_MARGIN``; the
-constants fitted to ``tools/splitk_probe.py``'s runs): three of the sweep's, not a fourth, a few
+constants fitted to ``benchmarks/probes/splitk_probe.py``'s runs): three of the sweep's, not a fourth, a few
 tiles over a very long K."""
 
 

@@ -11,7 +11,7 @@ timed in one paired graph run with cuBLAS bf16 out and cuBLAS fp32 out.
 
 Its result decides ``short_k``'s 2-byte C condition (benchmarks/NOTES.md, GEMM core).
 
-Usage (on the GPU machine): ``python tools/invariant_pairs.py --csv out.csv``
+Usage (on the GPU machine): ``python benchmarks/probes/invariant_pairs.py --csv out.csv``
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from ditron_ops.bench.harness import paired_graph_times, warm_gpu
 from ditron_ops.gemm._core import matmul
 from ditron_ops.gemm._core_configs import GPU_CONFIG, GPU_CONFIGS, SHORT_K_CANDIDATE
 from ditron_ops.runtime.virtual import launch
-from invariant_configs import finish  # (tools/ is the script's folder)
+from invariant_configs import finish  # (this folder: the script's)
 
 CANDIDATES = {
     "128x256/s4/tail": GPU_CONFIGS[GPU_CONFIG],  # (fp32 C: 3 stages)

@@ -7,7 +7,7 @@ Why: the sweep's K-misaligned shapes trail (geo-mean x cuBLAS about 0.80 against
 forced-configuration data show 128x128 and 64x256 tiles 0.70-0.84x as fast as 128x256 there
 against 0.98-1.06x with K on 16 (benchmarks/NOTES.md, GEMM core, "Operand row alignment").
 
-Usage (GPU machine): ``python tools/align_probe.py --csv out.csv`` (``--shapes MxNxK,...``).
+Usage (GPU machine): ``python benchmarks/probes/align_probe.py --csv out.csv`` (``--shapes MxNxK,...``).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ditron_ops.gemm import _core_configs as rules
 from ditron_ops.gemm._core import _MATMUL_PLANS, matmul, program_budget
 from ditron_ops.gemm._pad import RowPad
 from ditron_ops.runtime.virtual import launch
-from invariant_configs import print_gains, write_csv  # (tools/ is the script's folder)
+from invariant_configs import print_gains, write_csv  # (this folder: the script's)
 
 SEEDS = range(301, 340)
 """Seeds of the drawn shapes beside the sweep's own (``gemm_sweep.SEED``)."""

@@ -3,7 +3,7 @@ fp32-out core GEMM (BLOCK_K = 64 and the wgmma reduction fixed, so a row's bits 
 against cuBLAS ``a @ b``, per model shape and M, and whether every candidate's rows are bitwise
 those of the 128x256 tiling at M = 8192.
 
-Usage (on the GPU machine): ``python tools/invariant_configs.py --csv out.csv``
+Usage (on the GPU machine): ``python benchmarks/probes/invariant_configs.py --csv out.csv``
 """
 from __future__ import annotations
 

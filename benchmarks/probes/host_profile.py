@@ -1,7 +1,7 @@
 """Where an eager call's host time goes (run on a GPU machine, one rank): per op, the calls of
 ``bench.overhead`` timed, then profiled with cProfile; the top functions by own time.
 
-    PYTHONPATH=. python tools/host_profile.py [calls=500] [top=14] [ops=ag_gemm/fused,...]
+    PYTHONPATH=. python benchmarks/probes/host_profile.py [calls=500] [top=14] [ops=ag_gemm/fused,...]
 """
 import cProfile
 import pstats

@@ -1,7 +1,7 @@
 """Stress the GPU virtual world and diagnose waits that never complete (run on a GPU machine).
 
-    PYTHONPATH=. python tools/diag_virtual_stalls.py streams=pool programs=default seconds=60
-    PYTHONPATH=. python tools/diag_virtual_stalls.py gate=0 seconds=60
+    PYTHONPATH=. python benchmarks/probes/diag_virtual_stalls.py streams=pool programs=default seconds=60
+    PYTHONPATH=. python benchmarks/probes/diag_virtual_stalls.py gate=0 seconds=60
 
 Loops the GPU test sequence (check_collectives over sizes, dtypes, W in 1..8) and a rapid
 all_gather/reduce_scatter/all_reduce stress at W=4 and W=8. A launch slower than WATCH seconds

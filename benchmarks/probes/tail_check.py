@@ -8,7 +8,7 @@ sweep's own shapes (``bench gemm_sweep --only tail``); a rule must hold off them
 
 Result (2026-12-03): benchmarks/NOTES.md, "Sliced tail".
 
-Usage (on the GPU machine): ``python tools/tail_check.py --count 24 --csv out.csv``, or
+Usage (on the GPU machine): ``python benchmarks/probes/tail_check.py --count 24 --csv out.csv``, or
 ``--shapes 2384x1152x12360,...`` for given shapes with the forced tilings beside.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ditron_ops.bench.harness import paired_graph_times, warm_gpu
 from ditron_ops.gemm import _core_configs as rules
 from ditron_ops.gemm._core import matmul, program_budget
 from ditron_ops.runtime.virtual import launch
-from invariant_configs import print_gains, write_csv  # (tools/ is the script's folder)
+from invariant_configs import print_gains, write_csv  # (this folder: the script's)
 
 SEEDS = range(101, 140)
 """Seeds of the drawn shapes (the sweep's own is ``gemm_sweep.SEED`` = 20)."""

@@ -2,7 +2,7 @@
 launch configuration (``SPLIT_CONFIG`` 128 keys/8 warps/3 stages, 1 per SM, or
 ``WIDE_SPLIT_CONFIG`` 64/4/2, 3 per SM) x programs aimed at (1-4 x the SMs), against SDPA with
 paired CUDA-graph timing. Prints sdpa_us and sdpa/ours per variant (>1: ours faster); ``rule``
-is the library's current choice. Usage: ``PYTHONPATH=. python tools/fd_partition_sweep.py``."""
+is the library's current choice. Usage: ``PYTHONPATH=. python benchmarks/probes/fd_partition_sweep.py``."""
 import torch
 import torch.nn.functional as F
 

@@ -5,7 +5,7 @@ Why: the split model's fixed cost and partial traffic are fitted to these runs; 
 timed apart say which kernel a cost is in (results: benchmarks/NOTES.md, "Split-K: the
 reduce").
 
-Usage (on the GPU machine): ``python tools/splitk_probe.py --csv out.csv``
+Usage (on the GPU machine): ``python benchmarks/probes/splitk_probe.py --csv out.csv``
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ditron_ops.bench.harness import paired_graph_times, warm_gpu
 from ditron_ops.gemm._core import _MatmulPlan, _ab_values, matmul
 from ditron_ops.gemm._core_configs import GPU_CANDIDATES
 from ditron_ops.runtime.virtual import launch
-from invariant_configs import write_csv  # (tools/ is the script's folder)
+from invariant_configs import write_csv  # (this folder: the script's)
 
 SHAPES = ((4808, 272, 14080), (6520, 384, 11520), (1112, 960, 8640), (800, 768, 10760),
           (712, 896, 9288), (1480, 1792, 10432), (168, 15432, 9664), (1496, 768, 7320),
