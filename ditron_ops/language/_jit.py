@@ -6,7 +6,9 @@ virtual world runs ranks as threads, each interpreting its own kernel; Triton's 
 the program id in a process-global builder, patches ``triton.language`` per launch and parses
 kernel sources on first use, so ``_make_interpreter_thread_safe`` (applied on the first
 interpreted launch, only in a process that interprets) makes the grid index thread-local, the
-language patch reference-counted and the source rewrite serialized.
+language patch reference-counted and the source rewrite serialized. It also types the
+interpreter's comparison results ``int1`` (``_type_comparisons_as_int1``), so a mask built
+from a scalar comparison stays boolean when broadcast, as Triton 3.9's interpreter requires.
 """
 from __future__ import annotations
 
@@ -89,7 +91,36 @@ def _make_interpreter_thread_safe() -> None:
                 return original_rewrite(self)
 
         interp.InterpretedFunction.rewrite = locked_rewrite
+        _type_comparisons_as_int1(interp)
         _shim_installed = True
+
+
+def _type_comparisons_as_int1(interp) -> None:
+    """Tag the interpreter's comparison results ``int1``, as the language types them.
+
+    Triton's interpreter computes ``a < b`` as a numpy bool array but labels its handle with the
+    *operand's* type (``binary_op`` keeps ``lhs.dtype``), while the ``tl.tensor`` around it is
+    ``int1``. A block comparison never notices, but broadcasting a *scalar* comparison
+    (``(offs < n) & (flag != 0)``, ``mask=s < slices`` on a block of pointers,
+    ``tl.where(flag != 0, ...)``) splats by the handle's label and turns the bools into int32
+    0/1. Triton 3.4-3.6 loaded and stored through such a mask anyway; 3.9's interpreter rejects
+    it (``mask has unsupported dtype``). The kernels' masks are ``int1`` in the language and on
+    the GPU; this makes the interpreter's data agree. Values are unchanged (the same bools).
+    """
+    import triton.language as tl
+
+    builder = interp.InterpreterBuilder
+    TensorHandle = interp.TensorHandle
+    for name in dir(builder):
+        if not (name.startswith("create_icmp") or name.startswith("create_fcmp")):
+            continue
+        compare = getattr(builder, name)
+
+        def typed(self, lhs, rhs, _compare=compare):
+            out = _compare(self, lhs, rhs)
+            return TensorHandle(out.data.astype(bool, copy=False), tl.int1)
+
+        setattr(builder, name, typed)
 
 
 def _interpreted(fn, **kwargs):
