@@ -45,7 +45,7 @@ def _units(p, G, tiles, ks, mode, dp_tiles, split):
             readers = [2 * (first + j) + (((first + j) * q + min(first + j, r)) < base)
                        for j in range(nseg)]
             out.append((tile, kb, ke, partial, tt, nseg, slot, readers))
-    elif mode == C.MODE_SPLIT:
+    elif mode in (C.MODE_SPLIT, C.MODE_SPLITR):
         kps = -(-ks // split)
         n = -(-(tiles * split - p) // G)
         for i in range(n):
@@ -53,8 +53,11 @@ def _units(p, G, tiles, ks, mode, dp_tiles, split):
             tile = u // split
             kb = (u % split) * kps
             ke = min(ks, kb + kps)
-            out.append((tile, kb, ke, split > 1, tile, split, u,
-                        [tile * split + j for j in range(split)]))
+            if mode == C.MODE_SPLITR:  # plane kb // kps, read by the reduce kernel in order
+                out.append((tile, kb, ke, True, None, split, kb // kps, list(range(split))))
+            else:
+                out.append((tile, kb, ke, split > 1, tile, split, u,
+                            [tile * split + j for j in range(split)]))
     else:
         n = -(-(tiles - p) // G)
         for i in range(n):
@@ -67,6 +70,7 @@ def _check_plan(M, N, K, pl):
     tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
     ks = C.cdiv(K, cfg.block_k)
     cover = {}
+    planes = set()
     writers = {}
     readers = {}
     for p in range(pl.grid):
@@ -77,7 +81,12 @@ def _check_plan(M, N, K, pl):
             for k in range(kb, ke):
                 assert (tile, k) not in cover, "a K step done twice"
                 cover[(tile, k)] = p
-            if partial:
+            if partial and pl.mode == C.MODE_SPLITR:
+                assert 0 <= slot < pl.split and (tile, slot) not in planes, "a plane twice"
+                planes.add((tile, slot))
+                writers.setdefault(tile, []).append((kb, slot))
+                readers.setdefault(tile, set()).add((nseg, tuple(rd)))
+            elif partial:
                 assert slot not in seen_slots, "a program reuses a workspace slot"
                 seen_slots.add(slot)
                 assert 0 <= slot < pl.ws_tiles and 0 <= cnt < pl.counters
@@ -86,6 +95,9 @@ def _check_plan(M, N, K, pl):
             else:
                 assert (kb, ke) == (0, ks), "a partial range takes the direct epilogue"
     assert len(cover) == tiles * ks, "K steps missed"
+    if pl.mode == C.MODE_SPLITR:  # every tile has all planes; the workspace holds them
+        assert len(planes) == tiles * pl.split
+        assert pl.ws_tiles * cfg.block_m * cfg.block_n >= pl.split * M * N
     for tile, ws in writers.items():
         (nseg, rd), = readers[tile]  # every contributor agrees on the reduction
         assert len(ws) == nseg
@@ -106,10 +118,12 @@ def test_decomposition_covers_once(M, N, K, mode, variant):
 
 
 @pytest.mark.parametrize("split", [2, 3, 5])
-def test_split_k_decomposition(split):
-    for M, N, K in SHAPES[:6]:
-        pl = C.plan(M, N, K, variant="coop128x256", mode=C.MODE_SPLIT, split=split)
-        _check_plan(M, N, K, pl)
+@pytest.mark.parametrize("mode", [C.MODE_SPLIT, C.MODE_SPLITR])
+def test_split_k_decomposition(split, mode):
+    for M, N, K in SHAPES[:6] + [(129, 136, 72)]:
+        for variant in C.RULE_CONFIGS:
+            pl = C.plan(M, N, K, variant=variant, mode=mode, split=split)
+            _check_plan(M, N, K, pl)
 
 
 def test_rule_is_pure_and_seeded_sweep():
@@ -121,14 +135,28 @@ def test_rule_is_pure_and_seeded_sweep():
             pl = C.plan(M, N, K, sms=sms)
             assert pl == C.plan(M, N, K, sms=sms)
             assert 1 <= pl.grid <= sms
-            assert pl.variant in C.RULE_CONFIGS and pl.mode in (C.MODE_DP, C.MODE_SK)
+            assert pl.variant in C.RULE_CONFIGS
+            assert pl.mode in (C.MODE_DP, C.MODE_SK, C.MODE_SPLITR)
+            if pl.mode == C.MODE_SPLITR:
+                assert 2 <= pl.split <= C.SPLITR_MAX
+                assert pl.split * M * N <= C.SPLITR_MAX_FLOATS
         _check_plan(M, N, K, C.plan(M, N, K))
 
 
 def test_rule_prefers_full_waves_and_small_tiles_when_few():
-    # 4 x 6 tiles of 128x256 with 64 K steps: far fewer tiles than SMs -> smaller tiles
+    # 4 x 6 tiles of 128x256 with 64 K steps: far fewer tiles than SMs -> smaller tiles or
+    # K slices reduced by the second kernel
     pl = C.plan(512, 1536, 4096)
-    assert (pl.variant, pl.mode) == ("pp128x128", C.MODE_DP)
+    assert pl.variant != "coop128x256" or pl.mode == C.MODE_SPLITR
+    assert pl.grid > 64
+    # 20 tiles of 128x128 and 72 K steps: 64x128 tiles or K slices, most SMs busy
+    pl = C.plan(512, 576, 4608)
+    assert pl.variant == "pp64x128" and pl.grid > 32
+    # split K pays only on small M x N (the partial planes' traffic): never on wide shapes
+    for M, N, K in ((512, 4096, 1024), (4096, 576, 4608), (512, 12288, 3584)):
+        assert C.plan(M, N, K).mode != C.MODE_SPLITR
+    # unaligned K rows (not 128-byte multiples) keep the big tile
+    assert C.plan(6256, 392, 2024).variant == "coop128x256"
     # forced stream-K on few tiles: every SM gets a share of the K steps
     assert C.plan(512, 1536, 4096, variant="coop128x256", mode=C.MODE_SK).grid > 24
     # an exact number of waves of a long K: data parallel
@@ -149,6 +177,16 @@ def test_deterministic_mode_is_batch_invariant():
     q = C.plan(9000, 1536, 8192, deterministic=True, split=4)
     assert (p.variant, p.mode, p.split) == (q.variant, q.mode, q.split) == (
         C.DETERMINISTIC_CONFIG, C.MODE_SPLIT, 4)
+
+
+def test_splitr_cost_grows_with_planes():
+    """More K slices cost more reduction; the workspace cap bounds the planned split."""
+    assert C.reduce_cost(512, 576, 4) > C.reduce_cost(512, 576, 2) > C.REDUCE_FIXED_STEPS
+    pl = C.plan(512, 576, 4608, variant="pp64x128", mode=C.MODE_SPLITR, split=3)
+    assert (pl.mode, pl.split, pl.grid) == (C.MODE_SPLITR, 3, 120)
+    assert pl.ws_tiles * 64 * 128 >= 3 * 512 * 576
+    # one K step: nothing to split, data parallel
+    assert C.plan(100, 100, 64, variant="pp128x128", mode=C.MODE_SPLITR, split=4).mode == C.MODE_DP
 
 
 def test_stages_fit_shared_memory():

@@ -128,13 +128,16 @@ def _ws_module():
 
 def variant_plan(ws, name, M, N, K, in_bytes=2, out_bytes=2, sms=132):
     """Plan of probe variant ``name``: ``auto`` (the rule), ``det`` (deterministic mode),
-    ``CFG`` (rule's schedule with that config), ``CFG:dp`` / ``CFG:sk`` / ``CFG:splitS``
-    (forced schedule)."""
+    ``CFG`` (rule's schedule with that config), ``CFG:dp`` / ``CFG:sk`` / ``CFG:splitS`` /
+    ``CFG:splitrS`` (forced schedule)."""
     if name == "auto":
         return ws.plan(M, N, K, in_bytes, out_bytes, sms)
     if name == "det":
         return ws.plan(M, N, K, in_bytes, out_bytes, sms, deterministic=True)
     cfg, _, mode = name.partition(":")
+    if mode.startswith("splitr"):
+        return ws.plan(M, N, K, in_bytes, out_bytes, sms, variant=cfg, mode=ws.MODE_SPLITR,
+                       split=int(mode[6:]))
     if mode.startswith("split"):
         return ws.plan(M, N, K, in_bytes, out_bytes, sms, variant=cfg, mode=ws.MODE_SPLIT,
                        split=int(mode[5:]))
@@ -195,6 +198,9 @@ def compile_only(variants) -> int:
                 args, meta = ws.ws_operands(a, b, out, bias, cfg_plan)
                 kernel = ws.ws_gemm_kernel.warmup(*args, **meta, grid=(cfg_plan.grid, ))
                 st = _sass_stats(kernel)
+                if cfg_plan.mode == ws.MODE_SPLITR:  # and the reduce kernel
+                    rgrid, rargs, rmeta = ws.ws_reduce_operands(out, bias, cfg_plan, args[4])
+                    ws.ws_reduce_kernel.warmup(*rargs, **rmeta, grid=rgrid)
             except Exception as exc:  # report and go on: the other variants still say something
                 bad += 1
                 log(f"{name:<12} {_short(dt):<4} {'kn' if b_kn else 'w.t()':<6} FAILED: "
@@ -425,6 +431,8 @@ def run_gpu(args, variants) -> int:
             log(f"tl core unavailable ({type(exc).__name__}: {str(exc)[:200]})")
     shapes = timing_shapes(args.quick, [int(x) for x in args.seeds.split(",")],
                            not args.no_model)
+    if args.few_tiles:  # only shapes of fewer than 2 waves of 128x256 tiles
+        shapes = [s for s in shapes if -(-s[1] // 128) * -(-s[2] // 256) < 2 * 132]
     log(f"timing {len(shapes)} shapes (bf16, B = w.t(), C bf16, no bias), {args.rounds} rounds")
     rows = []
     for idx, (tag, M, N, K) in enumerate(shapes):
@@ -505,6 +513,8 @@ def main() -> int:
     ap.add_argument("--no-model", action="store_true", help="random shapes only")
     ap.add_argument("--seeds", default=str(RANDOM_SEED), help="random-shape seeds, a,b,...")
     ap.add_argument("--deadline", type=float, default=DEADLINE_S)
+    ap.add_argument("--few-tiles", action="store_true",
+                    help="time only shapes of < 2 waves of 128x256 tiles")
     args = ap.parse_args()
     if args.compile_only:
         import importlib.util

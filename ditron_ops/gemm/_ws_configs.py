@@ -14,6 +14,11 @@ Schedules (``WsPlan.mode``) of the persistent grid of ``grid`` programs:
 * ``MODE_SPLIT`` (2): split-K into ``split`` equal K slices per tile (each a work unit), fixed
   order reduction as above. With ``split`` a function of K alone and a fixed tile config the
   K order of every output element is independent of M (the deterministic mode's option).
+* ``MODE_SPLITR`` (3): split-K as ``MODE_SPLIT``, but every slice ``j`` stores its fp32 partial
+  to plane ``j`` of an ``[split, M, N]`` workspace (no counters, no last-arriver), and a second,
+  elementwise kernel sums the planes in slice order ``0..split-1`` (+ bias, one rounding) over
+  all SMs. Deterministic; for few-tile shapes (the reduction is spread, not serialized on the
+  tile's last unit).
 
 The rule (``plan``) is a cost model in units of one K step of the chosen tile: it never looks
 at a list of shapes (DESIGN.md section 12).
@@ -29,7 +34,7 @@ SMEM_BYTES = 232448
 SMEM_RESERVE = 1024
 """Bytes kept back from ``SMEM_BYTES`` for the mbarriers and the allocator's alignment."""
 
-MODE_DP, MODE_SK, MODE_SPLIT = 0, 1, 2
+MODE_DP, MODE_SK, MODE_SPLIT, MODE_SPLITR = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,25 +67,35 @@ WS_CONFIGS = {
     "pp128x128": WsConfig(128, 128, 64, 4, True),
     # Ping-pong with 64x256 tiles per warpgroup (one m64n256 per K16, as the coop's halves).
     "pp64x256": WsConfig(64, 256, 64, 4, True),
+    # Smaller tiles for few-tile shapes (more programs; operands of such shapes sit in L2).
+    "pp64x128": WsConfig(64, 128, 64, 4, True),
+    "coop128x128": WsConfig(128, 128, 64, 8, False),
+    # pp64x128 with an 8-deep ring (probe only so far). H200 probe, one wave of tiles:
+    # 512x1536x4096 0.96 vs 0.84 (6 stages), 512x1792x12288 1.07 vs 0.95; many tiles worse.
+    "pp64x128st8": WsConfig(64, 128, 64, 4, True, stages=8),
 }
 """The tile configs; ``plan`` picks among ``RULE_CONFIGS``."""
 WS_DEFAULT = "coop128x256"
 DETERMINISTIC_CONFIG = "coop128x256"
 """The deterministic mode's one fixed tile config (batch invariance: never a function of M)."""
-RULE_CONFIGS = ("coop128x256", "pp128x128")
+RULE_CONFIGS = ("coop128x256", "pp128x128", "pp64x128")
 """Configs the rule chooses between."""
 
 # Cost model constants, in units of one K step (block_m x block_n x block_k) of the 128x256
-# tile, fitted on one H200 probe (tools/ws_probe.py, model shards + seed 39/7 random shapes).
+# tile (about 0.78 us on an H200), fitted on H200 probes (tools/ws_probe.py, model shards +
+# seeded random shapes).
 FIXUP_STEPS = 12.0
 """Cost of one fp32 partial tile through the workspace (write, arrive, ordered read by the
 reducer); measured high (the reducer's loads are serialized), so stream-K only wins on long
 K with a partial last wave."""
-EPILOGUE_STEPS = {"coop128x256": 0.8, "pp128x128": 0.15, "pp64x256": 0.15}
+EPILOGUE_STEPS = {"coop128x256": 0.8, "pp128x128": 0.15, "pp64x256": 0.15, "pp64x128": 0.1,
+                  "coop128x128": 0.4, "pp64x128st8": 0.1}
 """Epilogue per tile not hidden under a mainloop (the cooperative schedule stores in line)."""
-STEP_COST = {"coop128x256": 1.0, "pp128x128": 0.5, "pp64x256": 0.55}
+STEP_COST = {"coop128x256": 1.0, "pp128x128": 0.5, "pp64x256": 0.55, "pp64x128": 0.33,
+             "coop128x128": 0.55, "pp64x128st8": 0.33}
 """Relative time of one K step of each config (128x256x64 = 1)."""
-UNALIGNED_PENALTY = {"pp128x128": 1.25, "pp64x256": 1.25}
+UNALIGNED_PENALTY = {"pp128x128": 1.25, "pp64x256": 1.25, "pp64x128": 2.0,
+                     "coop128x128": 1.25, "pp64x128st8": 2.0}
 """Factor on a config's K step when A/B rows are not 128-byte multiples (the smaller tiles
 move twice the operand bytes per FLOP and suffer more from split sectors)."""
 PREFER_MARGIN = 0.97
@@ -89,6 +104,22 @@ SK_CONFIGS = ("coop128x256", )
 """Configs the rule may give a stream-K schedule (forcing ``mode`` reaches any)."""
 SK_TAIL = 0.25
 """Stream-K after full waves only when the last wave is at most this full."""
+SPLITR_CONFIGS = ("pp128x128", "pp64x128")
+"""Configs the rule may give a ``MODE_SPLITR`` schedule."""
+SPLITR_MAX = 8
+"""Most K slices of ``MODE_SPLITR``."""
+SPLITR_MIN_STEPS = 6
+"""Fewest K steps per slice."""
+SPLITR_MAX_FLOATS = 16 << 20
+"""Largest ``[split, M, N]`` fp32 workspace the rule plans (64 MiB)."""
+SPLITR_UNIT_STEPS = 1.0
+"""Per-wave cost of a split unit beyond its K steps (pipeline fill, fp32 partial store)."""
+REDUCE_FIXED_STEPS = 6.0
+"""The reduce kernel's launch and drain (a second kernel in the stream)."""
+REDUCE_STEPS_PER_MB = 1.8
+"""Per MiB of fp32 partials (stored by the GEMM, read by the reduce kernel) and of C: measured
+about 1.1-1.5 us/MiB on an H200 (512x4096x1024: +9 us per extra plane), far from L2 speed,
+so ``MODE_SPLITR`` only ties data parallel on small ``M * N`` with long K (512x576x4608)."""
 MIN_SK_STEPS = 4
 """Fewest K steps a stream-K range is given (below, the fix-up dominates)."""
 
@@ -200,6 +231,24 @@ def _plan_sk(tiles: int, k_steps: int, sms: int, variant: str, aligned: bool = T
     return best
 
 
+def reduce_cost(M: int, N: int, split: int, out_bytes: int = 2) -> float:
+    """Cost (128x256 K steps) of the ``MODE_SPLITR`` reduce kernel."""
+    mb = (split * M * N * 4 + M * N * out_bytes) / float(1 << 20)
+    return REDUCE_FIXED_STEPS + REDUCE_STEPS_PER_MB * mb
+
+
+def _plan_splitr(M, N, tiles, k_steps, sms, variant, aligned, split, out_bytes, forced=False):
+    """``(cost, split)`` of ``MODE_SPLITR`` with ``split`` K slices (None when none applies)."""
+    kps = cdiv(k_steps, max(1, split))
+    s = cdiv(k_steps, kps)  # every slice non-empty
+    if s < 2 or (not forced and (kps < SPLITR_MIN_STEPS or s * M * N > SPLITR_MAX_FLOATS)):
+        return None
+    units = tiles * s
+    cost = (cdiv(units, sms) * (_step(variant, aligned) * (kps + EPILOGUE_STEPS[variant])
+                                + SPLITR_UNIT_STEPS) + reduce_cost(M, N, s, out_bytes))
+    return cost, s
+
+
 @functools.lru_cache(maxsize=4096)
 def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int = 132, *,
          deterministic: bool = False, variant: Optional[str] = None,
@@ -232,6 +281,19 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
                 cost, g, dp_tiles = sk
                 opts.append((cost, WsPlan(name, MODE_SK, g, dp_tiles=dp_tiles, stages=stages,
                                           ws_tiles=2 * g, counters=tiles - dp_tiles)))
+        if mode == MODE_SPLITR or (mode is None and name in SPLITR_CONFIGS
+                                   and tiles < 2 * sms):
+            for s_req in ([split or 2] if mode == MODE_SPLITR else range(2, SPLITR_MAX + 1)):
+                sp = _plan_splitr(M, N, tiles, k_steps, sms, name, aligned, s_req, out_bytes,
+                                  forced=mode == MODE_SPLITR)
+                if sp is None and mode == MODE_SPLITR:  # one K step: nothing to split
+                    opts.append((_cost_dp(tiles, k_steps, sms, name, aligned),
+                                 WsPlan(name, MODE_DP, min(tiles, sms), stages=stages)))
+                elif sp is not None:
+                    opts.append((sp[0], WsPlan(name, MODE_SPLITR, min(tiles * sp[1], sms),
+                                               split=sp[1], stages=stages,
+                                               ws_tiles=cdiv(sp[1] * M * N,
+                                                             cfg.block_m * cfg.block_n))))
         if mode == MODE_SPLIT:
             s_req = max(1, split or 1)
             kps = cdiv(k_steps, s_req)
@@ -252,7 +314,7 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
 
 def describe(p: WsPlan) -> str:
     """Short text of a plan (probe tables)."""
-    m = {MODE_DP: "dp", MODE_SK: "sk", MODE_SPLIT: "split"}[p.mode]
+    m = {MODE_DP: "dp", MODE_SK: "sk", MODE_SPLIT: "split", MODE_SPLITR: "splitr"}[p.mode]
     extra = f"/{p.dp_tiles}" if p.mode == MODE_SK and p.dp_tiles else ""
-    extra += f"x{p.split}" if p.mode == MODE_SPLIT else ""
+    extra += f"x{p.split}" if p.mode in (MODE_SPLIT, MODE_SPLITR) else ""
     return f"{p.variant}:{m}{extra}@{p.grid}"

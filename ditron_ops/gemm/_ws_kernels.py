@@ -28,7 +28,9 @@ parallel, stream-K or split-K: ``_ws_configs`` says which and how they are reduc
 ``_ws_configs.plan`` picks one). Tiles follow a grouped order (``GROUP_M`` rows of tiles per
 band: L2 reuse of B). A unit covering part of a tile's K steps writes an fp32 partial to a
 workspace and bumps the tile's arrival counter; the last to arrive sums the tile's partials in
-K order (fixed order, one rounding) and runs the epilogue.
+K order (fixed order, one rounding) and runs the epilogue. ``MODE_SPLITR`` instead stores each
+K slice's partial to its own ``[M, N]`` fp32 plane and ``ws_reduce_kernel`` (a second, plain
+Triton launch over all SMs) sums the planes in slice order.
 
 B arrives as ``[K, N]`` row-major (``B_KN``: TMA boxes ``[BLOCK_K, BLOCK_N]``) or as the
 transpose of a row-major ``[N, K]`` weight (boxes ``[BLOCK_N, BLOCK_K]``, handed to wgmma as a
@@ -45,6 +47,7 @@ from typing import Optional
 
 try:  # Gluon ships with triton >= 3.5; the portable core never needs it
     import triton
+    import triton.language as tl
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
@@ -53,10 +56,10 @@ try:  # Gluon ships with triton >= 3.5; the portable core never needs it
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
     HAVE_GLUON = True
 except ImportError:  # annotations are strings (future import), so the defs below still run
-    gluon = gl = None
+    gluon = gl = tl = None
     HAVE_GLUON = False
 
-from ._ws_configs import (MODE_DP, MODE_SK, MODE_SPLIT, WS_CONFIGS, WS_DEFAULT,  # noqa: F401
+from ._ws_configs import (MODE_DP, MODE_SK, MODE_SPLIT, MODE_SPLITR, WS_CONFIGS, WS_DEFAULT,  # noqa: F401
                           WsConfig, WsPlan, describe, fit_stages, plan, smem_bytes)
 
 _jit = gluon.jit if HAVE_GLUON else (lambda fn: fn)
@@ -121,7 +124,7 @@ def _sched(M, N, K, dp_tiles, split, MODE: gl.constexpr, BLOCK_M: gl.constexpr,
         n_sk = gl.where(e > s, (e - 1) // k_steps - t0 + 1, 0)
         units = n_dp + n_sk
         kps = k_steps
-    elif MODE == 2:
+    elif MODE >= 2:
         kps = gl.cdiv(k_steps, split)
         units = gl.cdiv(tiles * split - p, G)
         n_dp = units
@@ -154,7 +157,7 @@ def _unit(i, k_steps, n_dp, s, e, t0, kps, dp_tiles, split, MODE: gl.constexpr):
         tile = gl.where(dp, p + i * G, dp_tiles + tt)
         kb = gl.where(dp, 0, gl.maximum(s, base) - base)
         ke = gl.where(dp, k_steps, gl.minimum(e, base + k_steps) - base)
-    elif MODE == 2:
+    elif MODE >= 2:
         u = p + i * G
         tile = u // split
         kb = (u % split) * kps
@@ -253,6 +256,17 @@ def _store_part(part, i: gl.constexpr, c_desc, c_smem, bias_ptr, off_m, off_n, N
 
 
 @_jit
+def _store_plane(part, plane, off_m, off_n, M, N):
+    """``part`` (fp32, any layout) to ``plane[off_m:, off_n:]`` of a row-major ``[M, N]`` fp32
+    plane, clipped to ``[M, N]``."""
+    rows = off_m + gl.arange(0, part.shape[0], layout=gl.SliceLayout(1, part.type.layout))
+    cols = off_n + gl.arange(0, part.shape[1], layout=gl.SliceLayout(0, part.type.layout))
+    offs = gl.expand_dims(rows.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
+    mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
+    gl.store(plane + offs, part, mask=mask)
+
+
+@_jit
 def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr, cnt_ptr,
                  M, N, K, dp_tiles, split,
                  HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
@@ -326,6 +340,12 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
             if MODE == 0:
                 for c in gl.static_range(PARTS):
                     _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, off_n, N, HAS_BIAS)
+            elif MODE == 3:
+                # fp32 partial to plane kb // kps of the [split, M, N] workspace (reduced by
+                # ws_reduce_kernel in slice order).
+                plane = ws_ptr + (kb // kps).to(gl.int64) * M * N
+                for c in gl.static_range(PARTS):
+                    _store_plane(parts[c], plane, off_m, off_n + c * EPI_N, M, N)
             else:
                 if MODE == 1:
                     tt = tile - dp_tiles
@@ -436,6 +456,45 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, M, N, K, d
             (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, split,
                           B_KN, GROUP_M, MODE)),
         ], [1], [_K_LOADER_REGS])
+
+
+def _tl_jit(fn):
+    return triton.jit(fn, do_not_specialize=["M", "N", "stride_om"]) if HAVE_GLUON else fn
+
+
+@_tl_jit
+def ws_reduce_kernel(ws_ptr, out_ptr, bias_ptr, M, N, stride_om, SPLIT: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``out = sum_j ws[j] (+ bias)`` over the ``SPLIT`` fp32 planes of ``ws`` [SPLIT, M, N], in
+    plane order 0..SPLIT-1 (``MODE_SPLITR``'s fixed order), one rounding. Grid: tiles of C."""
+    pid = tl.program_id(0)
+    tn = tl.cdiv(N, BLOCK_N)
+    rm = (pid // tn) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = (pid % tn) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+    plane = M.to(tl.int64) * N
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    for j in tl.static_range(1, SPLIT):
+        acc += tl.load(ws_ptr + j * plane + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+REDUCE_BLOCK = (16, 256, 4)
+"""``ws_reduce_kernel``'s (BLOCK_M, BLOCK_N, num_warps)."""
+
+
+def ws_reduce_operands(out, bias, p: WsPlan, ws):
+    """``(grid, args, meta)`` of the ``MODE_SPLITR`` reduce launch."""
+    M, N = out.shape
+    bm, bn, nw = REDUCE_BLOCK
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), )
+    args = (ws, out, bias if bias is not None else out, M, N, out.stride(0))
+    return grid, args, dict(SPLIT=p.split, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn,
+                            num_warps=nw)
 
 
 # --------------------------------------------------------------------------------------------
@@ -554,7 +613,7 @@ def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = 
     plan_ : WsPlan, optional
         The whole launch plan (default ``_ws_configs.plan`` of the shape).
     mode : int, optional
-        Force ``MODE_DP`` / ``MODE_SK``.
+        Force ``MODE_DP`` / ``MODE_SK`` / ``MODE_SPLITR``.
     deterministic : bool
         One fixed config, data parallel (DESIGN.md section 7).
 
@@ -575,4 +634,7 @@ def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = 
                      _sm_count(dev), deterministic=deterministic, variant=cfg, mode=mode)
     args, meta = ws_operands(a, b, out, bias, plan_)
     ws_gemm_kernel[(plan_.grid, )](*args, **meta)
+    if plan_.mode == MODE_SPLITR:
+        grid, rargs, rmeta = ws_reduce_operands(out, bias, plan_, args[4])
+        ws_reduce_kernel[grid](*rargs, **rmeta)
     return out
