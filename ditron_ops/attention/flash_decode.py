@@ -12,16 +12,19 @@ import torch
 
 from .._library import define_op, direct
 from .._validation import check_tensor, memo
-from ..language.barrier import start_barrier_kernel
 from ..deterministic import resolve_deterministic
 from ..errors import DitronInputError
 from ..runtime.agreement import agree
 from ..runtime.group import Group, call_group, op_id, resolve_group, sm_count
-from ..runtime.launcher import BoundKernel
+from ..runtime.lazy import lazy_import
 from ..runtime.plan import call_key, tensor_key
 from ..runtime.tracing import tracing
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
-from ._flash_decode_kernels import chunk_combine_kernel, decode_merge_kernel, split_kv_kernel
+
+# Triton, the kernels and their launch code: imported on first use (``runtime.lazy``)
+barrier = lazy_import("..language.barrier", globals())
+launcher = lazy_import("..runtime.launcher", globals())
+_kernels = lazy_import("._flash_decode_kernels", globals())
 
 PURPOSE = "flash_decode"
 GPU_DTYPES = (torch.float16, torch.bfloat16)
@@ -225,7 +228,7 @@ def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, er
     rank): ``o_part`` is the output and holds the result."""
     args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct,
                                         errors)
-    split_kv_kernel[grid](*args, **kwargs)
+    _kernels.split_kv_kernel[grid](*args, **kwargs)
 
 
 def _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size):
@@ -303,13 +306,13 @@ class _DecodePlan:
         record, claim = group._error_tensors()
         sig, timeout = ws.signal_pad(), group.timeout_us()
         buf = data.local.view(torch.float32)
-        self.start = BoundKernel(start_barrier_kernel, (1,),
-                                 (sig, ws.signal.ptr_table, claim, record, rank, w, 0, timeout,
-                                  op_id("flash_decode")), {}, device=device)
+        self.start = launcher.BoundKernel(barrier.start_barrier_kernel, (1,),
+                                          (sig, ws.signal.ptr_table, claim, record, rank, w, 0,
+                                           timeout, op_id("flash_decode")), {}, device=device)
         self.combine = _bound_combine(self.o_part, self.lse_part, kv_lens, out, buf,
                                       data.ptr_table, part, rank, w)
-        self.merge = BoundKernel(
-            decode_merge_kernel, (merge_programs(group, pairs),),
+        self.merge = launcher.BoundKernel(
+            _kernels.decode_merge_kernel, (merge_programs(group, pairs),),
             (out, buf, sig, ws.signal.ptr_table, claim, record, pairs, rank, w, timeout,
              op_id("flash_decode")), dict(D=d, BLOCK_P=MERGE_BLOCK_P, num_warps=4),
             vary=("out_ptr",), device=device)
@@ -340,19 +343,20 @@ class _DecodePlan:
 
 
 def _bound_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, errors: tuple, *,
-                    direct: bool = False, vary=()) -> BoundKernel:
+                    direct: bool = False, vary=()) -> launcher.BoundKernel:
     """``_launch_split_kv`` bound (the tensors in ``vary`` per call)."""
     args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct,
                                         errors)
-    return BoundKernel(split_kv_kernel, grid, args, kwargs, vary=vary, device=q.device)
+    return launcher.BoundKernel(_kernels.split_kv_kernel, grid, args, kwargs, vary=vary,
+                                device=q.device)
 
 
 def _bound_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size):
     """``chunk_combine_kernel`` bound (``lens`` and ``out`` per call)."""
     args, kwargs, grid = _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank,
                                        world_size)
-    return BoundKernel(chunk_combine_kernel, grid, args, kwargs, vary=("lens_ptr", "out_ptr"),
-                       device=out.device)
+    return launcher.BoundKernel(_kernels.chunk_combine_kernel, grid, args, kwargs,
+                                vary=("lens_ptr", "out_ptr"), device=out.device)
 
 
 def _combine(o: torch.Tensor, lse: torch.Tensor):
@@ -418,12 +422,13 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
             table = pointer_table(buf)
             out = torch.empty(1, 1, d, dtype=dtype, device=device)
             _bound_combine(o_part[:2 * d], lse_part[:2], lens, out, buf, table, two_parts, 0, 1)
-            BoundKernel(chunk_combine_kernel, (1,), (o_part[:2 * d], lse_part[:2], lens, out, buf,
-                                                     table, 1, 1, 64, 2, 0, 1),
-                        dict(D=d, FINAL=False, **COMBINE_CONFIG), device=device)  # pushing
-            BoundKernel(decode_merge_kernel, (1,), (out, buf, sig, sig_table, claim, record, 1, 0,
-                                                    1, 10**6, 0),
-                        dict(D=d, BLOCK_P=MERGE_BLOCK_P, num_warps=4), device=device)
+            launcher.BoundKernel(_kernels.chunk_combine_kernel, (1,),
+                                 (o_part[:2 * d], lse_part[:2], lens, out, buf, table, 1, 1, 64, 2,
+                                  0, 1),
+                                 dict(D=d, FINAL=False, **COMBINE_CONFIG), device=device)  # pushing
+            launcher.BoundKernel(_kernels.decode_merge_kernel, (1,),
+                                 (out, buf, sig, sig_table, claim, record, 1, 0, 1, 10**6, 0),
+                                 dict(D=d, BLOCK_P=MERGE_BLOCK_P, num_warps=4), device=device)
 
 
 register_precompile(PURPOSE, _precompile, ("flash_decode",))

@@ -15,7 +15,6 @@ from typing import Optional
 
 import torch
 from einops import rearrange
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._library import define_op
 from .._validation import check_tensor
@@ -23,10 +22,13 @@ from ..collectives import all_to_all
 from ..deterministic import resolve_deterministic
 from ..runtime.agreement import agree
 from ..runtime.group import Group, call_group, op_id, resolve_group, sm_count
-from ..runtime.launcher import BoundKernel
+from ..runtime.lazy import lazy_import
 from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
-from ._ulysses_kernels import ulysses_attention_kernel
+
+# Triton, the kernels and their launch code: imported on first use (``runtime.lazy``)
+launcher = lazy_import("..runtime.launcher", globals())
+_kernels = lazy_import("._ulysses_kernels", globals())
 
 PURPOSE = "ulysses"
 GPU_DTYPES = (torch.float16, torch.bfloat16)
@@ -226,6 +228,8 @@ class _UlyssesPlan:
     the descriptors over them and the bound launch."""
 
     def __init__(self, group: Group, q, k, v, out, causal: bool, scale: float):
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: PLC0415 (lazy: Triton)
+
         self.group = group
         w, rank = group.world_size, group.rank
         b, s_r, hq, d = q.shape
@@ -262,8 +266,9 @@ class _UlyssesPlan:
             fingerprint=_fingerprint(b, s_r, hq, hkv, d, str(q.dtype), causal, scale),
             timeout_us=group.timeout_us(), op_id=op_id("ulysses_attention"), d=d, cfg=cfg)
         check_int32("ulysses_attention", args)
-        self.kernel = BoundKernel(ulysses_attention_kernel, (programs,), args, kwargs,
-                                  vary=("q_ptr", "k_ptr", "v_ptr", "out_ptr"), device=q.device)
+        self.kernel = launcher.BoundKernel(_kernels.ulysses_attention_kernel, (programs,), args,
+                                           kwargs, vary=("q_ptr", "k_ptr", "v_ptr", "out_ptr"),
+                                           device=q.device)
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the regions are of a freed buffer."""
@@ -468,6 +473,8 @@ class _LocalPlan:
     """``local_attention``'s bound launch for one key (descriptors per call over the inputs)."""
 
     def __init__(self, q, k, v, out, causal: bool, scale: float, config: Optional[str]):
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: PLC0415 (lazy: Triton)
+
         b, hq, s, d = q.shape
         cfg = attn_config(q.device, config)
         self.sig, _, self.claim, self.record = one_rank_pad(q.device)
@@ -482,13 +489,16 @@ class _LocalPlan:
             strides=(*zeros, hq * s * d, d, s * d), offsets=(0, 0, 0, 0, 0), causal=causal,
             scale=scale, merge_runs=0, pack=0, fingerprint=1, timeout_us=10**6, op_id=0, d=d,
             cfg=cfg)
-        self.kernel = BoundKernel(ulysses_attention_kernel, (programs,), args, kwargs,
-                                  vary=("q_ptr", "k_ptr", "v_ptr", "q_desc", "k_desc", "v_desc",
-                                        "out_ptr"), device=q.device)
+        self.kernel = launcher.BoundKernel(_kernels.ulysses_attention_kernel, (programs,), args,
+                                           kwargs, vary=("q_ptr", "k_ptr", "v_ptr", "q_desc",
+                                                         "k_desc", "v_desc", "out_ptr"),
+                                           device=q.device)
 
 
 def _precompile(device: torch.device, dtypes: tuple) -> None:
     """``GPU_CONFIG`` for every dtype and head_dim as a one-rank launch (``runtime.precompile``)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: PLC0415 (lazy: Triton)
+
     cfg = attn_config(device)
     for dtype in (dt for dt in GPU_DTYPES if dt in dtypes):
         for d in HEAD_DIMS:
@@ -506,7 +516,7 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
                 dims=(1, 80, 2, 2, 2, 2, 0, 1), strides=(*q.stride()[:3],) * 3 + out.stride()[:3],
                 offsets=(0, 160 * d, 320 * d, 480 * d, half), causal=True, scale=d ** -0.5,
                 merge_runs=0, pack=1, fingerprint=1, timeout_us=10**6, op_id=0, d=d, cfg=cfg)
-            BoundKernel(ulysses_attention_kernel, (2,), args, kwargs, device=device)
+            launcher.BoundKernel(_kernels.ulysses_attention_kernel, (2,), args, kwargs, device=device)
 
 
 register_precompile(PURPOSE, _precompile, ("ulysses_attention",))

@@ -15,8 +15,11 @@ from .._library import define_op, direct
 from .._validation import check_sizes, check_tensor, memo
 from ..runtime.agreement import agree
 from ..runtime.group import Group, call_group, resolve_group
+from ..runtime.lazy import lazy_import
 from ..runtime.plan import call_key
-from ._launch import push_combine
+
+# Triton, the kernels and their launch code: imported on first use (``runtime.lazy``)
+_launch = lazy_import("._launch", globals())
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -84,9 +87,9 @@ def _all_gather_impl(x: torch.Tensor, group_name: str, shard_sizes: list[int]) -
         return reference.all_gather(x, group, shard_sizes)
     row_elems = int(torch.Size(x.shape[1:]).numel())
     out = x.new_empty((sum(shard_sizes), *x.shape[1:]))
-    return push_combine(group, x, out, op="all_gather", split_src=False, reduce=False,
-                        src_rows=x.shape[0], row_elems=row_elems,
-                        slot_elems=max(shard_sizes) * row_elems)
+    return _launch.push_combine(group, x, out, op="all_gather", split_src=False, reduce=False,
+                                src_rows=x.shape[0], row_elems=row_elems,
+                                slot_elems=max(shard_sizes) * row_elems)
 
 
 def _all_gather_fake(x, group_name, shard_sizes):

@@ -25,9 +25,12 @@ from .._validation import check_tensor, memo
 from ..deterministic import resolve_deterministic
 from ..runtime.agreement import agree
 from ..runtime.group import Group, call_group, resolve_group
+from ..runtime.lazy import lazy_import
 from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
-from ._launch import aligned, combine_plan, push_combine, run_plan
+
+# Triton, the kernels and their launch code: imported on first use (``runtime.lazy``)
+_launch = lazy_import("._launch", globals())
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ALGORITHMS = ("auto", "one_shot", "two_shot")
@@ -101,24 +104,24 @@ def _all_reduce_impl(x: torch.Tensor, group_name: str, algorithm: str, determini
     n = flat.numel()
     if algorithm == "one_shot":
         out = torch.empty_like(flat)
-        push_combine(group, flat, out, op="all_reduce", split_src=False, reduce=True,
-                     src_rows=n, row_elems=1, slot_elems=n)
+        _launch.push_combine(group, flat, out, op="all_reduce", split_src=False, reduce=True,
+                             src_rows=n, row_elems=1, slot_elems=n)
         return out.view(x.shape)
     # Split in rows of 16 bytes when possible, so every shard boundary stays vector aligned.
     row = 16 // x.element_size() if n % (16 // x.element_size()) == 0 else 1
     sizes = [rows * row for rows in split_sizes(n // row, group.world_size)]
     shard = flat.new_empty((sizes[group.rank],))
     out = torch.empty_like(flat)
-    flat = aligned(flat)
+    flat = _launch.aligned(flat)
     # both plans before the first launch: nothing compiles once a kernel of the call waits
     # (their workspaces need the same bytes, so the second cannot grow the first's stale)
-    scatter = combine_plan(group, flat, shard, op="all_reduce", split_src=True, reduce=True,
-                           src_rows=n // row, row_elems=row, slot_elems=max(sizes))
-    gather = combine_plan(group, shard, out, op="all_reduce", split_src=False, reduce=False,
-                          src_rows=sizes[group.rank] // row, row_elems=row,
-                          slot_elems=max(sizes))
-    run_plan(group, scatter, flat, shard, "all_reduce")
-    run_plan(group, gather, shard, out, "all_reduce")
+    scatter = _launch.combine_plan(group, flat, shard, op="all_reduce", split_src=True, reduce=True,
+                                   src_rows=n // row, row_elems=row, slot_elems=max(sizes))
+    gather = _launch.combine_plan(group, shard, out, op="all_reduce", split_src=False, reduce=False,
+                                  src_rows=sizes[group.rank] // row, row_elems=row,
+                                  slot_elems=max(sizes))
+    _launch.run_plan(group, scatter, flat, shard, "all_reduce")
+    _launch.run_plan(group, gather, shard, out, "all_reduce")
     return out.view(x.shape)
 
 

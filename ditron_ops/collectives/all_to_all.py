@@ -22,11 +22,14 @@ from .._library import define_op
 from .._validation import check_tensor, memo
 from ..runtime.agreement import agree
 from ..runtime.group import Group, call_group, op_id, resolve_group
-from ..runtime.launcher import BoundKernel
+from ..runtime.lazy import lazy_import
 from ..runtime.plan import call_key
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
-from ._all_to_all_kernels import all_to_all_kernel
-from ._launch import aligned, programs_per_rank
+
+# Triton, the kernels and their launch code: imported on first use (``runtime.lazy``)
+launcher = lazy_import("..runtime.launcher", globals())
+_kernels = lazy_import("._all_to_all_kernels", globals())
+_launch = lazy_import("._launch", globals())
 
 PURPOSE = "all_to_all"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -147,7 +150,7 @@ def _impl(x: torch.Tensor, group_name: str, scatter_dim: int, gather_dim: int) -
     out = x.new_empty(out_shape(x.shape, w, scatter_dim, gather_dim))
     if x.numel() == 0:
         return out
-    x = aligned(x)
+    x = _launch.aligned(x)
     group.check()
     key = ("all_to_all", x.dtype, tuple(x.shape), scatter_dim, gather_dim)
     plan = group.plans.get(key, lambda previous=None: _AllToAllPlan(  # (allocates nothing)
@@ -179,8 +182,8 @@ class _AllToAllPlan:
         if max(ints) >= 2**31:  # a 64-bit argument would compile another variant mid-call
             raise ValueError(f"ditron.all_to_all: {max(ints)} elements (2^31 or more) in one "
                              "call; exchange it in parts")
-        self.kernel = BoundKernel(
-            all_to_all_kernel, (programs_per_rank(group),),
+        self.kernel = launcher.BoundKernel(
+            _kernels.all_to_all_kernel, (_launch.programs_per_rank(group),),
             (x, out, data.local.view(x.dtype), data.ptr_table, ws.signal_pad(), ws.signal.ptr_table,
              claim, record, *ints),
             dict(BLOCK_R=rows, BLOCK_C=cols, VEC=vec, num_warps=4),
@@ -229,10 +232,11 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
             buf = torch.zeros(4096, dtype=dtype, device=device)
             view = _canonical([4, p2], 1, (0, 0))
             vec = 16 // x.element_size() if p2 % (16 // x.element_size()) == 0 else 1
-            BoundKernel(all_to_all_kernel, (4,),
-                        (x, out, buf, pointer_table(buf), sig, sig_table, claim, record, 0, 1,
-                         *_view_args(view), x.numel(), 2048, 1, 10**7, 0),
-                        dict(BLOCK_R=rows, BLOCK_C=cols, VEC=vec, num_warps=4), device=device)
+            launcher.BoundKernel(_kernels.all_to_all_kernel, (4,),
+                                 (x, out, buf, pointer_table(buf), sig, sig_table, claim, record,
+                                  0, 1, *_view_args(view), x.numel(), 2048, 1, 10**7, 0),
+                                 dict(BLOCK_R=rows, BLOCK_C=cols, VEC=vec, num_warps=4),
+                                 device=device)
 
 
 register_precompile(PURPOSE, _precompile, ("all_to_all",))

@@ -19,9 +19,12 @@ from .._validation import check_tensor, memo
 from ..deterministic import resolve_deterministic
 from ..runtime.agreement import agree
 from ..runtime.group import Group, call_group, name_for_rows, resolve_group
+from ..runtime.lazy import lazy_import
 from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
-from ._launch import push_combine
+
+# Triton, the kernels and their launch code: imported on first use (``runtime.lazy``)
+_launch = lazy_import("._launch", globals())
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -83,8 +86,8 @@ def _reduce_scatter_impl(x: torch.Tensor, group_name: str, deterministic: bool) 
     sizes = split_sizes(x.shape[0], group.world_size)
     row_elems = int(torch.Size(x.shape[1:]).numel())
     out = x.new_empty((sizes[group.rank], *x.shape[1:]))
-    return push_combine(group, x, out, op="reduce_scatter", split_src=True, reduce=True,
-                        src_rows=x.shape[0], row_elems=row_elems, slot_elems=max(sizes) * row_elems)
+    return _launch.push_combine(group, x, out, op="reduce_scatter", split_src=True, reduce=True,
+                                src_rows=x.shape[0], row_elems=row_elems, slot_elems=max(sizes) * row_elems)
 
 
 def _reduce_scatter_fake(x, group_name, deterministic):

@@ -10,6 +10,15 @@ here the names stay the modules (``ditron_ops.gemm.ag_gemm.use_fused``).
 """
 from . import ag_gemm, gemm_rs
 from . import autograd as _autograd  # noqa: E402,F401  (ag_gemm <-> gemm_rs backward; needs the ops)
-from ._core import matmul
 
 __all__ = ["ag_gemm", "gemm_rs", "matmul"]
+
+
+def __getattr__(name: str):
+    """``matmul`` (the persistent GEMM core, ``_core.matmul``): imported with Triton on first use."""
+    if name == "matmul":
+        from ._core import matmul
+
+        globals()["matmul"] = matmul
+        return matmul
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

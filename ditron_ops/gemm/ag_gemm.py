@@ -15,8 +15,10 @@ from .._validation import check_sizes, check_tensor, memo
 from ..collectives.unfused import gather_rows
 from ..runtime.agreement import agree
 from ..runtime.group import Group, call_group, resolve_group
+from ..runtime.lazy import lazy_import
 from ..runtime.plan import call_key
-from . import _ag_launch
+
+_ag_launch = lazy_import("._ag_launch", globals())  # Triton and the kernels: on first use
 
 IMPLS = ("auto", "fused", "baseline")
 GPU_DTYPES = (torch.float16, torch.bfloat16)

@@ -27,14 +27,16 @@ import torch
 
 from .._library import autograd_scope, define_op, direct
 from .._validation import check_sizes, check_tensor, memo
-from ._core import matmul
 from ..collectives.unfused import gather_rows, reduce_rows, sum_all
 from ..deterministic import resolve_deterministic
 from ..runtime.agreement import agree
 from ..runtime.group import Group, call_group, name_for_rows, resolve_group
+from ..runtime.lazy import lazy_import
 from ..runtime.plan import call_key
 from ..runtime.split import split_sizes
-from . import _rs_launch
+
+_core = lazy_import("._core", globals())  # Triton and the kernels: on first use
+_rs_launch = lazy_import("._rs_launch", globals())
 
 IMPLS = ("auto", "fused", "baseline")
 ALGORITHMS = ("auto", "one_shot", "two_shot")
@@ -216,8 +218,8 @@ def _partial(a: torch.Tensor, b: torch.Tensor, deterministic: bool,
     if a.shape[1] == 0:
         return a.new_zeros(a.shape[0], b.shape[1]) if out is None else out.zero_()
     if deterministic:
-        return matmul(a, b, out=torch.empty(a.shape[0], b.shape[1], dtype=torch.float32,
-                                            device=a.device), deterministic=True)
+        return _core.matmul(a, b, out=torch.empty(a.shape[0], b.shape[1], dtype=torch.float32,
+                                                  device=a.device), deterministic=True)
     return a @ b if out is None else torch.matmul(a, b, out=out)
 
 

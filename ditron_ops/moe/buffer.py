@@ -36,10 +36,12 @@ from ..deterministic import resolve_deterministic
 from ..errors import DitronError
 from ..runtime.agreement import agree
 from ..runtime.group import Group, current_group
+from ..runtime.lazy import lazy_import
 from ..runtime.plan import PlanCache
-from . import _kernels
-from ._launch import (DTYPES, FP8_VARIANTS, INDEX_DTYPES, CombinePlan, DispatchPlan, Regions,
-                      Scratch, fp8_variant, programs_per_rank)
+
+# Triton, the kernels and their launch code: imported on first use (``runtime.lazy``)
+_kernels = lazy_import("._kernels", globals())
+_launch = lazy_import("._launch", globals())
 
 LAYOUTS = ("expert_padded", "expert_contig")
 _ids = itertools.count()
@@ -158,6 +160,11 @@ def resolve_buffer(name: str) -> "Buffer":
         raise ValueError(f"ditron.moe: no open Buffer named {name!r} in this process (closed?)") from None
 
 
+def programs_per_rank(group: Group) -> int:
+    """``_launch.programs_per_rank`` (a name of this module: tests replace it)."""
+    return _launch.programs_per_rank(group)
+
+
 def _positive(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"ditron.moe.Buffer: {name} must be a positive int, got {value!r}")
@@ -256,7 +263,7 @@ class Buffer:
         self.views = regions.views(self.sym.local)
         # every rank must wait for the same number of programs: agree on the smallest share
         self.programs = min(group.all_gather_object(programs_per_rank(group)))
-        self.scratch = Scratch(regions, self.programs, group.device)
+        self.scratch = _launch.Scratch(regions, self.programs, group.device)
         self.combine_in_place = group.shared_address_space
         """Whether ``combine`` reads each rank's expert outputs where they are (default where
         every rank's kernels address every rank's tensors: a virtual world) instead of copying
@@ -269,7 +276,7 @@ class Buffer:
         self.claim = torch.zeros(1, dtype=torch.int64, device=group.device)
         self._failure: Optional[BaseException] = None
         self._held_y: Optional[torch.Tensor] = None  # run_combine's in-place input
-        self._fp8_quant = fp8_variant(max_tokens_per_rank, hidden)  # ``_fp8_variant``
+        self._fp8_quant = _launch.fp8_variant(max_tokens_per_rank, hidden)  # ``_fp8_variant``
         self.plans = PlanCache(group)  # plans view this Buffer's memory: they go with it
         self.dispatch_calls = self.combine_calls = 0
         self.name = f"{group.group_name}/moe{next(_ids)}"
@@ -319,8 +326,9 @@ class Buffer:
 
     @_fp8_variant.setter
     def _fp8_variant(self, variant: str) -> None:
-        if variant not in FP8_VARIANTS:
-            raise ValueError(f"moe Buffer: fp8 variant {variant!r} is not one of {FP8_VARIANTS}")
+        if variant not in _launch.FP8_VARIANTS:
+            raise ValueError(f"moe Buffer: fp8 variant {variant!r} is not one of "
+                             f"{_launch.FP8_VARIANTS}")
         if variant != self._fp8_quant and self.group.world_size > 1:
             self.group.meet_before_next_wait()
         self._fp8_quant = variant
@@ -592,7 +600,7 @@ class Buffer:
         from .._validation import check_tensor
 
         self._check_x(op, x)
-        check_tensor(f"moe.{op}", "topk_idx", topk_idx, self.group, INDEX_DTYPES, min_dim=2)
+        check_tensor(f"moe.{op}", "topk_idx", topk_idx, self.group, _launch.INDEX_DTYPES, min_dim=2)
         if topk_idx.dim() != 2 or topk_idx.shape[1] != self.topk:
             raise ValueError(f"ditron.moe.{op}: topk_idx must be [T, {self.topk}], got "
                              f"{tuple(topk_idx.shape)}")
@@ -640,7 +648,7 @@ class Buffer:
         variant = self._fp8_variant if fp8 else "div"
         key = ("moe_dispatch", x.dtype, None if cached else topk_idx.dtype, fp8, round_scale,
                det and not cached, topk_weights is not None, cached, padded, alignment, variant)
-        plan = self.plans.get(key, lambda: DispatchPlan(
+        plan = self.plans.get(key, lambda: _launch.DispatchPlan(
             self, x_dtype=x.dtype, idx_dtype=None if cached else topk_idx.dtype, fp8=fp8,
             round_scale=round_scale, det=det and not cached, has_w=topk_weights is not None,
             cached=cached, padded=padded, alignment=alignment, rows=rows, variant=variant))
@@ -691,9 +699,9 @@ class Buffer:
         topk_weights = _aligned(topk_weights)
         in_place = self.combine_in_place
         key = ("moe_combine", y.dtype, hidden, topk_weights is not None, in_place)
-        plan = self.plans.get(key, lambda: CombinePlan(self, dtype=y.dtype, hidden=hidden,
-                                                       has_w=topk_weights is not None,
-                                                       in_place=in_place))
+        plan = self.plans.get(key, lambda: _launch.CombinePlan(self, dtype=y.dtype, hidden=hidden,
+                                                               has_w=topk_weights is not None,
+                                                               in_place=in_place))
         t = dest.shape[0]
         if out is None:
             out = torch.empty((t, hidden), dtype=y.dtype, device=group.device)
@@ -710,13 +718,14 @@ class Buffer:
         return out
 
 
-def _regions(world_size, num_experts, max_tokens, hidden, topk, dtype, fp8, max_recv_tokens) -> Regions:
+def _regions(world_size, num_experts, max_tokens, hidden, topk, dtype, fp8,
+             max_recv_tokens) -> _launch.Regions:
     """Checked sizes of a Buffer (ValueError / TypeError naming the argument)."""
     for name, value in (("num_experts", num_experts), ("max_tokens_per_rank", max_tokens),
                         ("hidden", hidden), ("topk", topk)):
         _positive(name, value)
-    if dtype not in DTYPES:
-        raise TypeError(f"ditron.moe.Buffer: dtype must be one of {DTYPES}, got {dtype}")
+    if dtype not in _launch.DTYPES:
+        raise TypeError(f"ditron.moe.Buffer: dtype must be one of {_launch.DTYPES}, got {dtype}")
     if num_experts % world_size:
         raise ValueError(f"ditron.moe.Buffer: num_experts = {num_experts} must be a multiple of the "
                          f"world size {world_size}")
@@ -729,4 +738,5 @@ def _regions(world_size, num_experts, max_tokens, hidden, topk, dtype, fp8, max_
     if world_size * capacity >= 2**31 or world_size * max_tokens * topk >= 2**31:
         raise ValueError("ditron.moe.Buffer: world_size x max_recv_tokens and world_size x "
                          "max_tokens_per_rank x topk must stay below 2^31 (int32 row ids)")
-    return Regions(world_size, num_experts, max_tokens, topk, hidden, dtype, bool(fp8), capacity)
+    return _launch.Regions(world_size, num_experts, max_tokens, topk, hidden, dtype, bool(fp8),
+                           capacity)

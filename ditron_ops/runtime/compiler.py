@@ -19,8 +19,8 @@ Two consumers of the bookkeeping:
   names what is being built and how many of the kernels are done (redrawn in place on a
   terminal); silent when everything is cached.
 
-Relies on Triton's ``runtime._async_compile`` (``AsyncCompileMode``'s hook); a Triton without
-it compiles on the calling thread, one kernel after another.
+Relies on Triton's ``runtime._async_compile`` (``AsyncCompileMode``'s hook; imported by the
+first ``batch``); a Triton without it compiles on the calling thread, one kernel after another.
 """
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ import threading
 import time
 from typing import Callable, Optional
 
-try:  # Triton's asynchronous-compile hook (``JITFunction._do_compile`` asks ``active_mode``)
-    from triton.runtime import _async_compile
-except ImportError:  # pragma: no cover - an older Triton: serial compiles
-    _async_compile = None
+_async_compile = None
+"""Triton's asynchronous-compile hook (``JITFunction._do_compile`` asks ``active_mode``), imported
+by the first ``batch`` (``import ditron_ops`` imports no Triton); None on a Triton without it."""
+_hooked = False
 
 PROGRESS_AFTER_S = 2.0
 """Compiles that run longer than this get a progress line (shorter ones stay silent)."""
@@ -128,6 +128,18 @@ def wait(futures) -> None:
 
 
 # -- batches ----------------------------------------------------------------------------------
+def _hook():
+    """``_async_compile``, imported on first use (None on an older Triton: serial compiles)."""
+    global _async_compile, _hooked
+    if not _hooked:
+        try:
+            from triton.runtime import _async_compile as hook
+        except ImportError:  # pragma: no cover - an older Triton
+            hook = None
+        _async_compile, _hooked = hook, True
+    return _async_compile
+
+
 class _Mode:
     """What Triton's ``active_mode`` holds while a batch is open on a thread: its ``submit``
     sends a compile to the pool (``_do_compile`` calls it on an in-memory cache miss)."""
@@ -153,8 +165,9 @@ def batch(what: str):
     kernels: list = []
     _local.batch = kernels
     token = None
-    if _async_compile is not None and _async_compile.active_mode.get() is None:
-        token = _async_compile.active_mode.set(_Mode(what))
+    hook = _hook()
+    if hook is not None and hook.active_mode.get() is None:
+        token = hook.active_mode.set(_Mode(what))
     try:
         yield
         if kernels:
@@ -165,7 +178,7 @@ def batch(what: str):
     finally:
         _local.batch = outer
         if token is not None:
-            _async_compile.active_mode.reset(token)
+            hook.active_mode.reset(token)
 
 
 def prepare(kernel) -> None:

@@ -4,10 +4,14 @@ images, CI), in parallel, with progress.
 Calls need none of it: a call's plan compiles what the call launches (``plan.PlanCache``,
 ``compiler.batch``). Each op family registers a function that makes a ``BoundKernel`` of each
 of its variants for the given dtypes as a one-rank launch (nothing is launched); ``precompile``
-runs them inside one ``compiler.batch``, so every variant compiles on the pool at once.
+runs them inside one ``compiler.batch``, so every variant compiles on the pool at once. The
+families register when their launch modules are imported, which ``import ditron_ops`` does not
+do (``runtime.lazy``): ``families`` and ``precompile`` import every module of ``FAMILY_MODULES``
+first.
 """
 from __future__ import annotations
 
+import importlib
 import time
 from typing import Callable, Iterable, Optional
 
@@ -17,6 +21,11 @@ from .. import _env
 from . import compiler
 
 _registry: dict[str, tuple[Callable, tuple[str, ...]]] = {}
+FAMILY_MODULES = ("ditron_ops.collectives._launch", "ditron_ops.collectives.all_to_all",
+                  "ditron_ops.gemm._core", "ditron_ops.gemm._ag_launch", "ditron_ops.gemm._rs_launch",
+                  "ditron_ops.attention.flash_decode", "ditron_ops.attention.ulysses",
+                  "ditron_ops.moe._launch")
+"""The modules that call ``register_precompile``, in the order their families run."""
 DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -46,19 +55,29 @@ def register_precompile(family: str, fn: Callable[[torch.device, tuple], None],
     _registry[family] = (fn, tuple(ops))
 
 
+def _families() -> dict[str, tuple[Callable, tuple[str, ...]]]:
+    """``_registry`` once every family module is imported, in ``FAMILY_MODULES`` order."""
+    for module in FAMILY_MODULES:
+        importlib.import_module(module)
+    rank = {module: i for i, module in enumerate(FAMILY_MODULES)}
+    return dict(sorted(_registry.items(),
+                       key=lambda item: rank.get(getattr(item[1][0], "__module__", None), len(rank))))
+
+
 def families() -> dict[str, tuple[str, ...]]:
     """Registered family -> the ops it serves."""
-    return {name: ops for name, (_, ops) in _registry.items()}
+    return {name: ops for name, (_, ops) in _families().items()}
 
 
 def _select(ops: Optional[Iterable[str]]) -> list[str]:
+    registry = _families()
     if ops is None:
-        return list(_registry)
+        return list(registry)
     chosen = []
     for op in ops:
-        found = [name for name, (_, serves) in _registry.items() if op == name or op in serves]
+        found = [name for name, (_, serves) in registry.items() if op == name or op in serves]
         if not found:
-            known = sorted(set(_registry) | {o for _, serves in _registry.values() for o in serves})
+            known = sorted(set(registry) | {o for _, serves in registry.values() for o in serves})
             raise ValueError(f"ditron.precompile: unknown op {op!r}; known: {', '.join(known)}")
         chosen += [name for name in found if name not in chosen]
     return chosen
