@@ -2,7 +2,7 @@
 
 Importing registers the ``torch.ops.ditron.*`` ops; nothing else happens at import.
 """
-from . import reference
+from . import reference  # noqa: F401  (ditron_ops.reference: the plain-torch oracles)
 from .gemm.ag_gemm import ag_gemm
 from .gemm.gemm_rs import gemm_ar, gemm_rs
 from .attention.flash_decode import flash_decode

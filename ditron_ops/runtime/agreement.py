@@ -19,8 +19,6 @@ while its peers' is not waits at the exchange, and every rank raises ``DitronTim
 """
 from __future__ import annotations
 
-import torch
-
 from ..errors import DitronMismatchError, DitronTimeoutError
 from .tracing import tracing
 

@@ -8,7 +8,6 @@ import itertools
 import pytest
 import torch
 
-from ditron_ops.gemm import _core
 from ditron_ops.gemm import _core_configs as rules
 from ditron_ops.gemm._core import matmul, matmul_split, program_budget
 from gemm_helpers import integer_cases, ints as _ints, last_plan as _plan  # (tests/gpu/)
