@@ -194,3 +194,22 @@ def test_stages_fit_shared_memory():
         for in_b, out_b in ((2, 2), (2, 4)):
             st = C.fit_stages(cfg, in_b, out_b)
             assert st >= 2 and C.smem_bytes(cfg, st, in_b, out_b) <= C.SMEM_BYTES - 256
+
+
+def test_row_class_and_stage_rule():
+    """Row alignment is a function of (K * elem_bytes) % 128; the deep ring only for lined
+    64-row tiles of at most two waves; forced copies land in the plan."""
+    assert [C.row_class(k, 2) for k in (4096, 4112, 4104, 2024)] == [0, 1, 2, 2]
+    assert C.penalty("coop128x256", 0, 0) == 1.0 < C.penalty("coop128x256", 1, 1) \
+        < C.penalty("coop128x256", 2, 2)
+    pl = C.plan(512, 1536, 4096)
+    assert pl.variant == "pp64x128" and pl.stages == C.DEEP_STAGES
+    assert C.plan(512, 1536, 4104, variant="pp64x128").stages < C.DEEP_STAGES
+    assert C.plan(16384, 1536, 4096, variant="pp64x128").stages < C.DEEP_STAGES
+    p = C.plan(6256, 392, 2024, variant="coop128x256", pad="b")
+    assert (p.pad_a, p.pad_b) == (False, True)
+    for M, N, K in ((3000, 4000, 2024), (512, 576, 4608)):
+        assert not (C.plan(M, N, K).pad_a or C.plan(M, N, K).pad_b) or C.AUTO_PAD
+        for in_b, out_b in ((2, 2), (2, 4)):
+            p = C.plan(M, N, K, in_b, out_b)
+            assert C.smem_bytes(p.cfg, p.stages, in_b, out_b) <= C.SMEM_BYTES - 256

@@ -73,6 +73,8 @@ WS_CONFIGS = {
     # pp64x128 with an 8-deep ring (probe only so far). H200 probe, one wave of tiles:
     # 512x1536x4096 0.96 vs 0.84 (6 stages), 512x1792x12288 1.07 vs 0.95; many tiles worse.
     "pp64x128st8": WsConfig(64, 128, 64, 4, True, stages=8),
+    # BLOCK_K 32 (64-byte box rows, 64-byte swizzle), 8 stages: probe only (rows off lines).
+    "coop128x256k32": WsConfig(128, 256, 32, 8, False, stages=8),
 }
 """The tile configs; ``plan`` picks among ``RULE_CONFIGS``."""
 WS_DEFAULT = "coop128x256"
@@ -89,15 +91,41 @@ FIXUP_STEPS = 12.0
 reducer); measured high (the reducer's loads are serialized), so stream-K only wins on long
 K with a partial last wave."""
 EPILOGUE_STEPS = {"coop128x256": 0.8, "pp128x128": 0.15, "pp64x256": 0.15, "pp64x128": 0.1,
-                  "coop128x128": 0.4, "pp64x128st8": 0.1}
+                  "coop128x128": 0.4, "pp64x128st8": 0.1, "coop128x256k32": 0.8}
 """Epilogue per tile not hidden under a mainloop (the cooperative schedule stores in line)."""
 STEP_COST = {"coop128x256": 1.0, "pp128x128": 0.5, "pp64x256": 0.55, "pp64x128": 0.33,
-             "coop128x128": 0.55, "pp64x128st8": 0.33}
+             "coop128x128": 0.55, "pp64x128st8": 0.30, "coop128x256k32": 0.5}
 """Relative time of one K step of each config (128x256x64 = 1)."""
 UNALIGNED_PENALTY = {"pp128x128": 1.25, "pp64x256": 1.25, "pp64x128": 2.0,
                      "coop128x128": 1.25, "pp64x128st8": 2.0}
-"""Factor on a config's K step when A/B rows are not 128-byte multiples (the smaller tiles
-move twice the operand bytes per FLOP and suffer more from split sectors)."""
+"""Factor on a config's K step when A and B rows both start off 32-byte sectors (bf16 K 8 past
+a multiple of 16: every 128-byte box row straddles two lines and five sectors); the 128x256
+tile's is ``WIDE_OFF_SECTORS``. Rows on sectors but off lines: ``OFF_LINES_SHARE`` of it."""
+WIDE_OFF_SECTORS = 1.05
+"""The 128x256 tile with both operands off sectors (H200 probe: 16 seeded off-sector shapes,
+the ``tl`` core's 1.234 did not hold for the TMA ring)."""
+OFF_ONE_SHARE = (0.11, 0.24)
+"""Share of a config's both-off excess left with only A / only B off sectors (``tl`` core:
+wide 1.026 / 1.056 of 1.234)."""
+OFF_LINES_SHARE = {"coop128x256": 0.04}
+"""Share of the excess with both operands on sectors but off lines (default 0.6: the 64-row
+tiles measured about 1.3x slower at 32-byte rows, the 128x256 tile about 1%)."""
+COPY_BYTES_PER_S = 3.4e12
+"""A row copy onto 128-byte lines (``_pad.padded_copy``): bytes read plus written per second."""
+COPY_LAUNCH_STEPS = 4.0
+"""A copy's launch and tail, in K steps."""
+STEP_US = 0.78
+"""One 128x256x64 K step in microseconds (H200, bf16)."""
+AUTO_PAD = False
+"""Whether the rule itself plans row copies. Off: on the 16 off-sector shapes of seeds 39, 7,
+2024 (H200) the 128x256 tile read 0.838 of cuBLAS plain, 0.766 copying A, 0.753 copying B, 0.655
+both (only 6256x392x2024 gained, copying its 392 B rows: 0.614 -> 0.689); ``pad=`` forces one.
+BLOCK_K 32 (``coop128x256k32``) read 0.607 there: not a fix either."""
+PAD_MARGIN = 0.95
+"""A row copy is planned only under this fraction of the cost without it."""
+DEEP_STAGES = 8
+"""Ring depth of the 64x128 tiles with both operands on lines (the 6-stage ring measured 5-12%
+slower on K >= 1024; with rows off lines the deeper ring lost 5%)."""
 PREFER_MARGIN = 0.97
 """Another config replaces the first of ``RULE_CONFIGS`` only below this fraction of its cost."""
 SK_CONFIGS = ("coop128x256", )
@@ -139,6 +167,10 @@ class WsPlan:
     """int32 arrival counters (zero between launches; the reducer resets its own)."""
     est: float = 0.0
     """The rule's cost estimate (K steps of ``variant``), for reports."""
+    pad_a: bool = False
+    """Copy A's rows onto 128-byte lines before the launch (``_pad.padded_copy``)."""
+    pad_b: bool = False
+    """Copy B's rows (a weight's ``w.t()``: the ``[N, K]`` rows) onto 128-byte lines."""
 
     @property
     def cfg(self) -> WsConfig:
@@ -189,19 +221,59 @@ def _sk_segments(sk_tiles: int, k_steps: int, grid: int) -> float:
     return n / sk_tiles
 
 
-def _step(variant: str, aligned: bool) -> float:
-    return STEP_COST[variant] * (1.0 if aligned else UNALIGNED_PENALTY.get(variant, 1.0))
+def row_class(K: int, in_bytes: int) -> int:
+    """Alignment class of K-long rows of ``K * in_bytes`` bytes: 0 on 128-byte lines, 1 on
+    32-byte sectors but off lines, 2 off sectors (a pure function of ``(K * in_bytes) % 128``)."""
+    r = (K * in_bytes) % 128
+    return 0 if r == 0 else 1 if r % 32 == 0 else 2
 
 
-def _cost_dp(tiles: int, k_steps: int, sms: int, variant: str, aligned: bool = True) -> float:
+def penalty(variant: str, a_cls: int, b_cls: int) -> float:
+    """Factor on ``variant``'s K step with A's / B's rows of classes ``a_cls`` / ``b_cls``."""
+    if a_cls == 0 and b_cls == 0:
+        return 1.0
+    both = WIDE_OFF_SECTORS if variant.startswith("coop128x256") else UNALIGNED_PENALTY.get(
+        variant, 1.25)
+    ex = both - 1.0
+    if a_cls == 2 and b_cls == 2:
+        return both
+    if a_cls == 2 or b_cls == 2:  # one off sectors
+        share = OFF_ONE_SHARE[0] if a_cls == 2 else OFF_ONE_SHARE[1]
+        lines = OFF_LINES_SHARE.get(variant, 0.6) if (a_cls or b_cls) == 1 else 0.0
+        return 1.0 + ex * max(share, lines)
+    return 1.0 + ex * OFF_LINES_SHARE.get(variant, 0.6)
+
+
+def copy_steps(rows: int, K: int, in_bytes: int) -> float:
+    """Cost (128x256 K steps) of copying ``rows`` K-long rows onto lines."""
+    return COPY_LAUNCH_STEPS + rows * K * in_bytes * 2 / COPY_BYTES_PER_S / (STEP_US * 1e-6)
+
+
+def plan_stages(cfg: WsConfig, in_bytes: int, out_bytes: int, lined: bool, tiles: int,
+                sms: int) -> int:
+    """Ring depth the rule gives ``cfg``: ``DEEP_STAGES`` for the 64-row tiles with both
+    operands on lines and at most two waves of tiles (their boxes are small: more K steps in
+    flight; measured 3-14% faster there, 9% slower on 2.4 waves of 512x576 tiles), else
+    ``fit_stages``."""
+    if (not cfg.stages and lined and cfg.block_m * cfg.block_n <= 64 * 128
+            and tiles <= 2 * sms):
+        return fit_stages(cfg, in_bytes, out_bytes, DEEP_STAGES)
+    return fit_stages(cfg, in_bytes, out_bytes)
+
+
+def _step(variant: str, pen: float) -> float:
+    return STEP_COST[variant] * pen
+
+
+def _cost_dp(tiles: int, k_steps: int, sms: int, variant: str, pen: float = 1.0) -> float:
     waves = cdiv(tiles, sms)
-    return _step(variant, aligned) * waves * (k_steps + EPILOGUE_STEPS[variant])
+    return _step(variant, pen) * waves * (k_steps + EPILOGUE_STEPS[variant])
 
 
-def _plan_sk(tiles: int, k_steps: int, sms: int, variant: str, aligned: bool = True,
+def _plan_sk(tiles: int, k_steps: int, sms: int, variant: str, pen: float = 1.0,
              forced: bool = False):
     """Best stream-K ``(cost, grid, dp_tiles)`` of ``variant`` (None when none applies)."""
-    step = _step(variant, aligned)
+    step = _step(variant, pen)
     if tiles >= 2 * sms:
         if tiles % sms > SK_TAIL * sms and not forced:
             return None  # measured: stream-K over 1.25+ waves of tiles lost to the fix-up
@@ -237,14 +309,14 @@ def reduce_cost(M: int, N: int, split: int, out_bytes: int = 2) -> float:
     return REDUCE_FIXED_STEPS + REDUCE_STEPS_PER_MB * mb
 
 
-def _plan_splitr(M, N, tiles, k_steps, sms, variant, aligned, split, out_bytes, forced=False):
+def _plan_splitr(M, N, tiles, k_steps, sms, variant, pen, split, out_bytes, forced=False):
     """``(cost, split)`` of ``MODE_SPLITR`` with ``split`` K slices (None when none applies)."""
     kps = cdiv(k_steps, max(1, split))
     s = cdiv(k_steps, kps)  # every slice non-empty
     if s < 2 or (not forced and (kps < SPLITR_MIN_STEPS or s * M * N > SPLITR_MAX_FLOATS)):
         return None
     units = tiles * s
-    cost = (cdiv(units, sms) * (_step(variant, aligned) * (kps + EPILOGUE_STEPS[variant])
+    cost = (cdiv(units, sms) * (_step(variant, pen) * (kps + EPILOGUE_STEPS[variant])
                                 + SPLITR_UNIT_STEPS) + reduce_cost(M, N, s, out_bytes))
     return cost, s
 
@@ -252,62 +324,86 @@ def _plan_splitr(M, N, tiles, k_steps, sms, variant, aligned, split, out_bytes, 
 @functools.lru_cache(maxsize=4096)
 def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int = 132, *,
          deterministic: bool = False, variant: Optional[str] = None,
-         mode: Optional[int] = None, split: Optional[int] = None) -> WsPlan:
+         mode: Optional[int] = None, split: Optional[int] = None,
+         pad: Optional[str] = None, stages: Optional[int] = None) -> WsPlan:
     """The launch plan of ``C[M, N] = A[M, K] @ B[K, N]`` on ``sms`` SMs (a pure function).
 
+    A's rows and B's (a weight's ``w.t()``: ``[N, K]`` rows) are ``K * in_bytes`` long; where
+    they start off 32-byte sectors the rule may copy either onto 128-byte lines first
+    (``pad_a`` / ``pad_b``, the copy's cost against the misalignment's, ``penalty``).
     ``deterministic``: one fixed config, data parallel (or ``split`` K slices, which must then
     be a function of K only): every output element's K order is independent of M.
-    ``variant`` / ``mode`` / ``split`` force a choice (the probe compares them)."""
+    ``variant`` / ``mode`` / ``split`` / ``pad`` ("", "a", "b", "ab") / ``stages`` force a
+    choice (the probe compares them)."""
     if deterministic:
         variant = variant or DETERMINISTIC_CONFIG
         mode = MODE_SPLIT if (split or 1) > 1 else MODE_DP
     candidates = [variant] if variant else list(RULE_CONFIGS)
-    aligned = (K * in_bytes) % 128 == 0
+    cls = row_class(K, in_bytes)
+    if pad is not None:
+        pads = [("a" in pad, "b" in pad)]
+    elif AUTO_PAD and cls == 2 and not deterministic:
+        pads = [(False, False), (True, False), (False, True), (True, True)]
+    else:
+        pads = [(False, False)]
     best = None
-    for rank, name in enumerate(candidates):
-        cfg = WS_CONFIGS[name]
-        tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
-        k_steps = cdiv(K, cfg.block_k)
-        stages = fit_stages(cfg, in_bytes, out_bytes)
-        opts = []
-        if mode in (None, MODE_DP):
-            opts.append((_cost_dp(tiles, k_steps, sms, name, aligned),
-                         WsPlan(name, MODE_DP, min(tiles, sms), stages=stages)))
-        # Auto: stream-K only after full data-parallel waves, on the config whose fix-up was
-        # measured worth it (few-tile shapes go to smaller tiles instead).
-        if mode == MODE_SK or (mode is None and name in SK_CONFIGS and tiles >= 2 * sms):
-            sk = _plan_sk(tiles, k_steps, sms, name, aligned, forced=mode == MODE_SK)
-            if sk is not None:
-                cost, g, dp_tiles = sk
-                opts.append((cost, WsPlan(name, MODE_SK, g, dp_tiles=dp_tiles, stages=stages,
-                                          ws_tiles=2 * g, counters=tiles - dp_tiles)))
-        if mode == MODE_SPLITR or (mode is None and name in SPLITR_CONFIGS
-                                   and tiles < 2 * sms):
-            for s_req in ([split or 2] if mode == MODE_SPLITR else range(2, SPLITR_MAX + 1)):
-                sp = _plan_splitr(M, N, tiles, k_steps, sms, name, aligned, s_req, out_bytes,
-                                  forced=mode == MODE_SPLITR)
-                if sp is None and mode == MODE_SPLITR:  # one K step: nothing to split
-                    opts.append((_cost_dp(tiles, k_steps, sms, name, aligned),
-                                 WsPlan(name, MODE_DP, min(tiles, sms), stages=stages)))
-                elif sp is not None:
-                    opts.append((sp[0], WsPlan(name, MODE_SPLITR, min(tiles * sp[1], sms),
-                                               split=sp[1], stages=stages,
-                                               ws_tiles=cdiv(sp[1] * M * N,
-                                                             cfg.block_m * cfg.block_n))))
-        if mode == MODE_SPLIT:
-            s_req = max(1, split or 1)
-            kps = cdiv(k_steps, s_req)
-            s = cdiv(k_steps, kps)  # every slice non-empty
-            units = tiles * s
-            cost = STEP_COST[name] * cdiv(units, sms) * kps
-            opts.append((cost, WsPlan(name, MODE_SPLIT if s > 1 else MODE_DP,
-                                      min(units, sms), split=s, stages=stages,
-                                      ws_tiles=units if s > 1 else 0,
-                                      counters=tiles if s > 1 else 0)))
-        for cost, p in opts:
-            cost = cost / (PREFER_MARGIN if rank else 1.0)  # ties go to the first config
-            if best is None or cost < best[0] - 1e-9:
-                best = (cost, p)
+    for pad_a, pad_b in pads:
+        a_cls = 0 if pad_a else cls
+        b_cls = 0 if pad_b else cls
+        copy = ((copy_steps(M, K, in_bytes) if pad_a else 0.0)
+                + (copy_steps(N, K, in_bytes) if pad_b else 0.0))
+        pad_rank = 1.0 if not (pad_a or pad_b) else PAD_MARGIN
+        for rank, name in enumerate(candidates):
+            cfg = WS_CONFIGS[name]
+            pen = penalty(name, a_cls, b_cls)
+            tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
+            k_steps = cdiv(K, cfg.block_k)
+            st = stages or plan_stages(cfg, in_bytes, out_bytes, a_cls == 0 and b_cls == 0, tiles,
+                                       sms)
+            step_scale = 1.0
+            if st > fit_stages(cfg, in_bytes, out_bytes) and name == "pp64x128":
+                step_scale = STEP_COST["pp64x128st8"] / STEP_COST["pp64x128"]
+            pen *= step_scale
+            opts = []
+            if mode in (None, MODE_DP):
+                opts.append((_cost_dp(tiles, k_steps, sms, name, pen),
+                             WsPlan(name, MODE_DP, min(tiles, sms), stages=st)))
+            # Auto: stream-K only after full data-parallel waves, on the config whose fix-up
+            # was measured worth it (few-tile shapes go to smaller tiles instead).
+            if mode == MODE_SK or (mode is None and name in SK_CONFIGS and tiles >= 2 * sms):
+                sk = _plan_sk(tiles, k_steps, sms, name, pen, forced=mode == MODE_SK)
+                if sk is not None:
+                    cost, g, dp_tiles = sk
+                    opts.append((cost, WsPlan(name, MODE_SK, g, dp_tiles=dp_tiles, stages=st,
+                                              ws_tiles=2 * g, counters=tiles - dp_tiles)))
+            if mode == MODE_SPLITR or (mode is None and name in SPLITR_CONFIGS
+                                       and tiles < 2 * sms):
+                for s_req in ([split or 2] if mode == MODE_SPLITR else range(2, SPLITR_MAX + 1)):
+                    sp = _plan_splitr(M, N, tiles, k_steps, sms, name, pen, s_req, out_bytes,
+                                      forced=mode == MODE_SPLITR)
+                    if sp is None and mode == MODE_SPLITR:  # one K step: nothing to split
+                        opts.append((_cost_dp(tiles, k_steps, sms, name, pen),
+                                     WsPlan(name, MODE_DP, min(tiles, sms), stages=st)))
+                    elif sp is not None:
+                        opts.append((sp[0], WsPlan(name, MODE_SPLITR, min(tiles * sp[1], sms),
+                                                   split=sp[1], stages=st,
+                                                   ws_tiles=cdiv(sp[1] * M * N,
+                                                                 cfg.block_m * cfg.block_n))))
+            if mode == MODE_SPLIT:
+                s_req = max(1, split or 1)
+                kps = cdiv(k_steps, s_req)
+                s = cdiv(k_steps, kps)  # every slice non-empty
+                units = tiles * s
+                cost = STEP_COST[name] * cdiv(units, sms) * kps
+                opts.append((cost, WsPlan(name, MODE_SPLIT if s > 1 else MODE_DP,
+                                          min(units, sms), split=s, stages=st,
+                                          ws_tiles=units if s > 1 else 0,
+                                          counters=tiles if s > 1 else 0)))
+            for cost, p in opts:
+                # ties go to the first config, and to no copy
+                cost = (cost + copy) / (PREFER_MARGIN if rank else 1.0) / pad_rank
+                if best is None or cost < best[0] - 1e-9:
+                    best = (cost, dataclasses.replace(p, pad_a=pad_a, pad_b=pad_b))
     cost, p = best
     return dataclasses.replace(p, est=round(cost, 3))
 
@@ -317,4 +413,6 @@ def describe(p: WsPlan) -> str:
     m = {MODE_DP: "dp", MODE_SK: "sk", MODE_SPLIT: "split", MODE_SPLITR: "splitr"}[p.mode]
     extra = f"/{p.dp_tiles}" if p.mode == MODE_SK and p.dp_tiles else ""
     extra += f"x{p.split}" if p.mode in (MODE_SPLIT, MODE_SPLITR) else ""
+    extra += ("+pad" + "a" * p.pad_a + "b" * p.pad_b) if p.pad_a or p.pad_b else ""
+    extra += f"/st{p.stages}" if p.stages and p.stages != fit_stages(p.cfg, 2, 2) else ""
     return f"{p.variant}:{m}{extra}@{p.grid}"

@@ -589,6 +589,30 @@ def check_operands(a, b, out, bias) -> None:
         raise ValueError(f"ws_matmul: bias {tuple(bias.shape)} must be a contiguous [N]")
 
 
+def _padded_copy(t):
+    """``_pad.padded_copy`` (rows onto 128-byte lines); a local copy of it where the probe
+    loads this module outside ``ditron_ops``."""
+    try:
+        from ditron_ops.gemm._pad import padded_copy
+    except ImportError:
+        rows, cols = t.shape
+        e = t.element_size()
+        buf = t.new_empty((rows, -(-cols * e // 128) * 128 // e))[:, :cols]
+        buf.copy_(t)
+        return buf
+    return padded_copy(t)
+
+
+def _lined(a, b, p: WsPlan):
+    """``a`` / ``b`` with the K-long rows the plan copies onto 128-byte lines (B's only when
+    given as ``w.t()``; a row-major ``[K, N]`` B has N-long rows)."""
+    if p.pad_a and (a.stride(0) * a.element_size()) % 128:
+        a = _padded_copy(a)
+    if p.pad_b and b.stride(0) == 1 and (b.stride(1) * b.element_size()) % 128:
+        b = _padded_copy(b.t()).t()
+    return a, b
+
+
 def _torch():
     import torch
     return torch
@@ -632,6 +656,8 @@ def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = 
         dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
         plan_ = plan(a.shape[0], b.shape[1], a.shape[1], a.element_size(), out.element_size(),
                      _sm_count(dev), deterministic=deterministic, variant=cfg, mode=mode)
+    if plan_.pad_a or plan_.pad_b:
+        a, b = _lined(a, b, plan_)
     args, meta = ws_operands(a, b, out, bias, plan_)
     ws_gemm_kernel[(plan_.grid, )](*args, **meta)
     if plan_.mode == MODE_SPLITR:
