@@ -87,9 +87,10 @@ def test_traced_graph_names_the_context_not_a_rank():
         return gm.forward
 
     compiled = torch.compile(_step, fullgraph=True, backend=backend)
-    _run(compiled, 2)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    _run(compiled, 2, device)
     first = len(graphs)  # one, or one per rank where a rank checked the guards mid-compile
-    _run(compiled, 2)
+    _run(compiled, 2, device)
     assert len(graphs) == first <= 2  # a later launch's ranks reuse them
     names = []
     for gm in graphs:

@@ -9,9 +9,11 @@ from typing import Iterator, Optional
 class _Mode(threading.local):
     """This thread's mode. A ``threading.local``, not a ``ContextVar``: torch.compile traces a
     read of it and guards on the value, so a compiled function recompiles when the mode it was
-    traced under changes (it refuses ``ContextVar.get``)."""
+    traced under changes (it refuses ``ContextVar.get``). The default is set per thread in
+    ``__init__``, not as a class attribute, which torch 2.11's Dynamo would read statically."""
 
-    enabled: bool = False
+    def __init__(self):
+        self.enabled = False
 
 
 _mode = _Mode()

@@ -28,9 +28,12 @@ _registry_lock = threading.Lock()
 class _Context(threading.local):
     """This thread's current group (``using_group``). A ``threading.local``, not a
     ``ContextVar``: torch.compile traces reads of it and guards on what it read, per thread,
-    where it refuses ``ContextVar.get``."""
+    where it refuses ``ContextVar.get``. The default is set per thread in ``__init__`` (which
+    ``threading.local`` runs in each thread), not as a class attribute: torch 2.11's Dynamo
+    reads a class attribute statically and would see None on every thread."""
 
-    group: Optional["Group"] = None
+    def __init__(self):
+        self.group: Optional["Group"] = None
 
 
 _context = _Context()
