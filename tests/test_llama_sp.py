@@ -29,24 +29,6 @@ REL_TOL = 2e-5      # fp32: max |ours - model| over max |model| (measured ~7e-7)
 LAUNCHES = 2
 
 
-def _eager(group, model, ids):
-    """This rank's logits, eager, ``group`` passed explicitly (the helper slices the weights)."""
-    with torch.no_grad():
-        shard = sp.shard(ids, group.rank, group.world_size)
-        return sp.sequence_parallel_logits(model, shard, group)
-
-
-def _forward(model, ids, weights):
-    return sp.sequence_parallel_logits(model, ids, weights=weights)  # group=None: the context's
-
-
-def _compiled(group, compiled, model, ids):
-    """This rank's logits by the compiled forward; the rank's slices are made eagerly here."""
-    weights = sp.rank_weights(model, group.rank, group.world_size, ids.shape[1] // group.world_size)
-    with torch.no_grad():
-        return compiled(model, sp.shard(ids, group.rank, group.world_size), weights)
-
-
 def _run(world_size, body, *extra, layers=sp.LAYERS, timeout_s=None):
     """``LAUNCHES`` launches of ``body(group, *extra, model, ids)``; before each, a new model and
     new token ids made by the caller just before ``launch``. Checks every rank's logits against
@@ -76,7 +58,7 @@ def _run(world_size, body, *extra, layers=sp.LAYERS, timeout_s=None):
 def test_eager_matches_model(world_size):
     # W = 8: one layer (ulysses_attention in the interpreter costs ~4 s a call with 8 ranks
     # sharing this machine's cores); the layer-to-layer path runs at W = 2, 3, 4.
-    _run(world_size, _eager, layers=1 if world_size == 8 else sp.LAYERS)
+    _run(world_size, sp.eager_body, layers=1 if world_size == 8 else sp.LAYERS)
 
 
 @pytest.mark.parametrize("world_size,backend", [(2, "eager"), (2, "aot_eager"), (4, "aot_eager"),
@@ -84,10 +66,10 @@ def test_eager_matches_model(world_size):
 def test_compiled_matches_model(world_size, backend):
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(_forward, fullgraph=True, backend=backend)
+    compiled = torch.compile(sp.forward_with_context_group, fullgraph=True, backend=backend)
     try:  # a peer may wait while the first rank traces (and inductor compiles): a long bound.
         # One layer: the layer-to-layer path is the eager tests'; the trace is per layer.
-        _run(world_size, _compiled, compiled, layers=1, timeout_s=120)
+        _run(world_size, sp.compiled_body, compiled, layers=1, timeout_s=120)
         # The ranks of the first launch may each trace once (Dynamo looks in its cache before
         # its compile lock); the second launch, with new groups, reuses those graphs. More would
         # reach Dynamo's recompile limit (8) at W = 8, past which it runs the function eagerly.

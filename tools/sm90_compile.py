@@ -15,29 +15,11 @@ CPU tensors: only their dtype and 16-byte alignment reach the compiler.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import time
 
-
-def _fake_driver():
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver as active_driver
-
-    class _Driver:
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_active_torch_device(self):
-            import torch
-            return torch.device("cpu")
-
-    active_driver.set_active(_Driver())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _compiled_mode():
@@ -49,7 +31,9 @@ def _compiled_mode():
         import ditron_ops  # noqa: F401
     finally:
         torch.cuda.is_available = available
-    _fake_driver()
+    from ditron_ops.testing.sm90 import use_sm90_stand_in_driver
+
+    use_sm90_stand_in_driver()
 
 
 def _ptxas(kernel, cubin=None) -> str:

@@ -27,6 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ditron_ops.testing.sm90 import use_sm90_stand_in_driver  # noqa: E402
 
 CHECK_SHAPES = [(1000, 2560, 2560), (517, 4480, 5120), (4808, 272, 14080), (64, 4096, 4096),
                 (129, 136, 72), (2100, 7000, 648)]
@@ -92,26 +93,6 @@ def _short(dtype) -> str:
 # Compile only (CPU)
 # --------------------------------------------------------------------------------------------
 
-def _fake_driver() -> None:
-    """A stand-in driver whose target is sm_90 (warm-up compiles without a GPU)."""
-    import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver as active_driver
-
-    class _Driver:
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_active_torch_device(self):
-            return torch.device("cpu")
-
-    active_driver.set_active(_Driver())
 
 
 @functools.lru_cache(maxsize=None)
@@ -181,7 +162,7 @@ def _sass_stats(kernel) -> dict:
 
 def compile_only(variants) -> int:
     import torch
-    _fake_driver()
+    use_sm90_stand_in_driver()
     ws = _ws_module()
     log(f"compile-only: triton sm_90a, variants {', '.join(variants)}")
     log(f"{'variant':<12} {'in':<4} {'B':<6} {'bias':<4} {'C':<4} {'st':>2} {'smem':>6} "

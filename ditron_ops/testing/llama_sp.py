@@ -212,3 +212,24 @@ def shard(x: torch.Tensor, rank: int, world_size: int, dim: int = 1) -> torch.Te
         raise ValueError(f"llama_sp: a sequence of {s} rows cannot be split evenly over "
                          f"{world_size} ranks")
     return x.narrow(dim, rank * (s // world_size), s // world_size)
+
+
+# -- per-rank bodies for ``launch`` (the CPU and GPU tests share them) -------------------------
+def eager_body(group, model, ids):
+    """This rank's logits, eager, ``group`` passed explicitly (the helper slices the weights)."""
+    with torch.no_grad():
+        return sequence_parallel_logits(model, shard(ids, group.rank, group.world_size), group)
+
+
+def forward_with_context_group(model, ids, weights):
+    """What the tests compile: the forward with ``group=None`` (the context's)."""
+    return sequence_parallel_logits(model, ids, weights=weights)
+
+
+def compiled_body(group, compiled, model, ids):
+    """This rank's logits by ``compiled`` (``forward_with_context_group`` under torch.compile);
+    the rank's weight slices are made eagerly here."""
+    weights = rank_weights(model, group.rank, group.world_size, ids.shape[1] // group.world_size)
+    with torch.no_grad():
+        return compiled(model, shard(ids, group.rank, group.world_size), weights)
+

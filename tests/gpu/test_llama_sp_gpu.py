@@ -33,22 +33,6 @@ LAUNCHES = 2
 _SLEEP_CYCLES = 200_000_000  # about 0.1 s at the H200's clock: longer than a launch's set-up
 
 
-def _eager(group, model, ids):
-    with torch.no_grad():
-        shard = sp.shard(ids, group.rank, group.world_size)
-        return sp.sequence_parallel_logits(model, shard, group)
-
-
-def _forward(model, ids, weights):
-    return sp.sequence_parallel_logits(model, ids, weights=weights)  # group=None: the context's
-
-
-def _compiled(group, compiled, model, ids):
-    weights = sp.rank_weights(model, group.rank, group.world_size, ids.shape[1] // group.world_size)
-    with torch.no_grad():
-        return compiled(model, sp.shard(ids, group.rank, group.world_size), weights)
-
-
 def _run(world_size, body, *extra, timeout_s=None):
     """``LAUNCHES`` launches of ``body(group, *extra, model, ids)`` with a new bf16 model and new
     ids each, written on the caller's stream behind a long kernel just before ``launch``."""
@@ -79,16 +63,16 @@ def _run(world_size, body, *extra, timeout_s=None):
 
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_eager_bf16_matches_model(world_size):
-    _run(world_size, _eager)
+    _run(world_size, sp.eager_body)
 
 
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_compiled_bf16_matches_model(world_size):
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(_forward, fullgraph=True, backend="inductor")
+    compiled = torch.compile(sp.forward_with_context_group, fullgraph=True, backend="inductor")
     try:  # a peer may wait while the first rank traces and inductor compiles: a long bound
-        _run(world_size, _compiled, compiled, timeout_s=120)
+        _run(world_size, sp.compiled_body, compiled, timeout_s=120)
         # at most one trace per rank of the first launch; the second launch reuses them
         assert counters["stats"]["unique_graphs"] <= world_size, dict(counters["stats"])
     finally:
