@@ -405,18 +405,21 @@ def replica_sum(x: torch.Tensor, hkv: int) -> torch.Tensor:
     return acc
 
 
-def attention_backward(q, k, v, grad_out, group: Group, causal: bool, scale: float,
+def attention_backward(q, k, v, grad_out, group_name: str, causal: bool, scale: float,
                        deterministic: bool):
     """``(dq, dk, dv)`` of ``ulysses_attention`` on this rank (collective): the forward's
-    exchange again, the local backward, the inverse exchange."""
-    w, hkv = group.world_size, k.shape[2]
-    heads = [all_to_all(x.contiguous(), 2, 1, group)
+    exchange again, the local backward, the inverse exchange. The exchanges are the ops
+    themselves, not the public wrapper: AOTAutograd traces this with fake tensors, where the
+    wrapper's validation and agreement must not run; the forward validated these shapes."""
+    w, hkv = resolve_group(group_name).world_size, k.shape[2]
+    heads = [torch.ops.ditron.all_to_all(x.contiguous(), group_name, 2, 1)
              for x in (q, kv_for_ranks(k, w), kv_for_ranks(v, w), grad_out)]
     qh, kh, vh, doh = (rearrange(x, "b s h d -> b h s d") for x in heads)
     dqh, dkh, dvh = local_attention_backward(qh, kh, vh, doh, causal, scale, deterministic)
 
     def back(x):  # [B, H_l, S, D] -> [B, S_r, H, D]
-        return all_to_all(rearrange(x, "b h s d -> b s h d").contiguous(), 1, 2, group)
+        return torch.ops.ditron.all_to_all(rearrange(x, "b h s d -> b s h d").contiguous(),
+                                           group_name, 1, 2)
 
     dq = back(dqh)
     if hkv % w == 0:
@@ -433,8 +436,8 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad_out):
     q, k, v = ctx.saved_tensors
-    dq, dk, dv = attention_backward(q, k, v, grad_out, resolve_group(ctx.group_name), ctx.causal,
-                                    ctx.scale, ctx.deterministic)
+    dq, dk, dv = attention_backward(q, k, v, grad_out, ctx.group_name, ctx.causal, ctx.scale,
+                                    ctx.deterministic)
     return dq, dk, dv, None, None, None, None
 
 

@@ -93,6 +93,8 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, group: Optional[Group] = None, *,
     key = call_key("ag_gemm", a, b, bias, out, impl, shard_sizes)
     sizes = memo(group, key, lambda: _validate(group, a, b, bias, out, impl, shard_sizes))
     gather = bool(return_gathered)
+    if gather:  # the backward adds the gathered rows' grad at this rank's offset: a compiled
+        name = group.group_name  # graph (and its backward) per rank, not one CONTEXT graph
     if out is not None:
         if direct(a, b, bias, out):
             gathered = _ag_gemm_out_impl(a, b, bias, out, name, sizes, gather, impl)

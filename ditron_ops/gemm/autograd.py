@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from ..collectives import all_gather
 from ..runtime.group import resolve_group
 
 
@@ -28,18 +27,21 @@ def _ag_setup(ctx, inputs, output):
 
 
 def _ag_backward(ctx, grad_out, grad_gathered):
+    # the collectives are the ops themselves, not the public wrappers: AOTAutograd traces this
+    # with fake tensors, where a wrapper's validation and agreement must not run
     a, b, gathered = ctx.saved_tensors
-    group = resolve_group(ctx.group_name)
     grad_a = grad_b = grad_bias = None
     if ctx.needs_input_grad[0]:
         grad_a = torch.ops.ditron.gemm_rs(grad_out.contiguous(), b.t(), ctx.group_name,
                                           ctx.shard_sizes, False, ctx.impl)
     if ctx.needs_input_grad[1]:
         if gathered is None:
-            gathered = all_gather(a, group, shard_sizes=ctx.shard_sizes)
+            gathered = torch.ops.ditron.all_gather(a, ctx.group_name, ctx.shard_sizes)
         grad_b = gathered.t() @ grad_out
     if grad_gathered is not None and grad_gathered.numel() and ctx.needs_input_grad[0]:
-        start = sum(ctx.shard_sizes[:group.rank])
+        # (the rank is read here: ag_gemm passes its group's own name when it returns the
+        # gathered rows, so a compiled backward is traced per rank)
+        start = sum(ctx.shard_sizes[:resolve_group(ctx.group_name).rank])
         grad_a = grad_a + grad_gathered[start:start + a.shape[0]]
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad_out.sum(0)

@@ -420,11 +420,13 @@ def current_group(group: Optional[Group] = None) -> Group:
 def call_group(given: Optional[Group]) -> tuple[Group, str]:
     """A public op's ``(group, group_name)`` for its ``group`` argument ``given``: the resolved
     group, and the name its ``torch.ops.ditron`` op receives. That name is ``CONTEXT`` under
-    torch.compile when ``given`` is None: a graph traced on one rank must not name that rank's
-    group, since every rank and every later launch runs it."""
+    torch.compile when ``given`` is None in a virtual world: a graph traced on one rank must not
+    name that rank's group, since every rank and every later launch runs it. Elsewhere a process
+    is one rank, and its compiled backward may run on autograd's device thread, where no
+    context group is set: the graph names the group."""
     group = current_group(given)
-    if given is None and tracing():
-        return group, CONTEXT
+    if given is None and tracing() and group.backend == "virtual":
+        return group, CONTEXT  # (a process of its own per rank elsewhere: its name is stable)
     return group, group.group_name
 
 

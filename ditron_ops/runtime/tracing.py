@@ -13,5 +13,9 @@ import torch
 
 
 def tracing() -> bool:
-    """True inside code that torch.compile (Dynamo) or torch.export is tracing."""
-    return torch.compiler.is_dynamo_compiling() or torch.compiler.is_exporting()
+    """True inside code that torch.compile (Dynamo or AOTAutograd, whose fake-tensor mode is
+    this thread's) or torch.export is tracing. ``is_exporting`` is process-wide too: a rank
+    thread exporting while its peers run eagerly is not supported."""
+    return (torch.compiler.is_dynamo_compiling()
+            or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+            or torch.compiler.is_exporting())

@@ -85,7 +85,7 @@ class CompileAwareBarrier:
                     self._broken = True
                     self._cond.notify_all()
                     break
-                self._cond.wait(left)
+                self._cond.wait(min(left, _TORCH_COMPILE_POLL_S))  # (sees a compile start)
             if generation == self._generation:
                 raise threading.BrokenBarrierError
 

@@ -21,7 +21,9 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("impl", ["fused", "baseline"])
 def test_inputs_written_behind_a_long_kernel(impl):
     world, rows, k, n = 4, 256, 1024, 2048
-    for _ in range(2):  # two launches in one process, each with inputs written just before it
+    # two launches in one process, each with inputs written just before it (in the first the
+    # ranks' compiles may outlast the sleep; the second has nothing to compile)
+    for _ in range(2):
         torch.cuda._sleep(_SLEEP_CYCLES)
         a = torch.randn(world * rows, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -37,17 +39,3 @@ def test_inputs_written_behind_a_long_kernel(impl):
         for product, total in outs:
             assert _rel(product, ref) < 1e-2
             torch.testing.assert_close(total, x.sum(0), rtol=1e-5, atol=1e-4)
-
-
-def test_results_used_and_freed_by_the_caller_between_launches():
-    """Results made on the ranks' streams, used on the caller's and dropped: the next launch's
-    allocations (same pooled streams) never overwrite them while the caller's kernel reads."""
-    world = 2
-    x = torch.randn(world, 1 << 20, device="cuda")
-    first = ditron_ops.launch(lambda g: ditron_ops.all_gather(x[g.rank].view(1, -1)), world)
-    torch.cuda._sleep(_SLEEP_CYCLES)
-    copies = [f.clone() for f in first]  # queued behind the sleep on the caller's stream
-    del first
-    ditron_ops.launch(lambda g: torch.full((world, 1 << 20), -1.0, device="cuda"), world)
-    for c in copies:
-        torch.testing.assert_close(c, x)
