@@ -2,17 +2,23 @@
 references, and the same generator with injected faults and with a rank that disagrees
 (``ditron_ops.testing.fuzz``).
 
-Examples per run: ``--fuzz-examples`` (default 150), ``--fuzz-fault-examples`` (default 20)
-and ``--fuzz-mismatch-examples`` (default 20); derandomized, so CI draws the same programs
-every run. Failures that Hypothesis found are kept below as named regression tests of the
-shrunk program. The GPU tier runs the same generator at larger shapes
-(tests/gpu/test_fuzz_gpu.py).
+Examples per run: the default run (``python -m pytest -q``) draws 30 random programs, 20 with a
+fault and 20 with a rank that disagrees, plus one covering program per W = 1..4 (twice: the
+smallest shapes, then drawn ones) that together call every op in every dtype and mode; the long
+run (marker ``slow``: ``python -m pytest -q -m slow``) draws 300, 60 and 100.
+``--fuzz-examples``, ``--fuzz-fault-examples`` and ``--fuzz-mismatch-examples`` set the count
+of whichever of the two runs. Derandomized, so CI draws the same programs every run. Failures
+that Hypothesis found are kept below as named regression tests of the shrunk program. The GPU
+tier runs the same generator at larger shapes (tests/gpu/test_fuzz_gpu.py).
 """
+import dataclasses
+import itertools
 import time
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ditron_ops.moe import buffer as moe_buffer
 from ditron_ops.runtime.group import _registry as group_registry
@@ -30,9 +36,16 @@ def _settings(examples: int) -> settings:
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@pytest.mark.timeout(900)
-def test_random_programs_match_references(fuzz_count):
-    examples = fuzz_count("--fuzz-examples", 150)
+def _counts(short: int, long: int, timeouts: tuple) -> list:
+    """The default run's count and the long run's (marker ``slow``), each with its time limit
+    (a parameter's ``timeout`` mark, not the function's: the function's would win)."""
+    return [pytest.param(short, id="short", marks=pytest.mark.timeout(timeouts[0])),
+            pytest.param(long, id="long", marks=[pytest.mark.slow, pytest.mark.timeout(timeouts[1])])]
+
+
+@pytest.mark.parametrize("default", _counts(30, 300, (600, 1800)))
+def test_random_programs_match_references(fuzz_count, default):
+    examples = fuzz_count("--fuzz-examples", default)
     ran = []
 
     @_settings(examples)
@@ -45,13 +58,54 @@ def test_random_programs_match_references(fuzz_count):
     assert len(ran) >= examples
 
 
-@pytest.mark.timeout(900)
+@st.composite
+def _covering_programs(draw, world_size: int) -> Program:
+    """A program of W = ``world_size`` that calls every op in both CPU dtypes, in a drawn
+    order, with drawn shapes; the mode of (op, dtype) turns with W, so the programs of
+    W = 1..4 together make every (op, dtype, mode)."""
+    w, sizes = world_size, fuzz.CPU_SIZES
+    moe = dict(experts_per_rank=draw(st.integers(1, sizes.moe_experts)),
+               max_tokens=draw(st.integers(1, sizes.moe_tokens)),
+               hidden=draw(st.sampled_from(sizes.moe_hidden)), fp8_hidden=sizes.fp8_hidden)
+    moe["topk"] = draw(st.integers(1, min(sizes.moe_topk, moe["experts_per_rank"] * w)))
+    body = [dataclasses.replace(draw(fuzz.calls(w, moe, (dtype,), (op,), sizes)),
+                                mode=fuzz.MODES[(i + j + w) % len(fuzz.MODES)])
+            for i, op in enumerate(fuzz.OPS) for j, dtype in enumerate(fuzz.CPU_DTYPES)]
+    return Program(w, tuple(draw(st.permutations(body))), moe)
+
+
+def test_the_covering_programs_make_every_op_dtype_and_mode():
+    modes = {(op, dtype, fuzz.MODES[(i + j + w) % len(fuzz.MODES)]) for w in range(1, 5)
+             for i, op in enumerate(fuzz.OPS) for j, dtype in enumerate(fuzz.CPU_DTYPES)}
+    assert modes == set(itertools.product(fuzz.OPS, fuzz.CPU_DTYPES, fuzz.MODES))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_covering_programs_match_references(world_size):
+    """The default run's random programs are few, so these make sure it reaches every op in
+    every dtype and mode on every W: each W's covering program (``_covering_programs``) twice,
+    the first with the smallest shapes Hypothesis draws (zero rows or keys where the op allows
+    them), the second with drawn ones."""
+    ran = []
+
+    @_settings(2)
+    @given(program=_covering_programs(world_size))
+    def run(program):
+        assert fuzz.run_program(program) == ["ok"] * program.world_size
+        ran.append(program)
+
+    run()
+    assert len(ran) >= 2
+
+
+@pytest.mark.parametrize("default", _counts(20, 60, (600, 1200)))
 @pytest.mark.parametrize("kind", ["raise", "skip"])
-def test_injected_faults_give_typed_errors_and_the_next_launch_works(fuzz_count, kind):
+def test_injected_faults_give_typed_errors_and_the_next_launch_works(fuzz_count, kind, default):
     """A rank raises before a call, or skips it and all later ones: every other rank gets a
     DitronError within the bound (``fuzz.FAULT_BOUND``), then a new launch works. Half the
     ``--fuzz-fault-examples`` each."""
-    examples = fuzz_count("--fuzz-fault-examples", 20) // 2
+    examples = fuzz_count("--fuzz-fault-examples", default) // 2
     ran = []
 
     @_settings(examples)
@@ -67,13 +121,13 @@ def test_injected_faults_give_typed_errors_and_the_next_launch_works(fuzz_count,
     assert len(ran) >= examples
 
 
-@pytest.mark.timeout(600)
-def test_disagreeing_rank_gets_mismatch_error_on_every_rank_and_the_program_goes_on(fuzz_count):
+@pytest.mark.parametrize("default", _counts(20, 100, (600, 900)))
+def test_disagreeing_rank_gets_mismatch_error_on_every_rank_and_the_program_goes_on(fuzz_count, default):
     """One rank changes the dtype, an agreed dim or a flag of one call: every rank gets
     DitronMismatchError naming the op, the field and both values (checked per rank in
     ``fuzz._disagree``), before anything is launched; the program's later calls then pass
     their checks in the same launch."""
-    examples = fuzz_count("--fuzz-mismatch-examples", 20)
+    examples = fuzz_count("--fuzz-mismatch-examples", default)
     ran = []
 
     @_settings(examples)

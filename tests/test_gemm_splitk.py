@@ -46,8 +46,15 @@ SHAPES = [(40, 24, 100), (33, 50, 327), (17, 16, 64), (70, 48, 96)]
 """M and N off the interpreter's tiles (16 or 32 rows, 16 columns), K off its BLOCK_K (16)."""
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("split", [2, 3, 8])
+SPLITS = [(SHAPES[0], 3), (SHAPES[0], 8), (SHAPES[1], 2), (SHAPES[1], 8), (SHAPES[2], 3),
+          (SHAPES[3], 2), (SHAPES[3], 8)]
+"""(shape, split_k): a short last slice (K = 100 by 3: 3 + 3 + 1 steps; K = 327 by 2, a partial
+last BLOCK_K too), even slices (96 by 2), fewer slices than asked (327 by 8: 7 of 3 steps; 64 by
+3: 2) and one-step slices (100 and 96 by 8), every shape and every split at least once (each of
+their 12 pairs takes one of these paths; the interpreter is slow)."""
+
+
+@pytest.mark.parametrize("shape,split", SPLITS, ids=[f"{'x'.join(map(str, s))}-{k}" for s, k in SPLITS])
 def test_split_is_exact_for_integer_inputs(shape, split):
     """Integer-valued inputs (every product and partial sum exact in fp32): the split result
     equals the unsplit one and the reference bitwise, with bias, both B layouts, fp16 and fp32

@@ -1,6 +1,6 @@
 """The soak (``tools/soak.py``, ``ditron_ops.testing.soak``) in the CPU interpreter: a quick run
-of every op family passes and writes its CSV and JSON; a wrong result and memory growth after
-every shape was seen make it fail."""
+of every op family passes and writes its CSV and JSON (the long run, marker ``slow``: 100 cycles);
+a wrong result and memory growth after every shape was seen make it fail."""
 import csv
 import json
 
@@ -12,11 +12,15 @@ from ditron_ops.testing import soak
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
 
 
-@pytest.mark.timeout(120)
-def test_quick_soak_every_family_passes(tmp_path, capsys):
-    assert soak.main(["--calls", "40", "--world-size", "2", "--out", str(tmp_path)]) == 0
+@pytest.mark.parametrize("calls", [
+    pytest.param(40, id="quick", marks=pytest.mark.timeout(120)),
+    pytest.param(1200, id="long", marks=[pytest.mark.slow, pytest.mark.timeout(1800)])])
+def test_soak_every_family_passes(tmp_path, capsys, calls):
+    """Every family, cycle after cycle in one world: 4 cycles in the default run, 100 in the
+    long run (marker ``slow``)."""
+    assert soak.main(["--calls", str(calls), "--world-size", "2", "--out", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "soak_summary.json").read_text())
-    assert summary["wrong"] == 0 and summary["calls"] >= 40
+    assert summary["wrong"] == 0 and summary["calls"] >= calls
     assert summary["families"] == sorted(soak.FAMILIES)
     assert summary["cycles"] > summary["seen_after_cycle"] == soak.VARIANTS
     rows = list(csv.DictReader(open(tmp_path / "soak_cycles.csv")))

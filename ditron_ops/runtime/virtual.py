@@ -200,7 +200,13 @@ class VirtualGroup(Group):
         return self.world.streams[self.rank]
 
     def barrier(self) -> None:
-        self.world.barrier(self.rank, self.timeout_s)
+        """Meet every rank; a peer that does not come fails this group (as a kernel's expired
+        wait does): the ranks are out of step, and the launch's end must not wait on it again."""
+        try:
+            self.world.barrier(self.rank, self.timeout_s)
+        except DitronTimeoutError as err:
+            self._failure = err
+            raise
 
     def waiting_launch(self, op: str = "?", epoch: int = -1):
         """Launch a waiting kernel into an idle stream, and only after every rank has done so.
