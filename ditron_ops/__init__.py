@@ -7,7 +7,7 @@ from .gemm.ag_gemm import ag_gemm
 from .gemm.gemm_rs import gemm_ar, gemm_rs
 from .attention.flash_decode import flash_decode
 from .attention.ulysses import ulysses_attention
-from .collectives import all_gather, all_reduce, all_to_all, reduce_scatter
+from .collectives import all_gather, all_reduce, all_reduce_rmsnorm, all_to_all, reduce_scatter
 from . import moe
 from .deterministic import deterministic, is_deterministic
 from .errors import (DitronError, DitronInputError, DitronMismatchError, DitronSizeMismatchError,
@@ -20,7 +20,8 @@ from .runtime.precompile import precompile
 __version__ = "0.1.0"
 
 __all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode", "ulysses_attention", "all_gather",
-           "reduce_scatter", "all_reduce", "all_to_all", "moe", "launch", "Group", "VirtualGroup",
+           "reduce_scatter", "all_reduce", "all_to_all", "all_reduce_rmsnorm", "moe", "launch",
+           "Group", "VirtualGroup",
            "TorchGroup", "init_nvshmem", "finalize_nvshmem", "nvshmem_available", "current_group",
            "set_default_group", "split_sizes", "precompile", "deterministic", "is_deterministic",
            "DitronError", "DitronTimeoutError", "DitronSizeMismatchError", "DitronMismatchError",

@@ -50,13 +50,39 @@ def _flush(o_part, lse_part, acc, m, l, pair, num_parts, part, g_ok, D: tl.const
         tl.store(lse_part + row, lse, mask=g_ok)
 
 
+@dl.jit
+def _page_rows(table_row, offs_n, n_ok, n0, num_pages, bad_first, BLOCK_N: tl.constexpr,
+               PAGE: tl.constexpr):
+    """Pages of the keys ``offs_n`` (block starting at ``n0``) through the table row and their
+    slots: ``(page, slot, bad_first)``. An entry outside ``[0, num_pages)`` reads page 0 instead
+    (never past the cache) and lowers ``bad_first`` (per lane, the first bad table column seen;
+    an elementwise min, so the loop reduces nothing per block). ``PAGE >= BLOCK_N``: the block
+    lies in one page (blocks start at multiples of ``BLOCK_N``), one scalar table read."""
+    if PAGE >= BLOCK_N:
+        entry = tl.load(table_row + n0 // PAGE)
+        bad = (entry < 0) | (entry >= num_pages)
+        page = tl.where(bad, 0, entry)
+        slot = n0 % PAGE + tl.arange(0, BLOCK_N)
+        bad_first = tl.minimum(bad_first, tl.where(bad, n0 // PAGE, bad_first))
+    else:
+        col = offs_n // PAGE
+        entry = tl.load(table_row + col, mask=n_ok, other=0)
+        bad = n_ok & ((entry < 0) | (entry >= num_pages))
+        page = tl.where(bad, 0, entry)
+        slot = offs_n % PAGE
+        bad_first = tl.minimum(bad_first, tl.where(bad, col, bad_first))
+    return page.to(tl.int64), slot.to(tl.int64), bad_first
+
+
 @dl.jit(do_not_specialize=("lens_ptr", "heads", "part_len", "prog_len", "num_parts", "seq_len",
-                           "rank", "op_id"))  # strides specialise; lens_ptr: see chunk_combine
+                           "rank", "op_id", "table_ptr", "stride_tb", "num_pages", "table_op"))
 def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, heads, part_len, prog_len,
                     num_parts, stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
                     stride_vb, stride_vs, stride_vh, seq_len, err_claim, err_record, rank, op_id,
+                    table_ptr, stride_tb, num_pages, table_op,
                     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
-                    BLOCK_N: tl.constexpr, FLUSH: tl.constexpr, DIRECT: tl.constexpr):
+                    BLOCK_N: tl.constexpr, FLUSH: tl.constexpr, DIRECT: tl.constexpr,
+                    PAGE: tl.constexpr):
     """Attention of the G query heads of KV head ``program_id(1)`` over keys
     ``[s * prog_len, (s + 1) * prog_len)`` of batch ``program_id(0)`` (``s = program_id(2)``),
     one partial per ``part_len`` keys (``FLUSH``: several per program; else ``part_len ==
@@ -64,7 +90,15 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
     rank, one partial per pair): the program's partial is the output, written to ``o_part``
     in the output's dtype (zeros for an empty sequence), and no combine follows. A length
     outside ``[0, seq_len]`` (the cache's S_max) is clamped into it, so no key past the cache
-    is read, and recorded (``BAD_INPUT``: index ``b``, the value) for the next host check."""
+    is read, and recorded (``BAD_INPUT``: index ``b``, the value) for the next host check.
+
+    ``PAGE`` > 0 (paged cache, ``_page_rows``): ``k_ptr``/``v_ptr`` are ``[num_pages, PAGE,
+    Hkv, D]`` (``stride_kb``/``stride_vb`` the page strides), key ``n`` of sequence ``b`` lives in
+    page ``table[b, n // PAGE]`` at slot ``n % PAGE``, ``seq_len`` is the table's capacity
+    (``max_blocks x PAGE``; 0 without pages). Only the addresses differ from ``PAGE == 0``: the
+    arithmetic is the same code, so the same keys give the same bits. A table entry outside
+    ``[0, num_pages)`` reads page 0 and is recorded (op ``table_op``, index ``b x max_blocks +
+    column``, the entry)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     lo = tl.program_id(2) * prog_len
@@ -82,20 +116,37 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
     m = tl.full((BLOCK_G,), NEG_INF, tl.float32)
     l = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, D), tl.float32)
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh * stride_vh
+    if PAGE == 0:
+        k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh * stride_kh
+        v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh * stride_vh
+    else:
+        k_base = k_ptr + kvh * stride_kh
+        v_base = v_ptr + kvh * stride_vh
+    table_row = table_ptr + b.to(tl.int64) * stride_tb
+    no_bad = seq_len // tl.maximum(PAGE, 1) + 1  # past every table column
+    bad_first = tl.full((BLOCK_N,), 0, tl.int32) + no_bad
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
-        k = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :],
-                    mask=n_ok[:, None], other=0.0)
+        if PAGE == 0:
+            k = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :],
+                        mask=n_ok[:, None], other=0.0)
+        else:
+            page, slot, bad_first = _page_rows(table_row, offs_n, n_ok, n0, num_pages, bad_first,
+                                               BLOCK_N, PAGE)
+            k = tl.load(k_base + (page * stride_kb + slot * stride_ks)[:, None] + offs_d[None, :],
+                        mask=n_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * sm_scale
         s = tl.where(n_ok[None, :], s, NEG_INF)
         m_new = tl.maximum(m, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m - m_new)
-        v = tl.load(v_base + offs_n.to(tl.int64)[:, None] * stride_vs + offs_d[None, :],
-                    mask=n_ok[:, None], other=0.0)
+        if PAGE == 0:
+            v = tl.load(v_base + offs_n.to(tl.int64)[:, None] * stride_vs + offs_d[None, :],
+                        mask=n_ok[:, None], other=0.0)
+        else:
+            v = tl.load(v_base + (page * stride_vb + slot * stride_vs)[:, None] + offs_d[None, :],
+                        mask=n_ok[:, None], other=0.0)
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m = m_new
@@ -105,6 +156,11 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
                 m = tl.full((BLOCK_G,), NEG_INF, tl.float32)
                 l = tl.zeros((BLOCK_G,), tl.float32)
                 acc = tl.zeros((BLOCK_G, D), tl.float32)
+    if PAGE > 0:
+        col = tl.min(bad_first, axis=0)
+        if col < no_bad:  # one reduction per program, after the loop
+            dl.record_error(err_claim, err_record, table_op, rank,
+                            b * (seq_len // PAGE) + col, tl.load(table_row + col), dl.BAD_INPUT)
     if DIRECT:
         _flush(o_part, lse_part, acc, m, l, pair, 1, 0, g_ok, D, True)
     elif not FLUSH:
