@@ -1,0 +1,58 @@
+"""Plain-torch oracle of ``all_reduce_rmsnorm``: the composition all_reduce -> add -> RMSNorm ->
+e4m3 quantization, with the roundings the fused op promises.
+
+``add_rmsnorm`` and ``quantize_fp8`` are local (no group): the tests feed them the rank-ordered
+sum, or the op's own normed rows (the quantization is then exact to compare bitwise).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..runtime.group import Group
+from .collectives import gather_tensors, rank_ordered_sum
+
+FP8_MAX = 448.0
+GROUP = 128
+
+
+def add_rmsnorm(h: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(normed, residual_out)`` of the all-reduced ``h [T, H]`` (already rounded to its dtype).
+
+    ``residual_out = round(h + residual)`` (fp32 add, one rounding, as torch's ``h + residual``);
+    ``normed = round(r * rstd * weight)`` in fp32 with ``rstd = 1 / sqrt(mean(r^2) + eps)``, one
+    rounding, as ``torch.nn.functional.rms_norm`` computes it (the sum over H is torch's order,
+    so ``normed`` may differ from the kernel's by an ulp).
+    """
+    res_out = (h.float() + residual.float()).to(h.dtype)
+    r = res_out.float()
+    mean = r.pow(2).sum(-1, keepdim=True) / r.shape[-1]
+    rstd = 1.0 / torch.sqrt(mean + torch.tensor(eps, dtype=torch.float32))
+    normed = (r * rstd * weight.float()).to(h.dtype)
+    return normed, res_out
+
+
+def quantize_fp8(y: torch.Tensor, group_size: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(codes, scales)``: e4m3 codes of ``y [T, H]`` with ``scale = amax / 448`` in fp32 per row
+    (``scales [T, 1]``) or per ``group_size`` columns (``scales [T, H / group_size]``);
+    ``codes = e4m3(clamp(y / scale, -448, 448))`` (a zero scale divides by 1)."""
+    t, h = y.shape
+    g = h if group_size is None else group_size
+    yf = y.float().reshape(t, h // g, g)
+    scale = yf.abs().amax(-1, keepdim=True) / FP8_MAX
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = (yf / safe).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return codes.reshape(t, h), scale.reshape(t, h // g)
+
+
+def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float, group: Group, quant: Optional[str] = None) -> tuple:
+    """The op's result from a rank-ordered fp32 sum (one rounding) and the local math above:
+    ``(normed, residual_out)`` or with ``quant`` ``(normed, residual_out, codes, scales)``."""
+    h = rank_ordered_sum(gather_tensors(x, group), x.dtype)
+    normed, res_out = add_rmsnorm(h, residual, weight, eps)
+    if quant is None:
+        return normed, res_out
+    return (normed, res_out) + quantize_fp8(normed, GROUP if quant == "fp8_e4m3_128" else None)
