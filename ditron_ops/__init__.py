@@ -6,6 +6,7 @@ from . import reference  # noqa: F401  (ditron_ops.reference: the plain-torch or
 from .gemm.ag_gemm import ag_gemm
 from .gemm.gemm_rs import gemm_ar, gemm_rs
 from .attention.flash_decode import flash_decode
+from .attention.paged_kv import csr_to_block_table
 from .attention.ulysses import ulysses_attention
 from .collectives import all_gather, all_reduce, all_reduce_rmsnorm, all_to_all, reduce_scatter
 from . import moe
@@ -19,7 +20,8 @@ from .runtime.precompile import precompile
 
 __version__ = "0.1.0"
 
-__all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode", "ulysses_attention", "all_gather",
+__all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode", "csr_to_block_table",
+           "ulysses_attention", "all_gather",
            "reduce_scatter", "all_reduce", "all_to_all", "all_reduce_rmsnorm", "moe", "launch",
            "Group", "VirtualGroup",
            "TorchGroup", "init_nvshmem", "finalize_nvshmem", "nvshmem_available", "current_group",

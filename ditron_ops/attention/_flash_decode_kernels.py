@@ -122,9 +122,9 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
     else:
         k_base = k_ptr + kvh * stride_kh
         v_base = v_ptr + kvh * stride_vh
-    table_row = table_ptr + b.to(tl.int64) * stride_tb
-    no_bad = seq_len // tl.maximum(PAGE, 1) + 1  # past every table column
-    bad_first = tl.full((BLOCK_N,), 0, tl.int32) + no_bad
+        table_row = table_ptr + b.to(tl.int64) * stride_tb
+        no_bad = seq_len // PAGE + 1  # past every table column
+        bad_first = tl.full((BLOCK_N,), 0, tl.int32) + no_bad
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi

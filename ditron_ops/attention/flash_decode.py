@@ -20,6 +20,7 @@ from ..runtime.lazy import lazy_import
 from ..runtime.plan import call_key, tensor_key
 from ..runtime.tracing import tracing
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
+from . import paged_kv
 
 # Triton, the kernels and their launch code: imported on first use (``runtime.lazy``)
 barrier = lazy_import("..language.barrier", globals())
@@ -35,9 +36,10 @@ DETERMINISTIC_CHUNK = 512
 or the number of SMs)."""
 
 
-def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lens: torch.Tensor,
-                 group: Optional[Group] = None, *, softmax_scale: Optional[float] = None,
-                 deterministic: Optional[bool] = None) -> torch.Tensor:
+def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[torch.Tensor],
+                 kv_lens: torch.Tensor, group: Optional[Group] = None, *,
+                 softmax_scale: Optional[float] = None, deterministic: Optional[bool] = None,
+                 block_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of ``q`` over the concatenation of every rank's KV shard (one decode step).
 
     Parameters
@@ -47,9 +49,12 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         ``D`` in {64, 128}.
     k_cache, v_cache : torch.Tensor
         ``[B, S_max, Hkv, D]``: this rank's shard of the sequence; ``Hq`` a multiple of ``Hkv``
-        (GQA); last dimension contiguous.
+        (GQA); last dimension contiguous. Paged (``block_table`` given): ``[num_blocks,
+        page_size, Hkv, D]`` each, or one ``[num_blocks, 2, page_size, Hkv, D]`` tensor as
+        ``k_cache`` with ``v_cache=None``; ``page_size`` a power of two in 1..256.
     kv_lens : torch.Tensor
-        ``[B]`` int32/int64 on the device: valid keys of each sequence on this rank (0 allowed).
+        ``[B]`` int32/int64 on the device: valid keys of each sequence on this rank (0 allowed;
+        paged: at most ``max_blocks x page_size``, 0 when the cache has no pages).
     group : Group, optional
     softmax_scale : float, optional
         Default ``1 / sqrt(D)``.
@@ -59,6 +64,16 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         0..W-1) in fp32: bitwise identical run to run and batch invariant. False: one partial
         per split-KV program, the key ranges sized from the batch and the GPU (faster; not
         batch invariant).
+    block_table : torch.Tensor, optional
+        ``[B, max_blocks]`` int32 on the device, rows contiguous: key ``n`` of sequence ``b`` is
+        slot ``n % page_size`` of page ``block_table[b, n // page_size]`` (this rank's pages;
+        entries past a sequence's pages are never read). The kernel reads the table on the
+        device, so a captured CUDA graph follows its contents. Key ranges depend on key
+        positions only (the capacity ``max_blocks x page_size`` plays ``S_max``): deterministic
+        mode gives the bits of the contiguous call over the same keys. A used entry outside
+        ``[0, num_blocks)`` (-1 included) or a length past the table is read clamped and
+        raised as ``DitronInputError`` at the next host check (host tensors: before the
+        launch). FlashInfer's CSR form converts with ``csr_to_block_table``.
 
     Returns
     -------
@@ -68,7 +83,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     Constraints
     -----------
     Collective: every rank calls it in the same order with the same ``B``, ``Hq``, ``Hkv``,
-    ``D``, dtype and mode (``S_max`` and ``kv_lens`` may differ). Runs on the current stream,
+    ``D``, dtype, mode and page size (``S_max``, ``kv_lens``, the number of pages and the
+    table's width may differ; all ranks paged or none). Runs on the current stream,
     does not synchronize, and is CUDA-graph capturable after one eager call with the same shapes.
 
     Examples
@@ -85,6 +101,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     """
     group, name = call_group(group)
     flag = resolve_deterministic(deterministic)
+    if block_table is not None:
+        return _paged(group, name, q, k_cache, v_cache, kv_lens, block_table, softmax_scale, flag)
     key = call_key("flash_decode", q, k_cache, v_cache, kv_lens, flag)
     d = memo(group, key, lambda: _validate(group, q, k_cache, v_cache, kv_lens, flag))
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
@@ -96,19 +114,43 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     return torch.ops.ditron.flash_decode(q, k_cache, v_cache, kv_lens, name, scale, flag)
 
 
-def _validate(group: Group, q, k_cache, v_cache, kv_lens, deterministic: bool) -> int:
-    """The call's checks (typed errors naming the argument); the head dim."""
+def _paged(group: Group, name: str, q, k_cache, v_cache, kv_lens, block_table, softmax_scale,
+           flag: bool) -> torch.Tensor:
+    """The paged form of ``flash_decode`` (same checks, then ``flash_decode_paged``)."""
+    k_cache, v_cache = paged_kv.split_kv(k_cache, v_cache)
+    key = call_key("flash_decode_paged", q, k_cache, v_cache, kv_lens, block_table, flag)
+    d = memo(group, key, lambda: _validate(group, q, k_cache, v_cache, kv_lens, flag, block_table))
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    if kv_lens.device.type == "cpu" and not tracing():  # on the host: free (device: the kernel's)
+        paged_kv.check_host(group, kv_lens, block_table, k_cache.shape[1], k_cache.shape[0])
+    if direct(q, k_cache, v_cache, kv_lens, block_table):
+        return _impl(q, k_cache, v_cache, kv_lens, name, scale, flag,
+                     tensor_keys=None if key is None else key[1:6], block_table=block_table)
+    return torch.ops.ditron.flash_decode_paged(q, k_cache, v_cache, kv_lens, block_table, name,
+                                               scale, flag)
+
+
+def _validate(group: Group, q, k_cache, v_cache, kv_lens, deterministic: bool,
+              block_table=None) -> int:
+    """The call's checks (typed errors naming the argument); the head dim. ``block_table``:
+    the paged form (``paged_kv.validate_table`` for the cache and table shapes)."""
     dtypes = GPU_DTYPES if group.device.type == "cuda" else CPU_DTYPES
     check_tensor("flash_decode", "q", q, group, dtypes, min_dim=3)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor("flash_decode", name, t, group, (q.dtype,), min_dim=4)
     check_tensor("flash_decode", "kv_lens", kv_lens, group, (torch.int32, torch.int64), min_dim=1)
-    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+    page = 0
+    if block_table is not None:
+        check_tensor("flash_decode", "block_table", block_table, group, (torch.int32,), min_dim=2)
+        if q.dim() != 3:
+            raise ValueError(f"ditron.flash_decode: q must be [B, Hq, D]; got {tuple(q.shape)}")
+        page = paged_kv.validate_table(q, k_cache, v_cache, block_table)
+    elif q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"ditron.flash_decode: q must be [B, Hq, D] and k_cache/v_cache equal "
                          f"[B, S_max, Hkv, D]; got {tuple(q.shape)}, {tuple(k_cache.shape)}, "
                          f"{tuple(v_cache.shape)}")
     b, hq, d = q.shape
-    if k_cache.shape[0] != b or k_cache.shape[3] != d or tuple(kv_lens.shape) != (b,):
+    if (k_cache.shape[0] != b and not page) or k_cache.shape[3] != d or tuple(kv_lens.shape) != (b,):
         raise ValueError(f"ditron.flash_decode: batch/head_dim disagree: q {tuple(q.shape)}, "
                          f"k_cache {tuple(k_cache.shape)}, kv_lens {tuple(kv_lens.shape)}")
     if d not in HEAD_DIMS:
@@ -117,9 +159,11 @@ def _validate(group: Group, q, k_cache, v_cache, kv_lens, deterministic: bool) -
         raise ValueError(f"ditron.flash_decode: Hq = {hq} must be a multiple of Hkv = {k_cache.shape[2]}")
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("ditron.flash_decode: the head_dim (last) dimension must be contiguous")
-    agree(group, "flash_decode", (("dtype", q.dtype), ("B", b), ("Hq", hq),
-                                  ("Hkv", k_cache.shape[2]), ("D", d),
-                                  ("deterministic", deterministic)))
+    fields = (("dtype", q.dtype), ("B", b), ("Hq", hq), ("Hkv", k_cache.shape[2]), ("D", d),
+              ("deterministic", deterministic))
+    # paged: the page size joins (it selects the compiled kernel: a new one makes every rank
+    # meet before waiting, ``agreement``), so all ranks are paged alike
+    agree(group, "flash_decode", fields + ((("page_size", page),) if page else ()))
     return d
 
 
@@ -205,29 +249,44 @@ def merge_programs(group: Group, pairs: int) -> int:
     return max(1, min(-(-pairs // MERGE_BLOCK_P), 64, group.sm_share()))
 
 
+def _seq_len(k, table) -> int:
+    """Keys a sequence can hold: ``S_max``, or a paged table's capacity."""
+    return k.shape[1] if table is None else paged_kv.capacity(k, table)
+
+
+def _kv_ptrs(q, k, v):
+    """The tensors the kernel gets for the caches: ``q`` for an empty cache (a rank without
+    pages: its capacity is 0, nothing is read, and an empty tensor may have no address)."""
+    return (q, q) if k.numel() == 0 else (k, v)
+
+
 def _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, direct: bool,
-                   errors: tuple):
+                   errors: tuple, table=None):
     """``(args, kwargs, grid)`` of ``split_kv_kernel``; ``errors``: ``(claim, record, rank)``
-    where a length outside the cache is recorded."""
+    where a length outside the cache is recorded. ``table``: the paged form (``k``/``v``
+    ``[num_blocks, page_size, Hkv, D]``); else the table arguments are unused placeholders."""
     b, hq, d = q.shape
     hkv = k.shape[2]
     g = hq // hkv
     part, prog, num_parts, splits = plan
     assert not direct or (prog == part and num_parts == 1), plan  # the only partial, unflushed
-    args = (q, k, v, lens, o_part, lse_part, scale, hq, part, prog, num_parts,
+    paged = (lens, 0, 0, 0, 0) if table is None else (
+        table, table.stride(0), k.shape[0], op_id("flash_decode_paged"), k.shape[1])
+    args = (q, *_kv_ptrs(q, k, v), lens, o_part, lse_part, scale, hq, part, prog, num_parts,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), k.shape[1], *errors, op_id("flash_decode"))
+            v.stride(0), v.stride(1), v.stride(2), _seq_len(k, table), *errors,
+            op_id("flash_decode"), *paged[:4])
     kwargs = dict(G=g, D=d, BLOCK_G=max(16, 1 << (g - 1).bit_length()), FLUSH=prog != part,
-                  DIRECT=direct, **cfg)
+                  DIRECT=direct, PAGE=paged[4], **cfg)
     return args, kwargs, (b, hkv, splits)
 
 
 def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, errors: tuple,
-                     direct: bool = False) -> None:
+                     direct: bool = False, table=None) -> None:
     """Split-KV partials into ``o_part`` / ``lse_part``; ``direct`` (one partial per pair, one
     rank): ``o_part`` is the output and holds the result."""
     args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct,
-                                        errors)
+                                        errors, table)
     _kernels.split_kv_kernel[grid](*args, **kwargs)
 
 
@@ -242,40 +301,44 @@ def _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world
 
 
 def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic,
-          tensor_keys=None):
+          tensor_keys=None, block_table=None):
     group = resolve_group(group_name)
     b, hq, d = q.shape
     out = q.new_empty((b, hq, d))
     if b == 0:
         return out
+    table = block_table
+    s_max = _seq_len(k_cache, table)
     if not group.has_symmetric_memory:
-        plan = partition(group, b, k_cache.shape[2], k_cache.shape[1], deterministic)
-        cfg = _split_config(q.device, b * k_cache.shape[2], k_cache.shape[1], deterministic)
+        plan = partition(group, b, k_cache.shape[2], s_max, deterministic)
+        cfg = _split_config(q.device, b * k_cache.shape[2], s_max, deterministic)
         o_part = torch.empty(b * hq * plan[2] * d, dtype=torch.float32, device=q.device)
         lse_part = torch.empty(b * hq * plan[2], dtype=torch.float32, device=q.device)
         _launch_split_kv(q, k_cache, v_cache, kv_lens, o_part, lse_part, softmax_scale, plan, cfg,
-                         (*group._error_tensors()[::-1], group.rank))
+                         (*group._error_tensors()[::-1], group.rank), table=table)
         return _merge_over_process_group(group, o_part, lse_part, kv_lens, plan, b, hq,
                                           d).to(q.dtype)
-    if tensor_keys is None:  # (q, k_cache, v_cache, kv_lens)
-        tensor_keys = (tensor_key(q), tensor_key(k_cache), tensor_key(v_cache), tensor_key(kv_lens))
+    if tensor_keys is None:  # (q, k_cache, v_cache, kv_lens[, block_table])
+        tensor_keys = tuple(tensor_key(t) for t in (q, k_cache, v_cache, kv_lens, table)
+                            if t is not None)
     key = ("flash_decode", deterministic, softmax_scale, *tensor_keys)  # out: made here
     plan = group.plans.get(key, lambda previous=None: _DecodePlan(
-        group, q, k_cache, v_cache, kv_lens, out, softmax_scale, deterministic, previous))
-    return plan.run(q, k_cache, v_cache, kv_lens, out)
+        group, q, k_cache, v_cache, kv_lens, out, softmax_scale, deterministic, previous, table))
+    return plan.run(q, k_cache, v_cache, kv_lens, out, table)
 
 
 class _DecodePlan:
     """flash_decode on a group with symmetric memory, for one key: the partition, the partials'
     scratch (stream-ordered reuse, as the workspace) and the bound launches. One rank with one
     partial per pair: the split-KV kernel writes the output (the combine would return it bit for
-    bit); one rank: split-KV + the final combine; more: + start barrier, pushing combine, merge."""
+    bit); one rank: split-KV + the final combine; more: + start barrier, pushing combine, merge.
+    ``table`` (paged): the block table is one more per-call pointer of split-KV."""
 
     def __init__(self, group: Group, q, k_cache, v_cache, kv_lens, out, scale: float,
-                 deterministic: bool, previous: "_DecodePlan | None" = None):
+                 deterministic: bool, previous: "_DecodePlan | None" = None, table=None):
         self.group = group
         b, hq, d = q.shape
-        hkv, s_max = k_cache.shape[2], k_cache.shape[1]
+        hkv, s_max = k_cache.shape[2], _seq_len(k_cache, table)
         part = partition(group, b, hkv, s_max, deterministic)
         cfg = _split_config(q.device, b * hkv, s_max, deterministic)
         w, rank = group.world_size, group.rank
@@ -283,11 +346,13 @@ class _DecodePlan:
         self.direct = w == 1 and part[2] == 1
         self.ws = None
         errors = (*group._error_tensors()[::-1], rank)  # (claim, record, rank)
+        paged = ("table_ptr",) if table is not None else ()
         if self.direct:
             one = (part[0], part[0], 1, 1)
             self.split = _bound_split_kv(q, k_cache, v_cache, kv_lens, out, out, scale, one, cfg,
-                                         errors, direct=True, vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr",
-                                                            "o_part", "lse_part"))
+                                         errors, direct=True, table=table,
+                                         vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr", "o_part",
+                                               "lse_part") + paged)
             return
         pairs = b * hq
         if previous is not None:  # a stale plan of this key: its scratch, no allocation
@@ -296,7 +361,8 @@ class _DecodePlan:
             self.o_part = torch.empty(pairs * part[2] * d, dtype=torch.float32, device=device)
             self.lse_part = torch.empty(pairs * part[2], dtype=torch.float32, device=device)
         self.split = _bound_split_kv(q, k_cache, v_cache, kv_lens, self.o_part, self.lse_part,
-                                     scale, part, cfg, errors, vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr"))
+                                     scale, part, cfg, errors, table=table,
+                                     vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr") + paged)
         if w == 1:  # nothing to exchange: the combine writes the output
             self.combine = _bound_combine(self.o_part, self.lse_part, kv_lens, out, self.o_part,
                                           self.o_part, part, 0, 1)
@@ -321,12 +387,14 @@ class _DecodePlan:
         """The workspace grew since (another call's plan): the exchange buffer was freed."""
         return self.ws is not None and self.ws.data is not self.data
 
-    def run(self, q, k_cache, v_cache, kv_lens, out):
+    def run(self, q, k_cache, v_cache, kv_lens, out, table=None):
         group = self.group
+        k_cache, v_cache = _kv_ptrs(q, k_cache, v_cache)
+        tail = () if table is None else (table,)
         if self.direct:
-            self.split.launch(q, k_cache, v_cache, kv_lens, out, out)
+            self.split.launch(q, k_cache, v_cache, kv_lens, out, out, *tail)
             return out
-        self.split.launch(q, k_cache, v_cache, kv_lens)
+        self.split.launch(q, k_cache, v_cache, kv_lens, *tail)
         if self.ws is None:
             self.combine.launch(kv_lens, out)
             return out
@@ -343,10 +411,10 @@ class _DecodePlan:
 
 
 def _bound_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, errors: tuple, *,
-                    direct: bool = False, vary=()) -> launcher.BoundKernel:
+                    direct: bool = False, vary=(), table=None) -> launcher.BoundKernel:
     """``_launch_split_kv`` bound (the tensors in ``vary`` per call)."""
     args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct,
-                                        errors)
+                                        errors, table)
     return launcher.BoundKernel(_kernels.split_kv_kernel, grid, args, kwargs, vary=vary,
                                 device=q.device)
 
@@ -396,6 +464,24 @@ def _fake(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
 
 define_op("flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, str group_name, "
           "float softmax_scale, bool deterministic) -> Tensor", _impl, _fake)
+
+
+def _impl_paged(q, k_cache, v_cache, kv_lens, block_table, group_name, softmax_scale,
+                deterministic):
+    return _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic,
+                 block_table=block_table)
+
+
+def _fake_paged(q, k_cache, v_cache, kv_lens, block_table, group_name, softmax_scale,
+                deterministic):
+    return q.new_empty(q.shape)
+
+
+# a second op, not an optional argument of the first: the contiguous op's schema (and every
+# compiled graph holding it) stays as it was
+define_op("flash_decode_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, "
+          "Tensor block_table, str group_name, float softmax_scale, bool deterministic) -> Tensor",
+          _impl_paged, _fake_paged)
 
 
 def _precompile(device: torch.device, dtypes: tuple) -> None:

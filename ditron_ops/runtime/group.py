@@ -47,7 +47,7 @@ NULL_CONTEXT = contextlib.nullcontext()
 """What ``waiting_launch`` returns where there is nothing to do (made once: no per-call object)."""
 
 _op_names: list[str] = ["<none>"]
-_BAD_INPUTS = {"flash_decode": "kv_lens"}
+_BAD_INPUTS = {"flash_decode": "kv_lens", "flash_decode_paged": "block_table.flatten()"}
 """The argument a kernel checks the values of, per op (error records name the op, not it)."""
 _op_lock = threading.Lock()
 

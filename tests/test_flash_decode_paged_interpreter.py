@@ -1,0 +1,242 @@
+"""Paged flash_decode on the CPU virtual world (interpreter): against the contiguous op over the
+same keys gathered (bitwise, deterministic mode) and the plain-torch reference; the block-table
+checks; ``csr_to_block_table``."""
+import pytest
+import torch
+
+import ditron_ops
+from ditron_ops import reference
+from ditron_ops.attention.paged_kv import gather_pages
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+def _paged(group, b, hq, hkv, d, page, lens, dtype=torch.float32, seed=0, spare=3, junk=-1):
+    """``(q, k_cache, v_cache, kv_lens, block_table)``: this rank's ``lens(i, rank)`` keys of
+    sequence i in shuffled pages (a few spare pages; table entries past a sequence's pages hold
+    ``junk``, which must never be read). A rank whose lengths are all 0 gets no pages at all."""
+    q = torch.randn(b, hq, d, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    gen = torch.Generator().manual_seed(seed * 100 + group.rank)
+    n = [lens(i, group.rank) for i in range(b)]
+    used = [-(-x // page) for x in n]
+    cols = max(max(used), 1) + 1  # at least one column past the longest sequence
+    total = sum(used) + spare if sum(used) else 0
+    k = torch.randn(total, page, hkv, d, generator=gen).to(dtype)
+    v = torch.randn(total, page, hkv, d, generator=gen).to(dtype)
+    order = torch.randperm(total, generator=gen).tolist()
+    table = torch.full((b, cols), junk, dtype=torch.int32)
+    at = 0
+    for i, u in enumerate(used):
+        table[i, :u] = torch.tensor(order[at:at + u], dtype=torch.int32)
+        at += u
+    return q, k, v, torch.tensor(n, dtype=torch.int32), table
+
+
+def _against_contiguous(group, paged, deterministic=True, dtype=torch.float32):
+    """The paged call equals the contiguous call over the gathered keys (bitwise when
+    deterministic) and the reference; returns the output."""
+    q, k, v, lens, table = paged
+    out = ditron_ops.flash_decode(q, k, v, lens, group, deterministic=deterministic,
+                                  block_table=table)
+    kc, vc = gather_pages(k, table), gather_pages(v, table)
+    if deterministic:
+        assert torch.equal(out, ditron_ops.flash_decode(q, kc, vc, lens, group, deterministic=True))
+    want = reference.flash_decode(q, kc, vc, lens, group)
+    err = (out.float() - want.float()).abs().max().item()
+    assert err <= TOL[dtype] * max(1.0, want.float().abs().max().item()), err
+    return out
+
+
+@pytest.mark.parametrize("page,dtype", [(1, torch.float32), (4, torch.float16), (16, torch.float32),
+                                        (32, torch.float16)])
+def test_shuffled_pages_ragged_lens_empty_rank_w3(page, dtype):
+    """W = 3: ragged lengths (0 on some rows), rank 2 holds no pages; pages smaller than the
+    key block (gathered per key), equal to it and larger (one table read per block)."""
+    lens = lambda i, r: 0 if r == 2 else (0, 7, 45, 33)[(i + r) % 4]  # noqa: E731
+
+    def body(group):
+        _against_contiguous(group, _paged(group, 4, 4, 2, 64, page, lens, dtype), dtype=dtype)
+        return True
+    assert ditron_ops.launch(body, 3) == [True] * 3
+
+
+def test_one_kv_tensor_and_default_mode():
+    """One ``[num_blocks, 2, page, Hkv, D]`` tensor (v_cache=None) gives the bits of the pair;
+    the default mode matches the reference; one rank (split-KV writes the output directly)."""
+    def body(group):
+        q, k, v, lens, table = _paged(group, 3, 8, 2, 128, 8, lambda i, r: (19, 0, 40)[i] - 3 * r * (i != 1))
+        pair = _against_contiguous(group, (q, k, v, lens, table))
+        one = ditron_ops.flash_decode(q, torch.stack([k, v], dim=1), None, lens, group,
+                                      deterministic=True, block_table=table)
+        assert torch.equal(one, pair)
+        _against_contiguous(group, (q, k, v, lens, table), deterministic=False)
+        return True
+    assert ditron_ops.launch(body, 2) == [True] * 2
+    assert ditron_ops.launch(body, 1) == [True]
+
+
+def test_several_chunks_match_contiguous_bits():
+    """More than one deterministic chunk (512 keys) per sequence, pages of 64: the chunks
+    follow key positions, not pages, so the bits equal the contiguous op's."""
+    def body(group):
+        _against_contiguous(group, _paged(group, 1, 2, 1, 64, 64, lambda i, r: 1100 - 77 * r,
+                                          junk=10**6))
+        return True
+    assert ditron_ops.launch(body, 2) == [True] * 2
+
+
+def test_batch_invariance_and_other_rows_tables():
+    """Deterministic: a row's output depends only on its own query, table row and length
+    (slices of the batch, and other rows' tables rewritten, give the same bits)."""
+    def body(group):
+        q, k, v, lens, table = _paged(group, 4, 4, 2, 64, 4, lambda i, r: 9 + 7 * i + r, seed=3)
+        full = ditron_ops.flash_decode(q, k, v, lens, group, deterministic=True, block_table=table)
+        for sel in ([0], [2], [3, 1]):
+            part = ditron_ops.flash_decode(q[sel], k, v, lens[sel], group, deterministic=True,
+                                           block_table=table[sel])
+            assert torch.equal(part, full[sel]), sel
+        q2, other, lens2 = q.clone(), table.clone(), lens.clone()  # rows 1.. move down one
+        q2[1:], other[1:], lens2[1:] = q[1:].roll(1, 0), table[1:].roll(1, 0), lens[1:].roll(1)
+        again = ditron_ops.flash_decode(q2, k, v, lens2, group, deterministic=True, block_table=other)
+        assert torch.equal(again[0], full[0])
+        assert torch.equal(again[2], full[1]) and torch.equal(again[1], full[3])
+        return True
+    assert ditron_ops.launch(body, 2) == [True] * 2
+
+
+def test_csr_to_block_table():
+    """FlashInfer's (indptr, indices, last_page_len) -> the table and lengths; -1 past each
+    sequence's pages; a sequence without pages has length 0; the call equals the table's."""
+    from ditron_ops import csr_to_block_table
+
+    indptr = torch.tensor([0, 3, 3, 4], dtype=torch.int32)
+    indices = torch.tensor([5, 2, 7, 0], dtype=torch.int32)
+    last = torch.tensor([2, 1, 4], dtype=torch.int32)
+    table, lens = csr_to_block_table(indptr, indices, last, 4, 4)
+    assert table.dtype == torch.int32 and lens.dtype == torch.int32
+    assert table.tolist() == [[5, 2, 7, -1], [-1, -1, -1, -1], [0, -1, -1, -1]]
+    assert lens.tolist() == [10, 0, 4]
+    out = (torch.zeros(3, 4, dtype=torch.int32), torch.zeros(3, dtype=torch.int32))
+    got = csr_to_block_table(indptr.long(), indices.long(), last.long(), 4, 4, out=out)
+    assert got[0] is out[0] and torch.equal(out[0], table) and torch.equal(out[1], lens)
+    short, short_lens = csr_to_block_table(indptr, indices, last, 2, 4)  # too short: the length
+    assert short.tolist()[0] == [5, 2] and short_lens.tolist() == [10, 0, 4]  # tells (checked later)
+    empty = csr_to_block_table(torch.zeros(3, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+                               torch.ones(2, dtype=torch.int32), 2, 16)
+    assert empty[0].tolist() == [[-1, -1]] * 2 and empty[1].tolist() == [0, 0]
+    with pytest.raises(ValueError, match="B \\+ 1"):
+        csr_to_block_table(indptr[:-1], indices, last, 4, 4)
+    with pytest.raises(ValueError, match="power of two"):
+        csr_to_block_table(indptr, indices, last, 4, 3)
+
+    def body(group):
+        gen = torch.Generator().manual_seed(1)
+        q = torch.randn(3, 4, 64, generator=gen)
+        kv = torch.randn(8, 2, 4, 2, 64, generator=gen)
+        a = ditron_ops.flash_decode(q, kv, None, lens, group, deterministic=True, block_table=table)
+        padded = torch.where(table >= 0, table, 0)
+        b = ditron_ops.flash_decode(q, kv, None, lens, group, deterministic=True, block_table=padded)
+        return torch.equal(a, b)
+    assert ditron_ops.launch(body, 1) == [True]
+
+
+def _base(**bad):
+    args = dict(q=torch.zeros(2, 4, 64), k=torch.zeros(6, 16, 2, 64), v=torch.zeros(6, 16, 2, 64),
+                lens=torch.zeros(2, dtype=torch.int32), table=torch.zeros(2, 3, dtype=torch.int32))
+    args.update(bad)
+    return args
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (dict(table=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "int32"),
+    (dict(table=torch.zeros(3, 3, dtype=torch.int32)), ValueError, "max_blocks"),
+    (dict(table=torch.zeros(6, dtype=torch.int32)), ValueError, "dimension"),
+    (dict(table=torch.zeros(3, 2, dtype=torch.int32).t()), ValueError, "stride"),
+    (dict(k=torch.zeros(6, 12, 2, 64), v=torch.zeros(6, 12, 2, 64)), ValueError, "power of two"),
+    (dict(k=torch.zeros(6, 512, 2, 64), v=torch.zeros(6, 512, 2, 64)), ValueError, "power of two"),
+    (dict(v=torch.zeros(6, 8, 2, 64)), ValueError, "equal"),
+    (dict(v=None), ValueError, "v_cache=None"),
+    (dict(q=torch.zeros(2, 3, 64)), ValueError, "multiple of Hkv"),
+])
+def test_validation(bad, exc, match):
+    def body(group):
+        a = _base(**bad)
+        with pytest.raises(exc, match=match):
+            ditron_ops.flash_decode(a["q"], a["k"], a["v"], a["lens"], group, block_table=a["table"])
+        assert group._workspaces == {}
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+@pytest.mark.parametrize("lens,table_fix,arg,index,value", [
+    ([3, 20], {(1, 1): -1}, "block_table.flatten()", 4, -1),        # -1 inside kv_lens
+    ([33, 1], {(0, 2): 6}, "block_table.flatten()", 2, 6),          # past num_blocks
+    ([49, 0], {}, "kv_lens", 0, 49),                                # longer than the table
+    ([-2, 0], {}, "kv_lens", 0, -2),
+])
+@pytest.mark.parametrize("through_op,world_size", [(False, 1), (True, 1), (True, 2)])
+def test_bad_tables_raise(lens, table_fix, arg, index, value, through_op, world_size):
+    """Host tensors: checked before the launch. Through the op (no host check, as on a GPU):
+    the kernel reads clamped (a bad entry reads page 0, a length past the table stops at
+    its end) and records it; ``DitronInputError`` at the next host check. Entries past a
+    sequence's pages (row 1's -1) are never checked."""
+    def body(group):
+        gen = torch.Generator().manual_seed(2)
+        a = _base(q=torch.randn(2, 4, 64, generator=gen), k=torch.randn(6, 16, 2, 64, generator=gen),
+                  v=torch.randn(6, 16, 2, 64, generator=gen))
+        table = torch.tensor([[1, 3, 5], [4, 0, -1]], dtype=torch.int32)
+        for (i, j), x in table_fix.items():
+            table[i, j] = x
+        kv_lens = torch.tensor(lens, dtype=torch.int32)
+        if through_op:
+            safe = torch.where((table >= 0) & (table < 6), table, 0)
+            clamped = kv_lens.clamp(0, 48)
+            want = ditron_ops.flash_decode(a["q"], a["k"], a["v"], clamped, group, softmax_scale=0.125,
+                                           deterministic=True, block_table=safe)
+            got = []
+            with pytest.raises(ditron_ops.DitronError) as info:
+                got.append(torch.ops.ditron.flash_decode_paged(a["q"], a["k"], a["v"], kv_lens, table,
+                                                               group.group_name, 0.125, True))
+                group.synchronize()
+            for o in got:
+                assert torch.equal(o, want)
+        else:
+            with pytest.raises(ditron_ops.DitronError) as info:
+                ditron_ops.flash_decode(a["q"], a["k"], a["v"], kv_lens, group, block_table=table)
+        err = info.value
+        assert isinstance(err, ditron_ops.DitronInputError), err
+        assert (err.argument, err.index, err.value) == (arg, index, value), err
+        return True
+    assert ditron_ops.launch(body, world_size) == [True] * world_size
+
+
+def test_opcheck_and_compile():
+    def body(group):
+        q, k, v, lens, table = _paged(group, 2, 4, 2, 64, 4, lambda i, r: 10 + i)
+        utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+        torch.library.opcheck(torch.ops.ditron.flash_decode_paged.default,
+                              (q, k, v, lens, table, group.group_name, 0.125, True), test_utils=utils)
+        step = lambda x: ditron_ops.flash_decode(x * 1.0, k, v, lens, group, deterministic=True,  # noqa: E731
+                                                 block_table=table)
+        torch._dynamo.reset()
+        return torch.equal(torch.compile(step, fullgraph=True)(q), step(q))
+    assert ditron_ops.launch(body, 1) == [True]
+
+
+def test_serving_bench_rows_quick(tmp_path):
+    """``bench.serving_decode.paged_rows`` in its quick form on the CPU: one row per mode with
+    the contiguous baseline and SDPA's time; ``paged_cache`` keeps every key."""
+    from ditron_ops.bench.harness import BenchConfig
+    from ditron_ops.bench.serving_decode import paged_cache, paged_rows
+
+    k, v = torch.randn(2, 37, 2, 64), torch.randn(2, 37, 2, 64)
+    kp, vp, table = paged_cache(k, v, 16)
+    assert table.shape == (2, 3) and torch.equal(gather_pages(kp, table)[:, :37], k)
+    assert torch.equal(gather_pages(vp, table)[:, :37], v)
+    cfg = BenchConfig(world_sizes=(2,), dtype=torch.float32, dtype_name="fp32", quick=True,
+                      device=torch.device("cpu"), out_dir=tmp_path, rounds=1, target_ms=1.0)
+    rows = paged_rows(cfg)
+    assert [(r.bench, r.world_size, r.impl) for r in rows] == [
+        ("serving", 2, "flash_decode paged det=False"), ("serving", 2, "flash_decode paged det=True")]
+    assert all(r.time_us > 0 and r.baseline_us > 0 and r.extra["sdpa_us"] > 0 for r in rows)
