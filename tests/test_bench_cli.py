@@ -171,9 +171,43 @@ def test_gemm_sweep_quick_writes_rows(tmp_path):
 
     assert main(["gemm_sweep", "--quick", "--rounds", "1", "--out", str(tmp_path)]) == 0
     rows = list(csv.DictReader(open(next(tmp_path.glob("gemm_sweep-*.csv")))))
-    sweep = [r for r in rows if r["shape"] != "geo-mean"]
-    assert len(sweep) == 3 and all(r["case"] == "sweep fp16" and float(r["rel_err"]) < 1e-2 for r in sweep)
-    assert all(r["split_k"] == "1" for r in sweep)  # the K slices the rule ran (the interpreter: 1)
+    shapes = [r for r in rows if r["shape"] != "geo-mean"]
+    assert [r["case"] for r in shapes] == ["sweep fp16"] * 3 + ["models fp16"]
+    assert all(float(r["rel_err"]) < 1e-2 for r in shapes)
+    assert {r["case"] for r in rows if r["shape"] == "geo-mean"} == {"sweep fp16", "models fp16"}
+    assert all(r["split_k"] == "1" for r in shapes)  # the K slices the rule ran (the interpreter: 1)
+
+
+def test_gemm_models_sets_follow_the_rule():
+    """The ``models`` set: tensor-parallel shards (TP 2/4/8) of at least 8 public model configs
+    of different families, M seeded in [256, 16384] with values off the multiples of 128; the
+    ``deterministic`` set: model shards at every M of the issue's list."""
+    from ditron_ops.bench.gemm_sweep import (DETERMINISTIC_M, MODELS_M, deterministic_shapes,
+                                             models_shapes)
+    from ditron_ops.bench.shapes import MODEL_CONFIGS, tp_shards
+
+    shapes = models_shapes()
+    assert shapes == models_shapes() and len(shapes) >= 40  # seeded
+    models = {name.split(" tp")[0] for name in shapes.values()}
+    assert len(models) >= 8 and models <= set(MODEL_CONFIGS)
+    assert {name.split()[-2] for name in shapes.values()} == {"tp2", "tp4", "tp8"}
+    shards = tp_shards()
+    assert all((n, k) in shards and MODELS_M[0] <= m <= MODELS_M[1] and k % 8 == 0
+               for m, n, k in shapes)
+    assert sum(m % 128 != 0 for m, _, _ in shapes) >= 8
+    det = deterministic_shapes()
+    assert sorted({m for m, _, _ in det}) == sorted(DETERMINISTIC_M)
+    assert all((n, k) in shards for _, n, k in det) and len({(n, k) for _, n, k in det}) >= 5
+
+
+def test_model_shards_split_the_layers():
+    """A shard's (N, K) at TP t: QKV and gate/up split N, O and down split K."""
+    from ditron_ops.bench.shapes import MODEL_CONFIGS
+
+    llama = MODEL_CONFIGS["Llama-3-70B"]
+    assert llama.shards(8) == {"qkv": (1280, 8192), "o": (8192, 1024),
+                               "gate_up": (7168, 8192), "down": (8192, 3584)}
+    assert MODEL_CONFIGS["Qwen2.5-7B"].shards(8) == {}  # 28 heads do not split over 8
 
 
 def test_overhead_quick_pairs_rounds(tmp_path):

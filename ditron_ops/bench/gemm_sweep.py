@@ -10,10 +10,20 @@ and fp16, ``a [M, K] @ w.t()`` with ``w [N, K]`` (a Linear weight), CUDA-graph r
 and cuBLAS in turns (``paired_graph_times``). Ours is ``matmul(a, b)``: the tiles and K
 slices the rule (``gemm._core_configs.select_split``) picks for the shape, named in the rows'
 ``config`` and ``split_k`` (1: unsplit) columns. Rows: ``case = "sweep <dtype>"`` per shape, a
-geo-mean row per dtype, and the registered model shapes at M = 8192 (``case = "models
-<dtype>"``), which must stay at their tuned speed.
+geo-mean row per dtype. Beside it, on the GPU:
 
-Targets (issue 20): geo-mean >= 0.97x, no shape below 0.85x, model shapes >= 0.98x.
+- ``models <dtype>`` (``models_shapes``): tensor-parallel shards (TP 2/4/8) of eleven public
+  dense models of eight families (``shapes.MODEL_CONFIGS``: QKV, O, gate/up and down), four
+  per model, M log-uniform in [256, 16384] and a third of them off the multiples of 128.
+  Targets: geo-mean >= 0.98x, none below 0.90x.
+- ``deterministic bf16`` (``deterministic_shapes``): the batch-invariant core
+  (``matmul(..., deterministic=True)``) at M in ``DETERMINISTIC_M`` on six model shards.
+  Targets: geo-mean >= 0.92x over M <= 64, >= 0.95x at M >= 1024, none below 0.80x.
+- ``registered <dtype>``: the registered layer shapes at M = 8192 (``shapes.LAYER_CONFIGS``,
+  the ag_gemm / gemm_rs benches' local GEMMs). Target >= 1.0x.
+
+``--only sweep`` / ``models`` / ``deterministic`` / ``registered`` runs one set (the sweep's
+target: geo-mean >= 0.95x, none below 0.80x); the worst five of each set are printed.
 ``--only configs``: instead, bf16 only, every tile configuration of ``CANDIDATES`` on every
 sweep shape (``case = "configs bf16"``, ``impl`` = the configuration): the data a shape-aware
 rule is fitted to and checked against; ``--only configs,candidates``: the rule's candidates only;
@@ -46,7 +56,7 @@ from ..gemm._core import (GPU_CONFIGS, TileConfig, matmul, matmul_config, matmul
                           program_budget)
 from ..runtime.virtual import launch
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
-from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS
+from .shapes import DEFAULT_M, DEFAULT_WORLD_SIZE, LAYER_CONFIGS, MODEL_CONFIGS, tp_shards
 
 MIN_GFLOP = 8.0
 """Smallest sweep GEMM (2 M N K), issue 20's floor."""
@@ -101,6 +111,53 @@ def sweep_shapes(seed: int = SEED, count: int = COUNT, min_gflop: float = MIN_GF
         if 2 * shape[0] * shape[1] * shape[2] >= min_gflop * 1e9 and shape not in shapes:
             shapes.append(shape)
     return shapes
+
+
+MODELS_SEED, MODELS_PER_CONFIG = 39, 4
+"""The ``models`` set's seed and shapes per model config (44 in all)."""
+MODELS_M = (256, 16384)
+DETERMINISTIC_M = (1, 4, 16, 64, 256, 1024, 8192)
+DETERMINISTIC_SHARDS = 6
+SETS = ("sweep", "models", "deterministic", "registered")
+"""The row sets of the default run (``--only <set>``: that one)."""
+
+
+def _draw_m(rng: random.Random) -> int:
+    """M log-uniform in ``MODELS_M``: a third of the draws any integer (off the multiples of
+    128, as a batch of ragged requests is), the rest rounded to a multiple of 128."""
+    lo, hi = MODELS_M
+    value = math.exp(rng.uniform(math.log(lo), math.log(hi)))
+    if rng.random() < 1 / 3:
+        m = int(value)
+        return m + 1 if m % 128 == 0 else m
+    return max(lo, min(hi, int(round(value / 128)) * 128))
+
+
+def models_shapes(seed: int = MODELS_SEED, per_config: int = MODELS_PER_CONFIG
+                  ) -> dict[tuple[int, int, int], str]:
+    """``{(M, N, K): "<model> tp<t> <layer>"}``: ``per_config`` draws per ``MODEL_CONFIGS``
+    entry of a TP degree and layer (its shard's N, K) and an M (``_draw_m``); seeded."""
+    rng = random.Random(seed)
+    out: dict[tuple[int, int, int], str] = {}
+    for cfg in MODEL_CONFIGS.values():
+        options = [(tp, layer, nk) for tp in (2, 4, 8) for layer, nk in cfg.shards(tp).items()]
+        drawn = 0
+        while drawn < per_config:
+            tp, layer, (n, k) = rng.choice(options)
+            shape = (_draw_m(rng), n, k)
+            if shape not in out:
+                out[shape] = f"{cfg.name} tp{tp} {layer}"
+                drawn += 1
+    return out
+
+
+def deterministic_shapes(seed: int = MODELS_SEED) -> dict[tuple[int, int, int], str]:
+    """``{(M, N, K): name}``: ``DETERMINISTIC_SHARDS`` model shards (seeded, of distinct
+    (N, K)) at every M of ``DETERMINISTIC_M``."""
+    rng = random.Random(seed + 1)
+    shards = sorted(tp_shards().items())
+    picked = rng.sample(shards, DETERMINISTIC_SHARDS)
+    return {(m, n, k): names[0] for (n, k), names in picked for m in DETERMINISTIC_M}
 
 
 def _model_shapes() -> dict[tuple[int, int, int], str]:
@@ -248,28 +305,40 @@ def _print_compiled() -> None:
 
 
 def _measure(group, cfg: BenchConfig, case: str, m: int, n: int, k: int, dtype: torch.dtype,
-             dtype_name: str, model: str = "") -> Result:
+             dtype_name: str, model: str = "", deterministic: bool = False) -> Result:
     a, b = _inputs(group, m, n, k, dtype)
     ref = torch.matmul(a.float(), b.float())  # rel_err against fp32 on every device
-    got = matmul(a, b, deterministic=False)  # (the default mode, whatever the context)
+    got = matmul(a, b, deterministic=deterministic)  # (the mode named, whatever the context)
     err = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
     if group.device.type == "cuda":
         times = paired_graph_times(group, {"cublas": lambda: torch.matmul(a, b),
-                                           "ours": lambda: matmul(a, b, deterministic=False)},
+                                           "ours": lambda: matmul(a, b, deterministic=deterministic)},
                                    rounds=cfg.rounds, target_ms=cfg.target_ms)
         ours, base = times["ours"], times["cublas"]
     else:  # the interpreter: plumbing only
-        ours = time_spmd(group, lambda: matmul(a, b, deterministic=False), rounds=1, max_iters=1)
+        ours = time_spmd(group, lambda: matmul(a, b, deterministic=deterministic), rounds=1,
+                         max_iters=1)
         base = time_spmd(group, lambda: torch.matmul(a, b), rounds=1, max_iters=1)
     return Result("gemm_sweep", case, 1, dtype_name, "triton persistent TMA", ours, "cuBLAS torch.matmul",
                   base, shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model,
                   extra={"tflops": round(2 * m * n * k / ours / 1e6, 1), "rel_err": f"{err:.1e}",
-                         "config": matmul_config(a, b, deterministic=False),
-                         "split_k": matmul_split(a, b, deterministic=False)})
+                         "config": matmul_config(a, b, deterministic=deterministic),
+                         "split_k": matmul_split(a, b, deterministic=deterministic)})
 
 
-@register("gemm_sweep", help="GEMM core vs cuBLAS on 48 seeded shapes (M 128-16k, N 256-16k, K "
-                             "512-16k, off-tile sizes), bf16 and fp16, plus the model shapes",
+def _set(group, cfg: BenchConfig, case: str, shapes: dict, dtype: torch.dtype, dtype_name: str,
+         deterministic: bool = False) -> list[Result]:
+    """One set's rows, its geo-mean row, and its worst five printed."""
+    rows = [_measure(group, cfg, case, m, n, k, dtype, dtype_name, model, deterministic)
+            for (m, n, k), model in shapes.items()]
+    worst = sorted(rows, key=lambda r: r.ratio)[:5]
+    print(f"{case}: worst five " + ", ".join(f"{r.shape} {r.ratio:.3f}" for r in worst), flush=True)
+    return rows + [geo_mean_row(rows, case)]
+
+
+@register("gemm_sweep", help="GEMM core vs cuBLAS: 48 seeded shapes (sweep), 44 tensor-parallel "
+                             "shards of 11 public models (models), the batch-invariant core at M "
+                             "1-8192 (deterministic), the registered layers (registered)",
           world_sizes=(1,), quick_world_sizes=(1,))
 def run(cfg: BenchConfig) -> list[Result]:
     gpu = cfg.device.type == "cuda"
@@ -298,18 +367,21 @@ def run(cfg: BenchConfig) -> list[Result]:
                 out.extend(_configs(group, cfg, m, n, k))
             _print_compiled()
             return
+        sets = [s for s in SETS if s in cfg.only] or list(SETS)
+        if not gpu or cfg.quick:  # the interpreter: the sweep's plumbing, and one model shard
+            sets = [s for s in sets if s in ("sweep", "models")]
         for name, dtype in dtypes.items():
-            rows = [_measure(group, cfg, f"sweep {name}", m, n, k, dtype, name) for m, n, k in shapes]
-            out.extend(rows)
-            out.append(geo_mean_row(rows, f"sweep {name}"))
-            if gpu and not cfg.quick:
-                models = [_measure(group, cfg, f"models {name}", m, n, k, dtype, name, model)
-                          for (m, n, k), model in _model_shapes().items()]
-                out.extend(models)
-                out.append(geo_mean_row(models, f"models {name}"))
-            worst = sorted(rows, key=lambda r: r.ratio)[:5]
-            print(f"sweep {name}: worst five " + ", ".join(f"{r.shape} {r.ratio:.3f}" for r in worst),
-                  flush=True)
+            if "sweep" in sets:
+                out.extend(_set(group, cfg, f"sweep {name}", dict.fromkeys(shapes, ""), dtype, name))
+            if "models" in sets:
+                todo = models_shapes() if gpu and not cfg.quick else {(40, 96, 64): "quick"}
+                out.extend(_set(group, cfg, f"models {name}", todo, dtype, name))
+            if "registered" in sets:
+                out.extend(_set(group, cfg, f"registered {name}", _model_shapes(), dtype, name))
+        if "deterministic" in sets:
+            name = "bf16"
+            out.extend(_set(group, cfg, f"deterministic {name}", deterministic_shapes(),
+                            dtypes[name], name, deterministic=True))
 
     launch(body, 1, cfg.device)
     return out

@@ -112,3 +112,67 @@ def hidden_sizes() -> dict[int, list[str]]:
     for shape in LAYER_CONFIGS.values():
         out.setdefault(shape.k, []).append(shape.name)
     return dict(sorted(out.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseConfig:
+    """One public decoder model's attention and MLP sizes (its ``config.json``).
+
+    Attributes
+    ----------
+    name : str
+    hidden, intermediate : int
+        Hidden and MLP intermediate sizes.
+    heads, kv_heads, head_dim : int
+        Query heads, key/value heads (GQA) and head size.
+    """
+
+    name: str
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    def shards(self, tp: int) -> dict[str, tuple[int, int]]:
+        """The per-rank ``(N, K)`` of the four Linear layers at tensor parallelism ``tp``
+        (Megatron layout: QKV and gate/up column-parallel, O and down row-parallel); key/value
+        heads fewer than ``tp`` are replicated (one per rank), as serving engines do. Empty
+        where the query heads or the MLP do not split evenly."""
+        if self.heads % tp or self.intermediate % tp:
+            return {}
+        kv = max(1, self.kv_heads // tp)
+        return {"qkv": ((self.heads // tp + 2 * kv) * self.head_dim, self.hidden),
+                "o": (self.hidden, self.heads // tp * self.head_dim),
+                "gate_up": (2 * self.intermediate // tp, self.hidden),
+                "down": (self.hidden, self.intermediate // tp)}
+
+
+MODEL_CONFIGS: dict[str, DenseConfig] = {c.name: c for c in (
+    DenseConfig("Llama-3-8B", 4096, 14336, 32, 8, 128),
+    DenseConfig("Llama-3-70B", 8192, 28672, 64, 8, 128),
+    DenseConfig("Mistral-Large-2", 12288, 28672, 96, 8, 128),
+    DenseConfig("Gemma-2-9B", 3584, 14336, 16, 8, 256),
+    DenseConfig("Gemma-2-27B", 4608, 36864, 32, 16, 128),
+    DenseConfig("Phi-3-medium", 5120, 17920, 40, 10, 128),
+    DenseConfig("Qwen2.5-7B", 3584, 18944, 28, 4, 128),
+    DenseConfig("Qwen2.5-72B", 8192, 29568, 64, 8, 128),
+    DenseConfig("Yi-34B", 7168, 20480, 56, 8, 128),
+    DenseConfig("Falcon-40B", 8192, 32768, 128, 8, 64),
+    DenseConfig("Command-R", 8192, 22528, 64, 64, 128),
+)}
+"""Dense decoder configs of eight families (Llama, Mistral, Gemma, Phi, Qwen, Yi, Falcon,
+Cohere): the ``models`` set of ``bench gemm_sweep`` draws their tensor-parallel shards."""
+
+TP_DEGREES = (2, 4, 8)
+
+
+def tp_shards(tps: Iterable[int] = TP_DEGREES) -> dict[tuple[int, int], list[str]]:
+    """Distinct per-rank ``(N, K)`` of every ``MODEL_CONFIGS`` layer at each TP degree, each
+    with the ``"<model> tp<t> <layer>"`` names that have it (first seen first)."""
+    out: dict[tuple[int, int], list[str]] = {}
+    for cfg in MODEL_CONFIGS.values():
+        for tp in tps:
+            for layer, nk in cfg.shards(tp).items():
+                out.setdefault(nk, []).append(f"{cfg.name} tp{tp} {layer}")
+    return out
