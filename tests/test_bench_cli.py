@@ -220,3 +220,16 @@ def test_overhead_quick_pairs_rounds(tmp_path):
     rows = list(csv.DictReader(open(next(tmp_path.glob("overhead-*.csv")))))
     assert len(rows) == 10 and all(float(r["host_ratio_vs_matmul"]) > 0 for r in rows)
     assert {r["impl"] for r in rows} >= {"ag_gemm/fused", "all_reduce", "flash_decode"}
+
+
+def test_serving_quick_runs_both_parts(tmp_path):
+    """``bench serving --quick`` (the interpreter, bf16 asked: run in fp32): the paged decode
+    rows and the fused-norm rows in one CSV, every time positive."""
+    import csv
+
+    from ditron_ops.bench.__main__ import main
+
+    assert main(["serving", "--quick", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(next(tmp_path.glob("serving-*.csv")))))
+    parts = {r["case"].split()[0] for r in rows}
+    assert parts == {"paged", "norm"} and all(float(r["time_us"]) > 0 for r in rows)
