@@ -28,3 +28,13 @@ __all__ = ["ag_gemm", "gemm_rs", "gemm_ar", "flash_decode", "csr_to_block_table"
            "set_default_group", "split_sizes", "precompile", "deterministic", "is_deterministic",
            "DitronError", "DitronTimeoutError", "DitronSizeMismatchError", "DitronMismatchError",
            "DitronInputError"]
+
+
+def __getattr__(name: str):
+    """``ditron_ops.compile`` (the torch.compile pass) is imported on first access: importing it
+    early would cost nothing heavy, but keeps ``import ditron_ops`` to the ops alone."""
+    if name == "compile":
+        import importlib
+
+        return importlib.import_module(".compile", __name__)
+    raise AttributeError(f"module 'ditron_ops' has no attribute {name!r}")
