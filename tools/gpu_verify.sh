@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200 call: the GPU tests that cover a change set, then the import cost; logs under $OUT.
 # usage: bash tools/gpu_verify.sh [pytest paths...]   (run from the repository root)
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/gpu_verify}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

@@ -21,7 +21,7 @@ torch's roundings): ``h = round(sum_s x_s)`` in fp32 in rank order 0..W-1, round
 dtype (``all_reduce``'s contract); ``residual_out = round(h + residual)`` (fp32 add, one
 rounding: torch's ``h + residual``); ``normed = round(r * rstd * weight)`` with ``r`` =
 residual_out in fp32, ``rstd = 1 / sqrt(sum(r^2) / H + eps)`` (fp32, correctly rounded division
-and root, one rounding at the end as ``F.rms_norm`` does on torch 2.13); ``scale = amax / 448``
+and root, one rounding at the end as ``F.rms_norm`` does on torch 2.13); ``scale = amax * fp32(1/448)`` (torch's CUDA ``amax / 448``)
 over the rounded ``normed`` (per row or per 128 columns), ``codes = e4m3(clamp(normed / scale,
 ±448))`` (rounded to nearest even; a zero scale divides by 1). The sum over H runs in a fixed
 order that depends on H alone, so ``normed`` may differ from torch's by an ulp.
@@ -121,7 +121,7 @@ def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         order that depends on H alone, so a row's bits depend on neither T, the other rows, the
         algorithm, nor run to run (batch invariant). Results differ across world sizes.
     quant : {None, "fp8_e4m3", "fp8_e4m3_128"}
-        Also return e4m3 codes of ``normed`` with fp32 scales ``amax / 448`` per token
+        Also return e4m3 codes of ``normed`` with fp32 scales ``amax * fp32(1/448)`` per token
         (``"fp8_e4m3"``) or per 128 channels (``"fp8_e4m3_128"``, H divisible by 128).
     algorithm : {"auto", "one_shot", "two_shot"}
         ``auto``: one-shot up to ``ONE_SHOT_MAX_BYTES`` of x, two-shot above

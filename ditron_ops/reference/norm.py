@@ -35,13 +35,14 @@ def add_rmsnorm(h: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 
 def quantize_fp8(y: torch.Tensor, group_size: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(codes, scales)``: e4m3 codes of ``y [T, H]`` with ``scale = amax / 448`` in fp32 per row
+    """``(codes, scales)``: e4m3 codes of ``y [T, H]`` with ``scale = amax * fp32(1/448)`` in fp32 per row
     (``scales [T, 1]``) or per ``group_size`` columns (``scales [T, H / group_size]``);
     ``codes = e4m3(clamp(y / scale, -448, 448))`` (a zero scale divides by 1)."""
     t, h = y.shape
     g = h if group_size is None else group_size
     yf = y.float().reshape(t, h // g, g)
-    scale = yf.abs().amax(-1, keepdim=True) / FP8_MAX
+    # times the fp32 reciprocal, as torch's CUDA ``amax / 448`` computes it (CPU torch divides)
+    scale = yf.abs().amax(-1, keepdim=True) * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     codes = (yf / safe).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return codes.reshape(t, h), scale.reshape(t, h // g)
