@@ -12,6 +12,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+
+def fresh_compile():
+    """Inductor's FX-graph and AOTAutograd caches off: a graph found in the cache (an earlier
+    run's, on disk) skips the post-grad passes, so the pass's reports, which the checks read,
+    would be empty."""
+    import contextlib
+
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch(fx_graph_cache=False))
+    stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+    return stack
+
 C10D = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
 
 
@@ -178,7 +193,7 @@ def tp_compile_body(group, dtype=torch.float32, batch=2, seq=24, dim=24, heads=6
     start = len(passes._reports)
     with torch.no_grad():
         want = step(*inputs)
-        with dc.enable():
+        with dc.enable(), fresh_compile():
             got = torch.compile(step)(*inputs)
     reports = passes._reports[start:]
     results["inference"] = {
@@ -215,7 +230,7 @@ def funcol_body(group, dtype=torch.float32, rows=8, k=32, n=48):
     for det in (False, True):
         torch._dynamo.reset()
         start = len(passes._reports)
-        with ditron_ops.deterministic(det), dc.enable():
+        with ditron_ops.deterministic(det), dc.enable(), fresh_compile():
             compiled = torch.compile(f)
             got, again = compiled(x, w1, w2, w3), compiled(x, w1, w2, w3)
         reports = passes._reports[start:]

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 TORCHRUN = "# needs: torchrun"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,17 +62,19 @@ def run_plain_blocks(page: Path, workdir: Path, timeout: float = 600) -> str:
 
 def check_plain_output(out: str, gpu: bool) -> None:
     """What the README's plain blocks print, one line each (AssertionError naming the line): the
-    quick start's shapes, ag_gemm's, the row-parallel determinism check, flash_decode's,
-    Ulysses' and the MoE round trip's, with the sizes the blocks pick for the device."""
+    quick start's shapes, ag_gemm's, the row-parallel determinism check, Ulysses', the serving
+    step's (paged flash_decode, all_reduce_rmsnorm) and the MoE round trip's, with the sizes the
+    blocks pick for the device."""
     lines = out.strip().splitlines()
     assert len(lines) == 6, out
     m, n = (1000, 1792) if gpu else (10, 32)
     rs_m, rs_n = (1024, 4096) if gpu else (16, 24)
-    b, hq, d = (8, 32, 128) if gpu else (2, 4, 64)
     s_r = 1024 if gpu else 16
     assert lines[0].startswith("[((1024, 512), (256, 512), "), lines[0]
     expected = [str([(4 * m + 6, n)] * 4), str([((rs_m // 2, rs_n), True, True)] * 2),
-                str([(b, hq, d)] * 2), str([(1, s_r, 8, 64)] * 2), "[True, True]"]
+                str([(1, s_r, 8, 64)] * 2),
+                str([((4, 32, 128) if gpu else (2, 4, 64), torch.float8_e4m3fn)] * 2),
+                "[True, True]"]
     for got, want in zip(lines[1:], expected):
         assert got == want, (got, want)
 
