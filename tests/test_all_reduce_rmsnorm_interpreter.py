@@ -6,6 +6,7 @@ plain-torch reference, the e4m3 encoder, batch invariance, torch integration, ty
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -13,9 +14,11 @@ import triton.language as tl
 
 import ditron_ops
 from ditron_ops import language as dl
-from ditron_ops.collectives import _norm_kernels
+from ditron_ops.collectives import _norm_kernels, _norm_launch
 from ditron_ops.collectives._norm_launch import PURPOSE, block_config
-from ditron_ops.testing.norm_checks import (check_against_reference, check_batch_invariance,
+from ditron_ops.reference import norm as norm_reference
+from ditron_ops.testing.norm_checks import (back_to_back_schedule, check_against_reference,
+                                            check_back_to_back, check_batch_invariance,
                                             check_forms_agree, norm_inputs)
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
@@ -207,12 +210,25 @@ def test_ranks_disagreeing_on_eps_raise_mismatch():
 
 def _on_torch_group(group, rows, cols):
     ditron_ops.set_default_group(group)
-    return (check_against_reference(group, rows, cols, torch.float32, "auto", "fp8_e4m3")
-            + check_against_reference(group, rows, cols, torch.float16, "two_shot", None))
+    fails = (check_against_reference(group, rows, cols, torch.float32, "auto", "fp8_e4m3")
+             + check_against_reference(group, rows, cols, torch.float16, "two_shot", None)
+             + check_batch_invariance(group, rows, cols, torch.float32, "auto", "fp8_e4m3"))
+    # the default mode sums with the group's all-reduce: no gather (W-fold traffic)
+    x, res, w = norm_inputs(group, rows, cols, torch.float32, seed=2)
+    want = norm_reference.all_reduce_rmsnorm(x, res, w, 1e-6, group)
+    gather, norm_reference.gather_tensors = norm_reference.gather_tensors, None
+    try:
+        got = ditron_ops.all_reduce_rmsnorm(x, res, w, deterministic=False)
+    finally:
+        norm_reference.gather_tensors = gather
+    if not (torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])):  # W = 2: exact
+        fails.append(f"rank {group.rank}: the all-reduce path differs from the reference")
+    return fails
 
 
 def test_groups_without_symmetric_memory_use_the_reference():
-    """A torch.distributed (gloo) group: the rank-ordered reference path, same contract."""
+    """A torch.distributed (gloo) group: the reference path, same contract; deterministic
+    mode row invariant (gather, fixed sum order), the default mode the group's all-reduce."""
     from ditron_ops.testing import run_gloo
 
     _no_failures(run_gloo(_on_torch_group, 2, args=(3, 64)))
@@ -267,3 +283,79 @@ def test_gpu_kernel_compiles_for_sm90():
     proc = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and "COMPILED" in proc.stdout, proc.stderr[-4000:]
+
+
+def _back_to_back(group, schedule):
+    return check_back_to_back(group, schedule, torch.float32, seed=1,
+                              delay=lambda _: time.sleep(0.02))
+
+
+def test_back_to_back_calls_without_synchronization():
+    """20 calls at W=2, T varying in 1..60 (4 values), one-shot and two-shot alternating, every quant
+    mode, a rank late now and then, nothing synchronized between calls (outputs kept): every
+    result equals the reference. Halves sized per call (T) overlapped here."""
+    schedule = back_to_back_schedule(20, 60, (128,), 2, seed=1, distinct_rows=4)
+    assert len({call[0] for call in schedule}) > 2
+    _no_failures(ditron_ops.launch(_back_to_back, 2, args=(schedule,)))
+
+
+def _layouts(group):
+    """Calls of changing T, algorithm and quant (the workspace grows between them, a second
+    round rebuilds the stale plans): every plan's regions lie in half 0 of the capacity, and
+    every plan uses the same halves (``half_bytes``), so calls of parity 0 and 1 never touch
+    the same bytes whatever their T or algorithm."""
+    calls = ((40, 128, "two_shot", "fp8_e4m3"), (3, 128, "one_shot", None),
+             (17, 128, "two_shot", None), (1, 128, "one_shot", "fp8_e4m3_128"),
+             (2, 516 * 128, "one_shot", None),  # 528 KB of x: the 1 MB buffer grows
+             (5, 256, "two_shot", "fp8_e4m3_128"))
+    for rows, cols, algorithm, quant in calls * 2:
+        x, res, w = norm_inputs(group, rows, cols, torch.float32)
+        ditron_ops.all_reduce_rmsnorm(x, res, w, algorithm=algorithm, quant=quant)
+    ws = group.workspace(PURPOSE)
+    if ws.data.nbytes <= 1 << 20:
+        return [f"the workspace did not grow ({ws.data.nbytes} bytes)"]
+    base, half = ws.data.local.data_ptr(), ws.data.nbytes // 2
+    names = list(_norm_kernels.ar_rmsnorm_kernel.arg_names)
+    plans = [p for p in group.plans._plans.values() if isinstance(p, _norm_launch._NormPlan)]
+    fails = [] if len(plans) == len(calls) else [f"{len(plans)} plans"]
+    for plan in plans:
+        args = plan.kernel.args
+        if plan.stale() or args[names.index("half_bytes")] != half:
+            fails.append(f"a plan with half_bytes {args[names.index('half_bytes')]} != {half}")
+        for name in ("xbuf_ptr", "stn_ptr", "str_ptr", "stc_ptr", "sts_ptr"):
+            view = args[names.index(name)]
+            start, nbytes = view.data_ptr() - base, view.numel() * view.element_size()
+            if not (0 <= start and 64 <= nbytes and start + nbytes <= half and start % 64 == 0):
+                fails.append(f"{name} [{start}, +{nbytes}) outside half 0 [0, {half})")
+    return fails
+
+
+def test_every_call_stays_in_its_parity_half():
+    _no_failures(ditron_ops.launch(_layouts, 2))
+
+
+def test_precompile_knows_the_op(monkeypatch):
+    """``precompile(["all_reduce_rmsnorm"])`` runs the family (nothing to compile on the CPU),
+    and its variants bind to the kernel's signature: 24 per dtype (``PRECOMPILE_COLS``)."""
+    import inspect
+
+    from ditron_ops.runtime import compiler
+    from ditron_ops.runtime import precompile as precompile_module
+
+    assert precompile_module.families()["all_reduce_rmsnorm"] == ("all_reduce_rmsnorm",)
+    got = ditron_ops.precompile(["all_reduce_rmsnorm"], dtypes=["fp16"])
+    assert got["families"] == ["all_reduce_rmsnorm"] and got["kernels"] == 0
+    made = []
+    options = {"num_warps", "enable_fp_fusion"}
+
+    def bind(kernel):
+        kwargs = {k: v for k, v in kernel.kwargs.items() if k not in options}
+        inspect.signature(kernel.fn.fn).bind(*kernel.args, **kwargs)  # every argument, once
+        made.append((kwargs["BLOCK_H"], kwargs["ONE_CHUNK"], kwargs["TWO_SHOT"], kwargs["QUANT"],
+                     kernel.args[0].dtype))
+
+    monkeypatch.setattr(compiler, "prepare", bind)
+    _norm_launch._precompile(torch.device("cpu"), (torch.float16, torch.float32))
+    assert len(made) == len(set(made)) == 2 * 24
+    assert {(block, one) for block, one, *_ in made} == {
+        block_config(cols)[:2] for cols in _norm_launch.PRECOMPILE_COLS}

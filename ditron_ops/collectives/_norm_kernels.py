@@ -2,33 +2,46 @@
 optional e4m3 quantization in one launch per rank.
 
 Each rank runs ``P`` programs (fixed per workspace). A call of epoch ``e`` (read from the signal
-pad, so CUDA-graph replays keep counting) uses half ``e % 2`` of every symmetric region::
+pad, so CUDA-graph replays keep counting) uses only half ``e % 2`` of the data buffer (halves at
+fixed places, ``half_bytes`` apart: ``_norm_launch``'s docstring)::
 
     rank r, program p
     -----------------------------------------------------------------------------------------
     copy x -> my xbuf[e%2] (tiles p, p+P, ...)
-    (p = 0) meta[e%2][r] = T*H on every rank
+    (p = 0) meta[e%2][r] = T*H on every rank, all of them before any arrival below
     arrivals[r] += 2 (one-shot) or 1 (two-shot) on every rank (release)
     wait arrivals[s] >= 2eP (one-shot) or (2e-1)P (two-shot), every s   | every x readable
+    check meta[e%2][s] == T*H, every s (else SIZE_MISMATCH)
     one-shot: rows t = p, p+P, ... < T:                             -> out, res_out of row t
     two-shot: my rows t in [lo_r, hi_r), t = lo_r+p, ...:          -> my staging[e%2]
         h   = round(((0 + xbuf_0[t]) + xbuf_1[t]) + ... + xbuf_{W-1}[t])   (fp32, rank order)
         res = round(h + residual[t])
         y   = round(res * rstd * w),  rstd = 1 / sqrt(sum(res^2) / H + eps)  (fp32)
-        codes, scales = e4m3(y / (amax / 448)), amax / 448  (per row or per 128 columns)
+        scale = amax * fp32(1/448), codes = e4m3(y / scale)  (per row or per 128 columns)
     two-shot only:
         arrivals[r] += 1 on every rank (release); wait arrivals[s] >= 2eP for every s
         copy every owner's staged rows (normed, res, codes, scales) into my outputs
     last program to finish: epoch = e
 
+Signal pad words (int64): ``arrivals[src]`` at ``[0, W)``, the epoch at ``3W``, the finished
+programs at ``3W + 1``, ``meta[parity][src]`` (the size check) at ``4W + 2 + parity * W + src``.
+
+Size words before arrivals: a two-shot counter takes both phases' adds, so a peer's count can
+reach ``(2e-1)P`` with some of its programs' phase-2 adds before its program 0 got to this rank.
+Program 0 therefore writes the size word to every rank before its first arrival; a phase-2 add
+comes from a program that waited for all of its own rank's phase-1 adds (program 0's among
+them, released after its size words), so the word is visible before the count is reached.
+
 Buffer reuse: rank r writes half ``e % 2`` again at epoch ``e + 2``, after it waited in call
 ``e + 1`` for every peer's arrival, which a peer sends only after its call ``e`` (its reads of
-half ``e % 2``) finished (stream order). So double buffering needs no acknowledgement.
+half ``e % 2``) finished (stream order). So double buffering needs no acknowledgement, for any
+sequence of T and algorithms: every region of a call lies in its parity's half.
 
 Fixed order: the sum over ranks is 0..W-1; the sum of squares over H is chunk by chunk in
 ``BLOCK_H`` blocks (the host picks BLOCK_H and the warps from H alone) and the kernel is compiled
 without FMA contraction, so a row's bits depend on neither T, nor the other rows, nor which rank
-or program computed it (one-shot and two-shot agree bitwise).
+or program computed it. One-shot and two-shot agree bitwise when ``residual`` is the same on
+every rank (as the op requires): two-shot adds the owner's residual rows, one-shot this rank's.
 """
 from __future__ import annotations
 
@@ -110,7 +123,8 @@ def _quant_groups(y, codes_row, scales_row, c0, cols, BLOCK_H: tl.constexpr):
 
 @dl.jit
 def _quant_row(y, amax, codes_row, o, mask):
-    """e4m3 codes of one chunk ``y`` with the row's scale ``amax / 448``; returns the scale."""
+    """e4m3 codes of one chunk ``y`` with the row's scale ``amax * fp32(1/448)``; returns the
+    scale."""
     scale = amax * INV_FP8_MAX
     safe = tl.where(scale > 0, scale, 1.0)
     # (div_rn does not broadcast: the divisor is made a block of y's shape)
@@ -174,13 +188,13 @@ def _norm_row(xbuf_ptr, buf_table, rank, world_size, src_off, res_row, w_ptr, ou
             tl.store(scales_row, scale)
 
 
-@dl.jit(do_not_specialize=("rank", "world_size", "rows", "cols", "x_half", "st_half", "sc_half",
-                           "timeout_us", "op_id"))
+@dl.jit(do_not_specialize=("rank", "world_size", "rows", "cols", "half_bytes", "timeout_us",
+                           "op_id"))
 def ar_rmsnorm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, codes_ptr, scales_ptr,
     xbuf_ptr, stn_ptr, str_ptr, stc_ptr, sts_ptr, buf_table,
     sig_ptr, sig_table, err_claim, err_record,
-    rank, world_size, rows, cols, eps, x_half, st_half, sc_half, timeout_us, op_id,
+    rank, world_size, rows, cols, eps, half_bytes, timeout_us, op_id,
     TWO_SHOT: tl.constexpr, QUANT: tl.constexpr, BLOCK_H: tl.constexpr, ONE_CHUNK: tl.constexpr,
     VEC: tl.constexpr, COPY_BLOCK: tl.constexpr,
 ):
@@ -192,23 +206,29 @@ def ar_rmsnorm_kernel(
     deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
     # ``n // VEC * VEC`` (exact: the host guarantees divisibility) lets copies vectorize
     cols = cols // VEC * VEC
-    x_half = x_half // VEC * VEC
-    st_half = st_half // VEC * VEC
+    ELEM: tl.constexpr = xbuf_ptr.dtype.element_ty.primitive_bitwidth // 8
+    # this call's half (parity), in elements of each region's dtype; the halves are 128-byte
+    # multiples, so the element counts are exact
+    x_off = parity * (half_bytes // ELEM // VEC * VEC)  # x, normed and residual regions
+    c_off = parity * half_bytes  # codes (bytes)
+    s_off = parity * (half_bytes // 4)  # scales (fp32)
     total = rows * cols
-    x_off = parity * x_half  # this call's half of the x region (elements)
     meta = 4 * w + 2 + parity * w  # meta[parity][src]: the elements src staged (size check)
 
     # ---- stage x in my symmetric buffer, tell every rank --------------------------------------
     dl.copy_tiles(xbuf_ptr + x_off, x_ptr, total, pid, nprog, COPY_BLOCK)
+    # the size word on every rank before any arrival (the module docstring says why)
+    if pid == 0:
+        for i in range(w):
+            dst_sig = dl.remote_ptr(sig_table, (rank + i) % w, sig_ptr)
+            tl.store(dst_sig + meta + rank, total.to(tl.int64))
     # arrivals[src] counts 2 per program and call: one-shot adds both now, two-shot one now
     # and one when its rows are staged (so a peer's count is 2 * e * P after call e either way)
+    # (signal_add: a CTA barrier, then a system-scope release after the stores above)
     staged = 2 * epoch * nprog
     for i in range(w):
-        dst = (rank + i) % w
-        dst_sig = dl.remote_ptr(sig_table, dst, sig_ptr)
-        if pid == 0:
-            tl.store(dst_sig + meta + rank, total.to(tl.int64))
-        dl.signal_add(dst_sig + rank, 1 if TWO_SHOT else 2)
+        dl.signal_add(dl.remote_ptr(sig_table, (rank + i) % w, sig_ptr) + rank,
+                      1 if TWO_SHOT else 2)
 
     ok = pid >= 0
     for s in range(w):
@@ -233,9 +253,9 @@ def ar_rmsnorm_kernel(
         for t in range(lo + pid, hi, nprog):
             if TWO_SHOT:  # staging rows are relative to my first row
                 st = (t - lo) * cols
-                on, orr = stn_ptr + parity * st_half + st, str_ptr + parity * st_half + st
-                oc = stc_ptr + parity * st_half + st
-                osc = sts_ptr + parity * sc_half + (t - lo) * groups
+                on, orr = stn_ptr + x_off + st, str_ptr + x_off + st
+                oc = stc_ptr + c_off + st
+                osc = sts_ptr + s_off + (t - lo) * groups
             else:
                 on, orr, oc = out_ptr + t * cols, res_out_ptr + t * cols, codes_ptr + t * cols
                 osc = scales_ptr + t * groups
@@ -257,14 +277,14 @@ def ar_rmsnorm_kernel(
                 n = (_split_start(rows, w, s + 1) - first) * cols
                 dst = first * cols
                 dl.copy_tiles(out_ptr + dst, dl.peer_base(buf_table, s, rank, stn_ptr)
-                              + parity * st_half, n, pid, nprog, COPY_BLOCK)
+                              + x_off, n, pid, nprog, COPY_BLOCK)
                 dl.copy_tiles(res_out_ptr + dst, dl.peer_base(buf_table, s, rank, str_ptr)
-                              + parity * st_half, n, pid, nprog, COPY_BLOCK)
+                              + x_off, n, pid, nprog, COPY_BLOCK)
                 if QUANT != 0:
                     dl.copy_tiles(codes_ptr + dst, dl.peer_base(buf_table, s, rank, stc_ptr)
-                                  + parity * st_half, n, pid, nprog, COPY_BLOCK)
+                                  + c_off, n, pid, nprog, COPY_BLOCK)
                     dl.copy_tiles(scales_ptr + first * groups,
-                                  dl.peer_base(buf_table, s, rank, sts_ptr) + parity * sc_half,
+                                  dl.peer_base(buf_table, s, rank, sts_ptr) + s_off,
                                   n // cols * groups, pid, nprog, COPY_BLOCK)
 
     # ---- the last program to finish publishes the epoch ---------------------------------------

@@ -1,24 +1,43 @@
 """Host side of ``all_reduce_rmsnorm``: the symmetric layout, block sizes, grid, plan, launch.
 
-Symmetric data of the ``all_reduce_rmsnorm`` workspace (every region has two halves, one per
-epoch parity; sizes from rank-uniform T, H, W only, so every rank computes the same layout)::
+The data buffer of the ``all_reduce_rmsnorm`` workspace is two halves at fixed places, one per
+epoch parity: half ``p`` is bytes ``[p * half_bytes, (p + 1) * half_bytes)`` with ``half_bytes
+= capacity // 2``. The halves depend on the workspace's capacity alone, never on T, H or the
+algorithm, and a call of epoch ``e`` reads and writes only inside half ``e % 2``. Inside a half
+the regions follow each other from offset 0, each rounded up to 64 bytes (sizes from
+rank-uniform T, H, W only, so every rank computes the same layout)::
 
-    x        [2][T*H]        x's dtype   every rank's input, read by every rank (one-shot) or
-                                          by the rows' owners (two-shot)
-    normed   [2][R*H]        x's dtype   two-shot: the owner's normed rows (R = ceil(T / W))
-    residual [2][R*H]        x's dtype   two-shot: the owner's residual_out rows
-    codes    [2][R*H]        e4m3        two-shot with quant
-    scales   [2][R*G]        fp32        two-shot with quant (G = 1 or H / 128)
+    x        [T*H]    x's dtype   every rank's input, read by every rank (one-shot) or by the
+                                  rows' owners (two-shot)
+    normed   [R*H]    x's dtype   two-shot: the owner's normed rows (R = ceil(T / W))
+    residual [R*H]    x's dtype   two-shot: the owner's residual_out rows
+    codes    [R*H]    e4m3        two-shot with quant
+    scales   [R*G]    fp32        two-shot with quant (G = 1 or H / 128)
+
+Why fixed halves: a rank that finished call ``e`` starts call ``e + 1`` while a slower peer may
+still read its half ``e % 2``; call ``e + 1`` must then stay out of it, whatever its T or
+algorithm (halves sized per call overlapped when T changed). Capacity only grows
+(``Workspace.ensure_data``: the stream synchronized and every rank met first, so no kernel uses
+the old buffer); a plan built before the growth is stale and is rebuilt over the new halves
+(``stale``), so every plan of a workspace uses the same ``half_bytes``. Every rank asks for the
+same bytes in the same call (rank-uniform plan keys in the same order), so capacities agree.
+
+The signal pad is the workspace's, with this op's own word layout (the size words sit at
+``4W + 2``, not at ``Workspace``'s generic ``[W, 3W)``): ``_norm_kernels``' docstring.
 """
 from __future__ import annotations
+
+import itertools
 
 import torch
 
 from .. import _env
 from ..runtime.group import Group, op_id
 from ..runtime.launcher import BoundKernel
+from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._launch import aligned
 from ._norm_kernels import ar_rmsnorm_kernel
+from .all_reduce_rmsnorm import MAX_ELEMS
 
 PURPOSE = "all_reduce_rmsnorm"
 _MAX_PROGRAMS = 32
@@ -27,6 +46,17 @@ MAX_BLOCK_H = 8192
 row is processed in chunks of ``MULTI_BLOCK_H`` (stored, then reread)."""
 MULTI_BLOCK_H = 4096
 QUANTS = {None: 0, "fp8_e4m3": 1, "fp8_e4m3_128": 2}
+_ALIGN = 64  # bytes: every region starts 64-byte aligned (16-byte vectors, any dtype)
+
+
+def copy_block() -> int:
+    """``copy_tiles``' tile (elements)."""
+    return 1024 if _env.use_interpreter() else 2048
+
+
+# copy_tiles steps its 32-bit offset by programs * COPY_BLOCK past the count: the op's element
+# limit leaves that much room below 2**31 (``all_reduce_rmsnorm.MAX_ELEMS``)
+assert MAX_ELEMS + _MAX_PROGRAMS * 2048 <= 2**31 - 1
 
 
 def block_config(cols: int) -> tuple[int, bool, int]:
@@ -46,10 +76,23 @@ def programs_per_rank(group: Group) -> int:
     return max(1, min(_MAX_PROGRAMS, group.sm_share()))
 
 
-def _half(count: int, elem: int) -> int:
-    """Elements of one half of a region: ``count`` rounded up to 64 bytes (aligned halves)."""
-    per = 64 // elem
-    return max(per, -(-count // per) * per)
+def half_layout(rows: int, cols: int, elem: int, world_size: int, two_shot: bool,
+                quant) -> tuple[list[int], list[int], int]:
+    """``(offsets, sizes, need)``: byte offsets and sizes inside one half of the regions x,
+    normed, residual, codes, scales (module docstring) and the bytes a half needs. Every
+    region is at least 64 bytes (a form's unused region too: no kernel argument is an empty
+    tensor, whose address may be null)."""
+    owned = -(-rows // world_size) if two_shot else 0
+    quant_rows = owned if quant is not None else 0
+    groups = cols // 128 if quant == "fp8_e4m3_128" else 1
+    sizes = [max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN) for nbytes in (
+        rows * cols * elem, owned * cols * elem, owned * cols * elem, quant_rows * cols,
+        quant_rows * groups * 4)]
+    offsets, start = [], 0
+    for nbytes in sizes:
+        offsets.append(start)
+        start += nbytes
+    return offsets, sizes, start
 
 
 def run(group: Group, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -86,18 +129,14 @@ class _NormPlan:
             ws.programs = programs_per_rank(group)
         device, w = group.device, group.world_size
         elem = torch.empty((), dtype=dtype).element_size()
-        groups = 1 if quant != "fp8_e4m3_128" else cols // 128
-        owned = -(-rows // w) if two_shot else 0
-        x_half = _half(rows * cols, elem)
-        st_half = _half(owned * cols, 1)  # 64 elements: 64-byte halves for every region's dtype
-        sc_half = _half(owned * groups, 4)
-        sizes = [2 * x_half * elem, 2 * st_half * elem, 2 * st_half * elem, 2 * st_half,
-                 2 * sc_half * 4]
-        self.data = data = ws.ensure_data(sum(sizes))
-        local, start, views = data.local, 0, []
-        for nbytes, view in zip(sizes, (dtype, dtype, dtype, torch.uint8, torch.float32)):
-            views.append(local[start:start + nbytes].view(view))
-            start += nbytes
+        offsets, sizes, need = half_layout(rows, cols, elem, w, two_shot, quant)
+        self.data = data = ws.ensure_data(2 * need)
+        # the halves from the capacity alone (module docstring); half 1 = half 0 + half_bytes
+        half_bytes = data.nbytes // 2 // 128 * 128
+        assert half_bytes >= need
+        local = data.local
+        views = [local[start:start + nbytes].view(view) for start, nbytes, view in
+                 zip(offsets, sizes, (dtype, dtype, dtype, torch.uint8, torch.float32))]
         if previous is not None:
             self.no_codes, self.no_scales = previous.no_codes, previous.no_scales
         else:  # stand-ins for the pointers a call without quant never touches
@@ -113,15 +152,47 @@ class _NormPlan:
             (example, example, torch.empty(16, dtype=wdtype, device=device), example, example,
              self.no_codes, self.no_scales, *views, data.ptr_table,
              ws.signal_pad(), ws.signal.ptr_table, claim, record,
-             group.rank, w, rows, cols, eps, x_half, st_half, sc_half, group.timeout_us(),
+             group.rank, w, rows, cols, eps, half_bytes, group.timeout_us(),
              op_id("all_reduce_rmsnorm")),
             dict(TWO_SHOT=two_shot, QUANT=QUANTS[quant], BLOCK_H=block, ONE_CHUNK=one_chunk,
-                 VEC=vec, COPY_BLOCK=1024 if _env.use_interpreter() else 2048, num_warps=warps,
+                 VEC=vec, COPY_BLOCK=copy_block(), num_warps=warps,
                  enable_fp_fusion=False),  # no FMA contraction: one arithmetic in every variant
             vary=("x_ptr", "res_ptr", "w_ptr", "out_ptr", "res_out_ptr", "codes_ptr",
                   "scales_ptr"),
             device=device)
 
     def stale(self) -> bool:
-        """The workspace grew since: the regions are views of a freed buffer."""
+        """The workspace grew since: the regions and halves are of a freed buffer."""
         return self.ws.data is not self.data
+
+
+PRECOMPILE_COLS = (2048, 4096, 8192, 12288)
+"""H whose block configurations ``precompile`` builds: BLOCK_H 2048, 4096 and 8192 in one chunk
+(8192 serves every H in 4097..8192: 5120, 7168, 8192) and the chunked rows above 8192; each
+with 16-byte vectors (H a multiple of 8), the weight in x's dtype, both algorithms and the three
+quant modes (24 variants per dtype). Other H compile on their first call."""
+
+
+def _precompile(device: torch.device, dtypes: tuple) -> None:
+    """The ``PRECOMPILE_COLS`` variants of every dtype as one-rank launches
+    (``runtime.precompile``)."""
+    sig, sig_table, claim, record = one_rank_pad(device)
+    for dtype in (d for d in (torch.float16, torch.bfloat16, torch.float32) if d in dtypes):
+        elem = torch.empty((), dtype=dtype).element_size()
+        buf = torch.zeros(4096, dtype=dtype, device=device)
+        buf_table = pointer_table(buf)
+        codes = torch.zeros(64, dtype=torch.uint8, device=device)
+        scales = torch.zeros(16, dtype=torch.float32, device=device)
+        for cols, two_shot, quant in itertools.product(PRECOMPILE_COLS, (False, True), QUANTS):
+            block, one_chunk, warps = block_config(cols)
+            BoundKernel(ar_rmsnorm_kernel, (_MAX_PROGRAMS,),
+                        (buf, buf, buf, buf, buf, codes, scales, buf, buf, buf, codes, scales,
+                         buf_table, sig, sig_table, claim, record, 0, 1, 1, cols, 1e-6, 4096,
+                         10**7, 0),
+                        dict(TWO_SHOT=two_shot, QUANT=QUANTS[quant], BLOCK_H=block,
+                             ONE_CHUNK=one_chunk, VEC=16 // elem, COPY_BLOCK=copy_block(),
+                             num_warps=warps, enable_fp_fusion=False),
+                        device=device)
+
+
+register_precompile(PURPOSE, _precompile, ("all_reduce_rmsnorm",))

@@ -21,10 +21,17 @@ torch's roundings): ``h = round(sum_s x_s)`` in fp32 in rank order 0..W-1, round
 dtype (``all_reduce``'s contract); ``residual_out = round(h + residual)`` (fp32 add, one
 rounding: torch's ``h + residual``); ``normed = round(r * rstd * weight)`` with ``r`` =
 residual_out in fp32, ``rstd = 1 / sqrt(sum(r^2) / H + eps)`` (fp32, correctly rounded division
-and root, one rounding at the end as ``F.rms_norm`` does on torch 2.13); ``scale = amax * fp32(1/448)`` (torch's CUDA ``amax / 448``)
-over the rounded ``normed`` (per row or per 128 columns), ``codes = e4m3(clamp(normed / scale,
-±448))`` (rounded to nearest even; a zero scale divides by 1). The sum over H runs in a fixed
-order that depends on H alone, so ``normed`` may differ from torch's by an ulp.
+and root, one rounding at the end as ``F.rms_norm`` does on torch 2.13); ``scale = amax *
+fp32(1/448)`` (torch's CUDA ``amax / 448``) over the rounded ``normed`` (per row or per 128
+columns), ``codes = e4m3(clamp(normed / scale, ±448))`` (rounded to nearest even; a zero scale
+divides by 1). The sum over H runs in a fixed order that depends on H alone, so ``normed`` may
+differ from torch's by an ulp.
+
+Groups without symmetric memory (``TorchGroup``) run ``reference.norm`` instead: in
+deterministic mode the rank-ordered sum of the gathered x and a sum over H in a fixed pairwise
+order of elementwise adds (row invariant on any device; its bits differ from the kernel's by
+an ulp); otherwise the group's own all-reduce of x in fp32 (one rounding, the backend's order)
+and torch's sum over H, which promise nothing about batch invariance.
 """
 from __future__ import annotations
 
@@ -54,7 +61,9 @@ ONE_SHOT_MAX_BYTES = 256 * 1024
 two-shot above: the same default as ``all_reduce`` (every rank reads W copies of x in one-shot,
 one W-th of them plus the finished rows in two-shot). A default, not a measurement: the bench
 (``bench/serving_norm.py``) measures both forms per T to set it."""
-_MAX_ELEMS = 2**31 - 1  # the kernel's offsets are 32-bit
+MAX_ELEMS = 2**31 - 1 - 32 * 2048
+"""Largest T*H: the kernel's element offsets are 32-bit, and ``language.copy_tiles`` steps its
+offset by programs * COPY_BLOCK (at most 32 * 2048) past the count before it stops."""
 
 
 def choose_algorithm(nbytes: int, world_size: int) -> str:
@@ -78,9 +87,9 @@ def _check(x, residual, weight, eps, quant, algorithm, group: Group) -> None:
                          f"{tuple(weight.shape)}")
     if x.shape[1] == 0:
         raise ValueError(f"ditron.{op}: H must be at least 1, got shape {tuple(x.shape)}")
-    if x.numel() > _MAX_ELEMS:
-        raise ValueError(f"ditron.{op}: x has {x.numel()} elements; at most {_MAX_ELEMS} (T*H "
-                         "must fit 32-bit offsets)")
+    if x.numel() > MAX_ELEMS:
+        raise ValueError(f"ditron.{op}: x has {x.numel()} elements; at most {MAX_ELEMS} (T*H "
+                         "must fit the kernel's 32-bit offsets)")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TypeError(f"ditron.{op}: eps must be a float, got {type(eps).__name__}")
     if not (math.isfinite(eps) and eps >= 0):
@@ -115,17 +124,22 @@ def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     group : Group, optional
         Default the context group (``launch``) or the default group.
     deterministic : bool, optional
-        Default the ``ditron_ops.deterministic()`` mode. Both modes run the same kernel, which
-        already keeps every promise of the mode on groups with symmetric memory: the sum over
+        Default the ``ditron_ops.deterministic()`` mode. On groups with symmetric memory both
+        modes run the same kernel, which already keeps every promise of the mode: the sum over
         ranks is in rank order 0..W-1 in fp32 with one rounding, the sum over H is in a fixed
         order that depends on H alone, so a row's bits depend on neither T, the other rows, the
-        algorithm, nor run to run (batch invariant). Results differ across world sizes.
+        algorithm (given a replicated ``residual``), nor run to run (batch invariant). On a
+        ``TorchGroup`` only ``deterministic=True`` keeps them (rank-ordered gather and a fixed
+        sum order, row invariant); the default there uses the backend's all-reduce (fp32, its
+        own order) and torch's sum over H. Results differ across world sizes.
     quant : {None, "fp8_e4m3", "fp8_e4m3_128"}
         Also return e4m3 codes of ``normed`` with fp32 scales ``amax * fp32(1/448)`` per token
         (``"fp8_e4m3"``) or per 128 channels (``"fp8_e4m3_128"``, H divisible by 128).
     algorithm : {"auto", "one_shot", "two_shot"}
         ``auto``: one-shot up to ``ONE_SHOT_MAX_BYTES`` of x, two-shot above
-        (``choose_algorithm``); every rank picks the same. Both give the same bits.
+        (``choose_algorithm``); every rank picks the same. Both give the same bits when
+        ``residual`` is the same on every rank, as required (two-shot adds each row's owner's
+        residual, one-shot this rank's).
 
     Returns
     -------
@@ -150,8 +164,9 @@ def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     -----------
     Collective: every rank calls it in the same order with the same T, H, dtypes, eps, quant,
     algorithm and mode. Runs on the current stream, returns without synchronizing;
-    CUDA-graph capturable after one eager call with the same shapes. The rounding of every
-    output is the module docstring's.
+    CUDA-graph capturable after one eager call with the same shapes. Back-to-back calls of any
+    T and algorithm need no synchronization between them (double buffered by epoch parity).
+    The rounding of every output is the module docstring's.
 
     Examples
     --------
@@ -180,40 +195,58 @@ def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
     chosen = memo(group, call_key("all_reduce_rmsnorm", x, residual, weight, eps, quant,
                                   algorithm, flag), validate)
-    if direct(x, residual, weight):
-        outs = _all_reduce_rmsnorm_impl(x, residual, weight, float(eps), name, chosen,
-                                        quant or "", flag)
+    if direct(x, residual, weight):  # (no dispatcher: codes and scales may be shared stand-ins)
+        outs = _run(x, residual, weight, float(eps), name, chosen, quant or "", flag, True)
     else:
         outs = torch.ops.ditron.all_reduce_rmsnorm(x, residual, weight, float(eps), name, chosen,
                                                    quant or "", flag)
     return tuple(outs) if quant else (outs[0], outs[1])
 
 
-def _outputs(x: torch.Tensor, quant: str) -> tuple:
-    """Fresh ``(normed, residual_out, codes, scales)``; codes and scales empty without quant."""
+_NO_QUANT: dict = {}
+"""device -> the ``[0, 0]`` codes and scales of eager calls without quant: made once, never
+written, never returned to the caller (the public function drops them)."""
+
+
+def _outputs(x: torch.Tensor, quant: str, shared: bool = False) -> tuple:
+    """``(normed, residual_out, codes, scales)``, fresh; without quant codes and scales are
+    ``[0, 0]``, the shared stand-ins of ``x``'s device with ``shared``."""
+    normed = torch.empty_like(x, memory_format=torch.contiguous_format)
+    res_out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if not quant:
+        if not shared:
+            return (normed, res_out, x.new_empty((0, 0), dtype=torch.float8_e4m3fn),
+                    x.new_empty((0, 0), dtype=torch.float32))
+        empty = _NO_QUANT.get(x.device)
+        if empty is None:
+            empty = _NO_QUANT.setdefault(x.device, (
+                x.new_empty((0, 0), dtype=torch.float8_e4m3fn),
+                x.new_empty((0, 0), dtype=torch.float32)))
+        return (normed, res_out) + empty
     rows, cols = x.shape
     groups = cols // 128 if quant == "fp8_e4m3_128" else 1
-    if not quant:
-        rows = cols = groups = 0
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            torch.empty_like(x, memory_format=torch.contiguous_format),
-            x.new_empty((rows, cols), dtype=torch.float8_e4m3fn),
+    return (normed, res_out, x.new_empty((rows, cols), dtype=torch.float8_e4m3fn),
             x.new_empty((rows, groups), dtype=torch.float32))
 
 
-def _all_reduce_rmsnorm_impl(x, residual, weight, eps, group_name, algorithm, quant,
-                             deterministic):
+def _run(x, residual, weight, eps, group_name, algorithm, quant, deterministic, shared):
     group = resolve_group(group_name)
-    outs = _outputs(x, quant)
+    outs = _outputs(x, quant, shared)
     if x.shape[0] == 0:  # every rank has T = 0 (agreed): nothing to exchange
         return outs
-    if not group.has_symmetric_memory:  # the rank-ordered reference (both modes)
-        got = _reference.all_reduce_rmsnorm(x, residual, weight, eps, group, quant or None)
+    if not group.has_symmetric_memory:  # torch.distributed: the reference (module docstring)
+        got = _reference.all_reduce_rmsnorm(x, residual, weight, eps, group, quant or None,
+                                            deterministic=deterministic)
         for out, value in zip(outs, got):
             out.copy_(value)
         return outs
     return _norm_launch.run(group, x, residual, weight, eps, algorithm == "two_shot",
                             quant or None, outs)
+
+
+def _all_reduce_rmsnorm_impl(x, residual, weight, eps, group_name, algorithm, quant,
+                             deterministic):
+    return _run(x, residual, weight, eps, group_name, algorithm, quant, deterministic, False)
 
 
 def _all_reduce_rmsnorm_fake(x, residual, weight, eps, group_name, algorithm, quant,

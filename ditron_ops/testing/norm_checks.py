@@ -115,3 +115,67 @@ def check_batch_invariance(group: Group, rows: int, cols: int, dtype: torch.dtyp
             if not torch.equal(row, c[t:t + 1].view(torch.uint8)):
                 fails.append(f"rank {group.rank}: output {i} row {t} differs in a prefix call")
     return fails
+
+
+def back_to_back_schedule(calls: int, max_rows: int, cols: tuple, world_size: int,
+                          seed: int = 0, distinct_rows: int = 16,
+                          late: float = 0.25) -> list[tuple]:
+    """``(rows, cols, algorithm, quant, late_rank)`` per call, the same on every rank (seeded):
+    T drawn from ``distinct_rows`` values in 1..``max_rows`` (few signatures to warm up: see
+    ``check_back_to_back``), one-shot and two-shot alternating,
+    the quant modes in turn (every pair of form and mode, ``cols`` multiples of 128),
+    ``late_rank`` a rank that starts the call late (or -1) for a fraction ``late`` of them."""
+    import random
+
+    rng = random.Random(seed)
+    pool = [rng.randint(1, max_rows) for _ in range(distinct_rows)]
+    quants = (None, "fp8_e4m3", "fp8_e4m3_128")
+    out = []
+    for i in range(calls):
+        late_rank = rng.randrange(world_size) if rng.random() < late else -1
+        out.append((rng.choice(pool), cols[rng.randrange(len(cols))],
+                    ("one_shot", "two_shot")[i % 2], quants[(i // 2) % 3], late_rank))
+    return out
+
+
+def check_back_to_back(group: Group, schedule: list, dtype: torch.dtype, seed: int = 0,
+                       delay=None) -> list[str]:
+    """Every call of ``schedule`` (``back_to_back_schedule``) launched back to back, nothing
+    synchronized between them (inputs made first, outputs kept), then every result checked
+    as ``check_against_reference`` does: residual_out bitwise against the rank-ordered
+    reference, normed within ulps, codes and scales bitwise against torch's quantization of
+    the op's normed rows. ``delay(group)`` runs before each call whose ``late_rank`` is this
+    rank (a host sleep). This is what catches a rank that finished call e and overwrites data
+    a slower peer still reads for call e (on a GPU virtual world: ``launch(..., gate=False)``,
+    else the launch gate synchronizes every call)."""
+    inputs = [norm_inputs(group, rows, cols, dtype, seed=1000 * seed + i)
+              for i, (rows, cols, _, _, _) in enumerate(schedule)]
+    # every signature once first: its kernel compiled, its plan built and agreed on, the
+    # workspace at its final size. The calls under test then meet on the host nowhere (no
+    # new signature, no growth), so a rank runs on into its next call while a peer is late.
+    for rows, cols, algorithm, quant in dict.fromkeys(call[:4] for call in schedule):
+        x, res, w = norm_inputs(group, rows, cols, dtype, seed=7)
+        all_reduce_rmsnorm(x, res, w, algorithm=algorithm, quant=quant)
+    got = []
+    for (rows, cols, algorithm, quant, late), (x, res, w) in zip(schedule, inputs):
+        if late == group.rank and delay is not None:
+            delay(group)
+        got.append(all_reduce_rmsnorm(x, res, w, algorithm=algorithm, quant=quant))
+    fails = []
+    for i, ((rows, cols, algorithm, quant, _), (x, res, w), outs) in enumerate(
+            zip(schedule, inputs, got)):
+        want = reference.all_reduce_rmsnorm(x, res, w, 1e-6, group, quant)
+        what = f"rank {group.rank}: call {i} (T={rows}, H={cols}, {algorithm}, {quant})"
+        if not torch.equal(outs[1], want[1]):
+            bad = (outs[1] != want[1]).any(-1).nonzero().flatten().tolist()
+            fails.append(f"{what}: residual_out differs in rows {bad[:8]}")
+        if not _close(outs[0], want[0]):
+            fails.append(f"{what}: normed differs (max "
+                         f"{(outs[0].float() - want[0].float()).abs().max()})")
+        if quant:
+            codes, scales = reference.quantize_fp8(outs[0], QUANT_GROUP[quant])
+            if not torch.equal(outs[2].view(torch.uint8), codes.view(torch.uint8)):
+                fails.append(f"{what}: codes differ")
+            if not torch.equal(outs[3], scales):
+                fails.append(f"{what}: scales differ")
+    return fails
