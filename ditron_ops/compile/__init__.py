@@ -19,8 +19,14 @@ Decisions
   and every inductor option; the pass composes with passes already registered (kept, ours added).
 - Nothing here imports Dynamo or inductor before ``enable``/``explain`` is called: ``import
   ditron_ops`` stays light (tests/test_import_cost.py).
-- The pass's cache key (``uuid``) holds its source, the ops, the mode and the registered groups:
-  inductor's FX graph cache may then skip the pass only where its result would be the same.
+- The pass's cache key (``uuid``) holds its source, the ops, ``allow_reference``, the mode and
+  what of the process decides the group mapping (``groups.mapping_fingerprint``: the NVSHMEM
+  groups, not the ``TorchGroup``s made so far): inductor's FX graph cache skips the pass only
+  where its result would be the same, and a graph it loads in a new process runs there (the
+  ``torch:<pg name>`` it names resolves to a ``TorchGroup`` made on first use).
+- Groups without symmetric memory (``TorchGroup``: the ops' synchronous reference path) are
+  left unless ``allow_reference=True``: the reference is no faster than inductor's async
+  collectives, so "rewritten" would promise what it does not do.
 """
 from __future__ import annotations
 
@@ -46,18 +52,20 @@ def _pass_class():
     class DitronAsyncTP(CustomGraphPass):
         """Inductor post-grad pass rewriting TP collectives into ``torch.ops.ditron.*``."""
 
-        def __init__(self, ops: tuple):
-            self.ops = ops
+        def __init__(self, ops: tuple, allow_reference: bool = False):
+            self.ops, self.allow_reference = ops, allow_reference
 
         def __call__(self, graph) -> None:
-            passes.run_pass(graph, self.ops)
+            passes.run_pass(graph, self.ops, self.allow_reference)
 
         def uuid(self) -> Any:
             files = (passes.__file__, groups.__file__, __file__)
             import torch
 
-            return (get_hash_for_files(files).hex(), self.ops, passes.compile_mode(),
-                    hasattr(torch.ops.ditron, "all_reduce_rmsnorm"), groups.registry_fingerprint())
+            groups.drop_stale()  # a loaded graph must not resolve to a destroyed process group
+            return (get_hash_for_files(files).hex(), self.ops, self.allow_reference,
+                    passes.compile_mode(), hasattr(torch.ops.ditron, "all_reduce_rmsnorm"),
+                    groups.mapping_fingerprint())
 
     return DitronAsyncTP
 
@@ -107,7 +115,7 @@ def _find_ours(value):
     return None
 
 
-def enable(*, ops: Iterable[str] = OPS) -> _Enabled:
+def enable(*, ops: Iterable[str] = OPS, allow_reference: bool = False) -> _Enabled:
     """Register the rewrite pass with inductor (process-wide) for the ops named in ``ops``.
 
     Parameters
@@ -116,6 +124,11 @@ def enable(*, ops: Iterable[str] = OPS) -> _Enabled:
         Targets to produce, a subset of ``OPS``: ``"ag_gemm"``, ``"gemm_rs"``, ``"gemm_ar"``,
         ``"all_reduce_rmsnorm"`` (the last only while ``torch.ops.ditron.all_reduce_rmsnorm``
         is registered when a graph is compiled).
+    allow_reference : bool
+        Also rewrite collectives on process groups without symmetric memory (no NVSHMEM group
+        over them: a ``TorchGroup``), whose ops run the synchronous reference path (torch.
+        distributed + matmul). Off by default: that path is no faster than inductor's own async
+        collectives, so such patterns are left, with that reason. For tests and CPU runs.
 
     Returns
     -------
@@ -126,7 +139,9 @@ def enable(*, ops: Iterable[str] = OPS) -> _Enabled:
     -----
     Affects graphs compiled afterwards (already compiled functions keep their code; call
     ``torch._dynamo.reset()`` to recompile). The ``ditron_ops.deterministic()`` mode in force
-    when a forward graph is compiled selects the deterministic ops for it and its backward.
+    when a forward graph is compiled selects the deterministic ops for it and its backward; the
+    compiled function is not guarded on it (switching modes needs ``torch._dynamo.reset()``).
+    The inserted ops skip the eager calls' cross-rank agreement (docs/compile.md).
     """
     global _installed
     ops = tuple(ops)
@@ -137,7 +152,7 @@ def enable(*, ops: Iterable[str] = OPS) -> _Enabled:
 
     with _lock:
         previous = _current()
-        ours = _pass_class()(ops)
+        ours = _pass_class()(ops, bool(allow_reference))
         _set(_without_ours(previous) + (ours,))
         _installed = ours
     return _Enabled(previous)
@@ -200,7 +215,8 @@ class Explanation:
     __repr__ = __str__
 
 
-def explain(fn, *args, backward: bool = True, ops: Iterable[str] = OPS, **kwargs) -> Explanation:
+def explain(fn, *args, backward: bool = True, ops: Iterable[str] = OPS,
+            allow_reference: bool = False, **kwargs) -> Explanation:
     """Compile ``fn`` with the pass, run it once on ``args`` (and its backward), and report.
 
     Parameters
@@ -213,7 +229,7 @@ def explain(fn, *args, backward: bool = True, ops: Iterable[str] = OPS, **kwargs
     backward : bool
         Also run the backward (``torch.autograd.grad`` of the outputs' sum with respect to the
         inputs and, for a module, the parameters that require grad; no ``.grad`` is written).
-    ops : iterable of str
+    ops, allow_reference
         As ``enable``.
 
     Returns
@@ -233,7 +249,7 @@ def explain(fn, *args, backward: bool = True, ops: Iterable[str] = OPS, **kwargs
         return compile_fx(gm, example_inputs)
 
     start = len(passes._reports)
-    with enable(ops=ops), inductor_config.patch(fx_graph_cache=False), \
+    with enable(ops=ops, allow_reference=allow_reference), inductor_config.patch(fx_graph_cache=False), \
             functorch_config.patch(enable_autograd_cache=False):
         compiled = torch.compile(fn, backend=backend)
         out = compiled(*args, **kwargs)

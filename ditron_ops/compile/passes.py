@@ -25,12 +25,19 @@ Decisions
   is off on multi-GPU groups by measurement, the norm fusion always saves a pass over the rows.
 - The deterministic mode is read when the forward graph is compiled and kept on the compile's
   ``TracingContext`` for its backward (compiled later, maybe on another thread).
+- Every operand is checked before the graph is touched (shapes, dtypes, devices, the sizes the
+  op would reject), and a pattern whose sizes are symbolic (dynamic shapes) is left: the ops'
+  size arguments are fixed here. A pattern on a group without symmetric memory is left unless
+  ``allow_reference`` (its ops would run the synchronous reference path).
+- The norm's fused call goes where the sum is first read; a weight computed later (Gemma's
+  ``1 + w``) moves up with what it depends on, if that has no side effects.
 - What is not rewritten stays as it was; the report says why.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import operator
 from math import prod
 from typing import Any, Callable, Optional
@@ -162,15 +169,34 @@ def _check_dtype(op: str, t, group, allowed_gpu=_GPU_DTYPES) -> None:
     if t.dtype not in allowed:
         raise _Left(f"{op} takes {[str(d).split('.')[-1] for d in allowed]} on "
                     f"{group.device.type}, the graph has {str(t.dtype).split('.')[-1]}")
-    if t.device.type != group.device.type:
-        raise _Left(f"tensors on {t.device.type} but the group's device is {group.device}")
+    if t.device.type != group.device.type or t.get_device() != group.device_index:
+        raise _Left(f"tensors on {t.device} but the group's device is {group.device}")
 
 
-def _map(pg_name) -> tuple:
+def _static(*vals) -> None:
+    """Leave the pattern when a shape it depends on is symbolic (``dynamic=True``, or a dim
+    Dynamo made dynamic after a recompile): the ops' sizes (shard rows, algorithm) are fixed
+    when the graph is rewritten, and a guard-free SymInt there would be wrong for other sizes."""
+    for v in vals:
+        if isinstance(v, torch.Tensor) and not all(type(d) is int for d in v.shape):
+            raise _Left(f"symbolic (dynamic) shape {tuple(v.shape)}: the op's sizes are fixed at "
+                        "compile time (compile with dynamic=False, or mark these dims static)")
+
+
+_REFERENCE_HINT = ("the op would run its synchronous reference path (torch.distributed + "
+                   "matmul), no faster than inductor's async collectives; "
+                   "enable(allow_reference=True) rewrites anyway")
+
+
+def _map(pg_name, allow_reference: bool) -> tuple:
     try:
-        return ditron_group(str(pg_name))
+        group, name = ditron_group(str(pg_name))
     except GroupMappingError as exc:
         raise _Left(str(exc)) from None
+    if not group.has_symmetric_memory and not allow_reference:
+        raise _Left(f"group {group.group_name!r} ({group.backend}) has no symmetric memory: "
+                    + _REFERENCE_HINT)
+    return group, name
 
 
 def _permuted_rows(b: _Builder, x: fx.Node, inner_shape, w: int, dim: int, n: int,
@@ -253,26 +279,31 @@ def _consumers(r: fx.Node, k: int):
     return cons, others, a2d
 
 
-def _rewrite_all_gather(graph: fx.Graph, ag: fx.Node, mode: bool) -> str:
+def _rewrite_all_gather(graph: fx.Graph, ag: fx.Node, mode: bool, allow_reference: bool) -> str:
     wait, r, dim, chain = _gather_result(ag)
     shard_node, w, pg = ag.args[0], _arg(ag, 1, "group_size"), _arg(ag, 2, "group_name")
     shard = _val(shard_node)
     if shard is None or shard.dim() < 2:
         raise _Left("the shard is not a matrix (ag_gemm gathers rows of [M_r, K])")
+    _static(shard, _val(r))  # first: comparing symbolic sizes would add guards
     if dim == shard.dim() - 1:
         raise _Left("gathered along the last (reduction) dim: not a row gather")
     k = shard.shape[-1]
     cons, others, a2d = _consumers(r, k)
     if not cons:
         raise _Left("no matmul takes the gathered rows as its left operand")
-    group, name = _map(pg)
-    _check_dtype("ag_gemm", shard, group)
+    _static(*(_val(x) for c in cons for x in c))
     for node, b_node, bias in cons:
         bv = _val(b_node)
-        if bv is None or bv.dim() != 2 or bv.dtype != shard.dtype:
-            raise _Left("a matmul's right operand is not a matrix of the shard's dtype")
-        if bias is not None and _val(bias).dtype != shard.dtype:
-            raise _Left("a bias of another dtype than the shard")
+        if bv is None or bv.dim() != 2 or bv.dtype != shard.dtype or bv.shape[0] != k:
+            raise _Left("a matmul's right operand is not a [K, N] matrix of the shard's dtype")
+        if bias is not None and (_val(bias).dtype != shard.dtype
+                                 or tuple(_val(bias).shape) != (bv.shape[1],)):
+            raise _Left("a bias that is not [N] of the shard's dtype (broadcast or promoted)")
+        if _val(node).dtype != shard.dtype:
+            raise _Left("a matmul's output dtype differs from the shard's")
+    group, name = _map(pg, allow_reference)
+    _check_dtype("ag_gemm", shard, group)
     if w != group.world_size:
         raise _Left(f"gathers over {w} ranks but the group has {group.world_size}")
     m_r = prod(shard.shape[:-1])
@@ -341,12 +372,28 @@ def _producer(x: fx.Node):
     if x.target is aten.mm.default:
         if view is not None and set(x.users) != {view}:
             raise _Left(f"{x.name} is used besides the reduction (the fused op does not return it)")
+        a, b, y = (_val(n) for n in (x.args[0], x.args[1], x))
+        if a is None or b is None or y is None:
+            raise _Left(f"{x.name} has no shape information")
+        _static(a, b, y, _val(view))
+        if not (a.dtype == b.dtype == y.dtype):
+            raise _Left("the matmul's operands have different dtypes")
+        if view is not None and (_val(view) is None or _val(view).dim() == 0
+                                 or _val(view).shape[-1] != y.shape[-1]):
+            raise _Left("a view between the matmul and the reduction changes its last dim (the "
+                        "op's output columns)")
         return [tuple(x.args)], [x] + ([view] if view is not None else [])
     if x.target is aten.add.Tensor and not x.kwargs and view is None:
         terms, nodes = [], [x]
+        y = _val(x)
         for arg in x.args:
             if not isinstance(arg, fx.Node) or set(arg.users) != {x}:
                 raise _Left("a term of the summed products is used elsewhere")
+            t = _val(arg)
+            _static(y, t)
+            if y is None or t is None or t.shape != y.shape or t.dtype != y.dtype:
+                raise _Left("the summed terms differ in shape or dtype from their sum "
+                            "(broadcast or type promotion)")
             sub_terms, sub_nodes = _producer(arg)
             terms += sub_terms
             nodes += sub_nodes
@@ -359,10 +406,17 @@ def _product(b: "_Builder", terms) -> tuple:
     along K (one GEMM over the summed reduction dims)."""
     if len(terms) == 1:
         return terms[0]
-    if len({_val(a).shape[0] for a, _ in terms} | {_val(bb).shape[1] for _, bb in terms}) > 2:
-        raise _Left("the summed products have different shapes")
     return (b(aten.cat.default, [a for a, _ in terms], 1),
             b(aten.cat.default, [bb for _, bb in terms], 0))
+
+
+def _check_terms(terms) -> None:
+    """The summed products (already of the sum's shape and dtype, ``_producer``) share M, N
+    and one dtype; shapes static."""
+    vals = [(_val(a), _val(bb)) for a, bb in terms]
+    _static(*(v for pair in vals for v in pair))
+    if len({(a.shape[0], bb.shape[1], a.dtype, bb.dtype) for a, bb in vals}) != 1:
+        raise _Left("the summed products differ in shape or dtype")
 
 
 def _single_path(nodes) -> None:
@@ -377,7 +431,7 @@ def _det_dtype_checks(op: str, a, bv, group) -> None:
         raise _Left("the matmul's operands have different dtypes")
 
 
-def _rewrite_reduce_scatter(graph: fx.Graph, rs: fx.Node, mode: bool) -> str:
+def _rewrite_reduce_scatter(graph: fx.Graph, rs: fx.Node, mode: bool, allow_reference: bool) -> str:
     x, op, w, pg = rs.args[0], _arg(rs, 1, "reduce_op"), _arg(rs, 2, "group_size"), _arg(rs, 3, "group_name")
     if str(op) != "sum":
         raise _Left(f"reduce op {op!r} (gemm_rs sums)")
@@ -401,16 +455,18 @@ def _rewrite_reduce_scatter(graph: fx.Graph, rs: fx.Node, mode: bool) -> str:
         _single_path([chain[0], rs])
     terms, between = _producer(x)
     _single_path([x, chain[-1] if chain else rs])
+    _check_terms(terms)
     a, bv, y = _val(terms[0][0]), _val(terms[0][1]), _val(x)
-    group, name = _map(pg)
-    _det_dtype_checks("gemm_rs", a, bv, group)
-    if w != group.world_size:
-        raise _Left(f"scatters over {w} ranks but the group has {group.world_size}")
-    if y.shape[dim] % w:
-        raise _Left(f"dim {dim} ({y.shape[dim]}) does not split into {w} equal parts")
+    _static(y, _val(wait))
     lead = list(y.shape[:-1])
     if dim == len(lead):
         raise _Left("scattered along the last (output column) dim: not a row scatter")
+    if y.shape[dim] % w:
+        raise _Left(f"dim {dim} ({y.shape[dim]}) does not split into {w} equal parts")
+    group, name = _map(pg, allow_reference)
+    _det_dtype_checks("gemm_rs", a, bv, group)
+    if w != group.world_size:
+        raise _Left(f"scatters over {w} ranks but the group has {group.world_size}")
     b = _Builder(graph, wait)
     a_node, b_node = _product(b, terms)
     k = _val(a_node).shape[1]
@@ -426,7 +482,7 @@ def _rewrite_reduce_scatter(graph: fx.Graph, rs: fx.Node, mode: bool) -> str:
     return f"{len(terms)} matmul(s), scatter dim {dim}, group {group.group_name!r}, deterministic={mode}"
 
 
-def _rewrite_all_reduce(graph: fx.Graph, ar: fx.Node, mode: bool) -> str:
+def _rewrite_all_reduce(graph: fx.Graph, ar: fx.Node, mode: bool, allow_reference: bool) -> str:
     x, op, pg = ar.args[0], _arg(ar, 1, "reduce_op"), _arg(ar, 2, "group_name")
     if str(op) != "sum":
         raise _Left(f"reduce op {op!r} (gemm_ar sums)")
@@ -436,7 +492,9 @@ def _rewrite_all_reduce(graph: fx.Graph, ar: fx.Node, mode: bool) -> str:
     wait = waits[0]
     terms, between = _producer(x)
     _single_path([x, ar])
-    group, name = _map(pg)
+    _check_terms(terms)
+    _static(_val(x), _val(wait))
+    group, name = _map(pg, allow_reference)
     _det_dtype_checks("gemm_ar", _val(terms[0][0]), _val(terms[0][1]), group)
     b = _Builder(graph, wait)
     a_node, b_node = _product(b, terms)
@@ -456,12 +514,41 @@ def _only(node: fx.Node, target, pred: Callable = lambda u: True) -> Optional[fx
 
 
 def _skip_convert(node: fx.Node) -> fx.Node:
+    """The one ``convert_element_type`` among ``node``'s users (the upcast a low-precision
+    RMSNorm starts with, whatever else reads ``node``: the next layer's residual), else ``node``."""
     conv = torch.ops.prims.convert_element_type.default
     ups = [u for u in node.users if u.target is conv]
-    return ups[0] if len(ups) == 1 and len(node.users) == 1 else node
+    return ups[0] if len(ups) == 1 else node
 
 
-def _rewrite_all_reduce_rmsnorm(graph: fx.Graph, ar: fx.Node, mode: bool) -> str:
+def _eps_add(mean: fx.Node) -> Optional[fx.Node]:
+    """``mean + eps`` (``add.Scalar``, or ``add.Tensor`` with a Python number)."""
+    found = [u for u in mean.users if u.target in (aten.add.Scalar, aten.add.Tensor)
+             and not u.kwargs and len(u.args) == 2 and u.args[0] is mean
+             and isinstance(u.args[1], (int, float)) and not isinstance(u.args[1], bool)]
+    return found[0] if len(found) == 1 and len(mean.users) == 1 else None
+
+
+def _lift_before(anchor: fx.Node, inputs, forbidden) -> None:
+    """Move the nodes ``inputs`` depend on that come after ``anchor`` to just before it (in
+    order). Leaves the pattern when one of them depends on ``forbidden`` (the pattern's own
+    nodes) or has side effects (a collective, a mutation)."""
+    order = _order_key(list(anchor.graph.nodes))
+    late = sorted((n for n in _ancestors(inputs) if order(n) > order(anchor)), key=order)
+    if not late:
+        return
+    if set(forbidden) & _ancestors(late):
+        raise _Left("the norm's weight or residual is computed from the sum itself")
+    for n in late:
+        if n.op != "call_function" or n.is_impure() or "c10d" in str(n.target):
+            raise _Left(f"the norm's weight is computed after the sum by {n.target}, which cannot "
+                        "be moved (side effects)")
+    for n in late:
+        anchor.prepend(n)
+
+
+def _rewrite_all_reduce_rmsnorm(graph: fx.Graph, ar: fx.Node, mode: bool,
+                                allow_reference: bool) -> str:
     if not hasattr(torch.ops.ditron, "all_reduce_rmsnorm"):
         raise _Left("torch.ops.ditron.all_reduce_rmsnorm is not registered")
     x_node, op, pg = ar.args[0], _arg(ar, 1, "reduce_op"), _arg(ar, 2, "group_name")
@@ -476,34 +563,54 @@ def _rewrite_all_reduce_rmsnorm(graph: fx.Graph, ar: fx.Node, mode: bool) -> str
         raise _Left("the all-reduced sum itself is used besides the residual add (in training: "
                     "saved for backward), and all_reduce_rmsnorm does not return it")
     residual = add.args[1] if add.args[0] is wait else add.args[0]
-    xv, rv = _val(x_node), _val(residual)
-    if rv is None or tuple(rv.shape) != tuple(xv.shape) or rv.dtype != xv.dtype:
+    xv, rv, av = _val(x_node), _val(residual), _val(add)
+    _static(xv, rv)
+    if (not isinstance(residual, fx.Node) or rv is None or tuple(rv.shape) != tuple(xv.shape)
+            or rv.dtype != xv.dtype or av is None or av.dtype != xv.dtype):
         raise _Left("the residual's shape or dtype differs from the reduced tensor's")
-    rf = _skip_convert(add)
-    pw = _only(rf, aten.pow.Tensor_Scalar, lambda u: u.args[1] == 2)
+    is_square = lambda u: u.args[1] == 2  # noqa: E731
+    rf = add if _only(add, aten.pow.Tensor_Scalar, is_square) else _skip_convert(add)
+    pw = _only(rf, aten.pow.Tensor_Scalar, is_square)
+    if pw is not None and rf is not add and _val(rf).dtype != torch.float32:
+        raise _Left(f"the norm's statistics are in {_val(rf).dtype}, not float32 (the op's)")
     mean = pw and _only(pw, aten.mean.dim)
-    eps_add = mean and _only(mean, aten.add.Scalar)
+    eps_add = mean and _eps_add(mean)
     rsqrt = eps_add and _only(eps_add, aten.rsqrt.default)
     if rsqrt is None or list(mean.args[1]) not in ([-1], [xv.dim() - 1]) or not _arg(mean, 2, "keepdim"):
         raise _Left("the sum is not followed by an RMSNorm over the last dim")
     normed = _only(rsqrt, aten.mul.Tensor, lambda u: rf in u.args)
     if normed is None:
         raise _Left("the RMSNorm's scaling is not found")
-    normed = _skip_convert(normed)
-    scaled = [u for u in normed.users if u.target is aten.mul.Tensor and _val(u) is not None
-              and any(_val(a) is not None and _val(a).dim() == 1 for a in u.args if a is not normed)]
+    normed_out = _skip_convert(normed)
+    scaled = [u for u in normed_out.users if u.target is aten.mul.Tensor and _val(u) is not None
+              and any(_val(a) is not None and _val(a).dim() == 1 for a in u.args if a is not normed_out)]
     if len(scaled) != 1:
         raise _Left("the RMSNorm has no weight multiply")
     scaled = scaled[0]
-    weight = next(a for a in scaled.args if a is not normed)
+    weight = next(a for a in scaled.args if a is not normed_out)
     out_node = _skip_convert(scaled)
     if _val(out_node).dtype != xv.dtype:
         raise _Left("the RMSNorm's output dtype differs from the reduced tensor's")
-    group, name = _map(pg)
-    _check_dtype("all_reduce_rmsnorm", xv, group, _NORM_GPU_DTYPES)
+    _static(xv, _val(weight))
     h = xv.shape[-1]
+    wv = _val(weight)
+    if xv.dim() < 1 or h == 0 or tuple(wv.shape) != (h,):
+        raise _Left(f"the norm's weight is {tuple(wv.shape)}, not [H] = [{h}] (broadcast)")
+    if wv.dtype not in (xv.dtype, torch.float32):
+        raise _Left(f"the norm's weight is {str(wv.dtype).split('.')[-1]}; all_reduce_rmsnorm "
+                    "takes x's dtype or float32")
     eps = float(eps_add.args[1])
-    b = _Builder(graph, wait)
+    if not (math.isfinite(eps) and eps >= 0):
+        raise _Left(f"eps {eps!r} is not finite and >= 0")
+    group, name = _map(pg, allow_reference)
+    _check_dtype("all_reduce_rmsnorm", xv, group, _NORM_GPU_DTYPES)
+    _check_dtype("all_reduce_rmsnorm", wv, group, (xv.dtype, torch.float32))
+    # insert where the sum is first read: the weight (Gemma's ``1 + w``, computed late) and
+    # what it depends on move up to there
+    order = _order_key(list(graph.nodes))
+    anchor = min(add.users, key=order)
+    _lift_before(anchor, [x_node, residual, weight], [ar, wait, add])
+    b = _Builder(graph, anchor)
     x2 = b(aten.reshape.default, x_node, [-1, h])
     r2 = b(aten.reshape.default, residual, [-1, h])
     try:
@@ -517,7 +624,7 @@ def _rewrite_all_reduce_rmsnorm(graph: fx.Graph, ar: fx.Node, mode: bool) -> str
     new_res = b(aten.reshape.default, b(operator.getitem, call, 1), list(xv.shape))
     out_node.replace_all_uses_with(new_norm)
     add.replace_all_uses_with(new_res)  # what else reads the residual (the norm's backward) stays
-    _erase_dead([out_node, scaled, normed, wait, ar])
+    _erase_dead([out_node, scaled, normed_out, normed, rsqrt, eps_add, mean, pw, rf, wait, ar])
     return f"group {group.group_name!r}, eps={eps}, {algorithm}, deterministic={mode}"
 
 
@@ -537,8 +644,11 @@ def compile_mode() -> bool:
     return getattr(ctx, _MODE_ATTR)
 
 
-def run_pass(graph: fx.Graph, ops=OPS) -> GraphReport:
-    """Rewrite ``graph`` in place; return (and record, and log) what was done."""
+def run_pass(graph: fx.Graph, ops=OPS, allow_reference: bool = False) -> GraphReport:
+    """Rewrite ``graph`` in place; return (and record, and log) what was done.
+
+    ``allow_reference``: also rewrite on groups without symmetric memory (``TorchGroup``),
+    whose ops run their synchronous reference path (tests, CPU)."""
     mode = compile_mode()
     report = GraphReport(_graph_kind(graph), mode, [])
     ag_t, rs_t, ar_t = _c10d("all_gather_into_tensor"), _c10d("reduce_scatter_tensor"), _c10d("all_reduce")
@@ -560,7 +670,7 @@ def run_pass(graph: fx.Graph, ops=OPS) -> GraphReport:
                 reasons.append((op, "not enabled"))
                 continue
             try:
-                detail = rewrite(graph, node, mode)
+                detail = rewrite(graph, node, mode, allow_reference)
             except _Left as left:
                 reasons.append((op, str(left)))
                 continue

@@ -375,16 +375,64 @@ def unregister_group(group: Group) -> None:
 
 def resolve_group(group_name: str) -> Group:
     """The ``Group`` registered under ``group_name`` (what op implementations call);
-    ``CONTEXT`` names this thread's context group."""
+    ``CONTEXT`` names this thread's context group; ``torch:<pg name>``, when none is registered
+    under it, the ``TorchGroup`` over that process group, made now (``torch_group_over``)."""
     if group_name == CONTEXT:
         return current_group(None)
     try:
         return _registry[group_name]
     except KeyError:
+        pass
+    found = _torch_group_on_demand(group_name)
+    if found is None:
         raise ValueError(
             f"ditron: no group named {group_name!r} in this process; create one with "
             "ditron_ops.launch(...) (virtual ranks), ditron_ops.init_nvshmem(...) or "
-            "ditron_ops.TorchGroup(...)") from None
+            "ditron_ops.TorchGroup(...)")
+    return found
+
+
+TORCH_PREFIX = "torch:"
+"""``TorchGroup`` names are ``torch:<process group name>``."""
+_on_demand_lock = threading.Lock()
+
+
+def torch_group_over(pg) -> Group:
+    """The ``TorchGroup`` registered over the process group ``pg``, made and registered if
+    there is none. One registered under the same name over another process group (destroyed,
+    then created again under its name) is replaced."""
+    from .torch_backend import TorchGroup
+
+    name = TORCH_PREFIX + (getattr(pg, "group_name", "") or "world")
+    with _on_demand_lock:
+        found = _registry.get(name)
+        if found is not None and getattr(found, "pg", None) is pg:
+            return found
+        if found is not None:
+            unregister_group(found)
+        made = TorchGroup(pg)
+        made.made_on_demand = True
+        return made
+
+
+def _torch_group_on_demand(group_name: str) -> Optional[Group]:
+    """``torch:<pg name>`` is what ``ditron_ops.compile`` writes into graphs for a process group
+    without symmetric memory: a graph loaded from inductor's cache runs in a process where the
+    pass never ran, so its ``TorchGroup`` is made on first use. None when no live process group
+    has that name."""
+    if not group_name.startswith(TORCH_PREFIX):
+        return None
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    pg_name = group_name[len(TORCH_PREFIX):]
+    try:
+        pg = (dist.group.WORLD if pg_name == "world"
+              else dist.distributed_c10d._resolve_process_group(pg_name))
+    except Exception:  # noqa: BLE001 - no such process group: the caller's error says so
+        return None
+    return torch_group_over(pg) if pg is not None else None
 
 
 def set_default_group(group: Optional[Group]) -> None:

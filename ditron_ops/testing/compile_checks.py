@@ -164,7 +164,7 @@ def tp_compile_body(group, dtype=torch.float32, batch=2, seq=24, dim=24, heads=6
     for det in (False, True):
         torch._dynamo.reset()
         start = len(passes._reports)
-        with ditron_ops.deterministic(det), dc.enable():
+        with ditron_ops.deterministic(det), dc.enable(allow_reference=True):
             ours = inductor_config.post_grad_custom_post_pass
             ours = list(ours) if isinstance(ours, (list, tuple)) else [ours]
             graphs.clear()
@@ -193,7 +193,7 @@ def tp_compile_body(group, dtype=torch.float32, batch=2, seq=24, dim=24, heads=6
     start = len(passes._reports)
     with torch.no_grad():
         want = step(*inputs)
-        with dc.enable(), fresh_compile():
+        with dc.enable(allow_reference=True), fresh_compile():
             got = torch.compile(step)(*inputs)
     reports = passes._reports[start:]
     results["inference"] = {
@@ -230,7 +230,7 @@ def funcol_body(group, dtype=torch.float32, rows=8, k=32, n=48):
     for det in (False, True):
         torch._dynamo.reset()
         start = len(passes._reports)
-        with ditron_ops.deterministic(det), dc.enable(), fresh_compile():
+        with ditron_ops.deterministic(det), dc.enable(allow_reference=True), fresh_compile():
             compiled = torch.compile(f)
             got, again = compiled(x, w1, w2, w3), compiled(x, w1, w2, w3)
         reports = passes._reports[start:]
@@ -244,3 +244,166 @@ def funcol_body(group, dtype=torch.float32, rows=8, k=32, n=48):
         }
     del w
     return out
+
+
+def _rms(h, w, eps=1e-6):
+    """RMSNorm as Llama/Gemma write it (fp32 statistics), ``w`` applied in fp32."""
+    hf = h.float()
+    return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(h.dtype)
+
+
+def _entries(reports) -> tuple:
+    """``(rewritten ops, [(op, reason)] left)`` of the pass's reports."""
+    return (sorted(e.op for r in reports for e in r.entries if e.rewritten),
+            [(e.op, e.detail) for r in reports for e in r.entries if not e.rewritten])
+
+
+def patterns_body(group, rows=8, k=16, n=24):
+    """On a one-rank gloo group (the collectives stay in the graph): the rewrites and refusals
+    of the pass on hand-written patterns. Returns a dict per case: what was rewritten, what was
+    left with which reason, and the compiled result's error against eager."""
+    import torch.distributed._functional_collectives as funcol
+
+    import ditron_ops.compile as dc
+    from ditron_ops.compile import passes
+
+    pg = group.pg
+    gen = torch.Generator().manual_seed(5)
+
+    def rand(*shape, dtype=torch.float32):
+        return (torch.randn(*shape, generator=gen) / shape[0] ** 0.5).to(dtype)
+
+    def compiled(fn, args, allow_reference=True, dynamic=None):
+        torch._dynamo.reset()
+        start = len(passes._reports)
+        with dc.enable(allow_reference=allow_reference), fresh_compile():
+            got = torch.compile(fn, dynamic=dynamic)(*args)
+        rewritten, left = _entries(passes._reports[start:])
+        want = fn(*args)
+        errs = [(g.float() - w.float()).abs().max().item() for g, w in zip(got, want)]
+        return {"rewritten": rewritten, "left": left, "errs": errs, "max_err": max(errs)}
+
+    out = {}
+
+    # 1. refusals that must leave the pattern (not crash), next to a Gemma norm whose weight
+    # ``1 + w`` is computed after the sum (the fused call is inserted where the sum is read)
+    def refusals(x, res, w, a1, b1, a2, b2, a3, b3, c16, d16):
+        h = funcol.all_reduce(x, "sum", pg) + res
+        normed = _rms(h, 1.0 + w)                                      # rewritten
+        bad_w = _rms(funcol.all_reduce(x * 2, "sum", pg) + res, w[:1])  # weight [1]: left
+        # [1, N] + [M, N]: a broadcasting sum of products
+        bcast = funcol.reduce_scatter_tensor(a1[:1] @ b1 + a2 @ b2, "sum", 0, pg)
+        # a view that changes the product's last dim
+        cols = funcol.reduce_scatter_tensor((a3 @ b3).view(-1, n // 2), "sum", 0, pg)
+        # fp16 + fp32 products (type promotion)
+        mixed = funcol.reduce_scatter_tensor(c16 @ d16 + a2 @ b2, "sum", 0, pg)
+        return normed, h, bad_w, bcast, cols, mixed
+
+    args = (rand(rows, k), rand(rows, k), rand(k), rand(rows, k), rand(k, n), rand(rows, k),
+            rand(k, n), rand(rows, k), rand(k, n), rand(rows, k, dtype=torch.float16),
+            rand(k, n, dtype=torch.float16))
+    out["refusals"] = compiled(refusals, args)
+
+    # 2. the residual reused after the norm in fp16 (rewritten: the add has two users, the
+    # upcast and the next residual) and bf16 (matched; left only for the CPU path's dtypes)
+    def reused(x16, r16, w16, x_bf, r_bf, w_bf):
+        outs = []
+        for x, r, w in ((x16, r16, w16), (x_bf, r_bf, w_bf)):
+            h = funcol.all_reduce(x, "sum", pg) + r
+            outs += [torch.nn.functional.rms_norm(h, (h.shape[-1],), w, 1e-6), h * 3]
+        return outs
+
+    args = tuple(rand(*s, dtype=dt) for dt in (torch.float16, torch.bfloat16)
+                 for s in ((rows, k), (rows, k), (k,)))
+    out["reused"] = compiled(reused, args)
+
+    # 3. a TorchGroup without allow_reference: left (the reference path is not faster)
+    def mlp(x, w1, w2):
+        h = funcol.all_gather_tensor(x, 0, pg) @ w1
+        return (funcol.reduce_scatter_tensor(h @ w2, "sum", 0, pg),)
+
+    args = (rand(rows, k), rand(k, n), rand(n, k))
+    out["no_reference"] = compiled(mlp, args, allow_reference=False)
+
+    # 4. dynamic shapes: left, with the reason
+    out["dynamic"] = compiled(mlp, args, dynamic=True)
+    return out
+
+
+def cache_child(tmpdir: str) -> dict:
+    """One fresh process of the cache test: a one-rank gloo group, ``mlp`` compiled with the
+    pass and inductor's caches on (``TORCHINDUCTOR_CACHE_DIR`` set by the caller), run once
+    under the profiler. Returns whether the pass ran here, the ditron ops that ran, the cache
+    hits, and the error against eager."""
+    import os
+
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch._dynamo.utils import counters
+
+    import ditron_ops.compile as dc
+    from ditron_ops.compile import passes
+
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmpdir, 'store')}",
+                            rank=0, world_size=1)
+    try:
+        pg = dist.group.WORLD
+
+        def mlp(x, w1, w2, w3):
+            h = funcol.all_gather_tensor(x, 0, pg) @ w1
+            y = funcol.reduce_scatter_tensor(h @ w2, "sum", 0, pg)
+            return funcol.all_reduce(y @ w3, "sum", pg)
+
+        gen = torch.Generator().manual_seed(0)
+        args = [torch.randn(*s, generator=gen) / 4 for s in ((8, 16), (16, 24), (24, 16), (16, 24))]
+        with dc.enable(allow_reference=True):
+            fn = torch.compile(mlp)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                got = fn(*args)
+        ran = sorted({e.name for e in prof.events() if e.name.startswith("ditron::")})
+        result = {"pass_ran": bool(passes._reports), "ditron_ran": ran,
+                  "hits": {k: v for k, v in counters["inductor"].items() if "hit" in k}
+                  | {k: v for k, v in counters["aot_autograd"].items() if "hit" in k},
+                  "max_err": (got - mlp(*args)).abs().max().item()}
+        result["remap"] = _remap_checks(tmpdir)
+        return result
+    finally:
+        dist.destroy_process_group()
+
+
+def _remap_checks(tmpdir: str) -> dict:
+    """The group mapping after the process group is destroyed and created again under the same
+    name, and after an NVSHMEM group is registered over it (a stand-in: no NVSHMEM on CPU)."""
+    import os
+
+    import torch.distributed as dist
+
+    from ditron_ops.compile import groups
+    from ditron_ops.runtime import group as rg
+
+    name = dist.group.WORLD.group_name
+    first, first_name = groups.ditron_group(name)
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmpdir, 'store2')}",
+                            rank=0, world_size=1)
+    pg = dist.group.WORLD
+    groups.drop_stale()  # what the pass's cache key does before inductor looks a graph up
+    again, again_name = groups.ditron_group(pg.group_name)
+    resolved = rg.resolve_group(again_name)
+
+    class StandIn(rg.Group):  # an NVSHMEM group over ``pg``, as init_nvshmem would register
+        backend = "nvshmem"
+
+        def _alloc_symmetric(self, nbytes):
+            raise NotImplementedError
+
+    nv = StandIn(0, 1, torch.device("cpu"), f"nvshmem:{pg.group_name}")
+    nv.pg = pg
+    rg.register_group(nv)
+    try:
+        later, later_name = groups.ditron_group(pg.group_name)
+    finally:
+        rg.unregister_group(nv)
+    return {"same_name": pg.group_name == name and first_name == again_name,
+            "new_group": again is not first and again.pg is pg and resolved is again,
+            "nvshmem_later": later is nv and later_name == nv.group_name}
