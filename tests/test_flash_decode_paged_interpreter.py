@@ -1,6 +1,8 @@
 """Paged flash_decode on the CPU virtual world (interpreter): against the contiguous op over the
 same keys gathered (bitwise, deterministic mode) and the plain-torch reference; the block-table
 checks; ``csr_to_block_table``."""
+import time
+
 import pytest
 import torch
 
@@ -141,6 +143,116 @@ def test_csr_to_block_table():
     assert ditron_ops.launch(body, 1) == [True]
 
 
+def test_csr_invalid_rows_are_marked():
+    """``last_page_len`` outside ``[1, page_size]`` for a sequence with pages, a negative page
+    count or pages past ``kv_indices``: length -1 (no host read), which flash_decode reports as
+    ``DitronInputError`` on kv_lens; rows without pages ignore ``last_page_len``."""
+    from ditron_ops import csr_to_block_table
+
+    indptr = torch.tensor([0, 2, 2, 3, 4, 3, 5], dtype=torch.int32)  # row 4: -1 pages; row 5 past nnz
+    indices = torch.tensor([5, 2, 7, 0], dtype=torch.int32)
+    last = torch.tensor([0, 0, 4, 5, 1, 1], dtype=torch.int32)  # row 0: 0 (bad), row 1: no pages
+    table, lens = csr_to_block_table(indptr, indices, last, 2, 4)
+    assert lens.tolist() == [-1, 0, 4, -1, -1, -1]
+    assert table.tolist()[:4] == [[5, 2], [-1, -1], [7, -1], [0, -1]]
+    ok = csr_to_block_table(indptr[:4], indices, torch.tensor([4, 0, 1]), 2, 4)[1]
+    assert ok.tolist() == [8, 0, 1]
+
+    def body(group):
+        q, kv = torch.randn(6, 4, 64), torch.randn(8, 2, 4, 2, 64)
+        with pytest.raises(ditron_ops.DitronInputError) as info:
+            ditron_ops.flash_decode(q, kv, None, lens, group, block_table=table)
+        assert (info.value.argument, info.value.index, info.value.value) == ("kv_lens", 0, -1)
+        assert "csr_to_block_table" in str(info.value)
+        return True
+    assert ditron_ops.launch(body, 1) == [True]
+
+
+def test_growing_table_plans_and_bits():
+    """A table that grows by a page per step: plans are made for the width rounded up
+    (``plan_blocks``: 9 and 10 share one, 17..20 one), and every width gives the contiguous
+    call's bits (chunks follow key positions); a length past this width's capacity but inside
+    the planned one is still clamped to this width's (split-KV and the combine)."""
+    from ditron_ops.attention.paged_kv import plan_blocks
+
+    assert [plan_blocks(n) for n in (0, 1, 8, 9, 10, 11, 17, 20, 21, 33)] == [
+        0, 1, 8, 10, 10, 12, 20, 20, 24, 40]
+
+    def body(group):
+        gen = torch.Generator().manual_seed(5 + group.rank)
+        page, cols = 4, 21
+        q = torch.randn(2, 2, 64, generator=torch.Generator().manual_seed(5))
+        k, v = torch.randn(2 * cols + 3, page, 1, 64, generator=gen), torch.randn(2 * cols + 3, page, 1, 64, generator=gen)
+        full = torch.randperm(2 * cols + 3, generator=gen)[:2 * cols].view(2, cols).int()
+        plans = []
+        for width in (9, 10, 17, 20, 21):
+            table = full[:, :width]
+            lens = torch.tensor([width * page - 3, width * page - 6 * group.rank], dtype=torch.int32)
+            _against_contiguous(group, (q, k, v, lens, table))
+            plans.append(sum(1 for key in group.plans._plans  # the paged calls' plans
+                             if isinstance(key[-1], tuple) and key[-1][0] == "block_table"))
+        table = full[:, :9]  # planned for 10 pages: a length of 38 is past this table's 36 keys
+        want = ditron_ops.flash_decode(q, k, v, torch.tensor([36, 20], dtype=torch.int32), group,
+                                       softmax_scale=0.125, deterministic=True, block_table=table)
+        group.check = lambda: None  # the kernel's record, not the host check
+        try:
+            got = torch.ops.ditron.flash_decode_paged(q, k, v, torch.tensor([38, 20], dtype=torch.int32),
+                                                      table, group.group_name, 0.125, True)
+        finally:
+            del group.check
+        assert torch.equal(got, want)
+        with pytest.raises(ditron_ops.DitronInputError):
+            group.synchronize()
+        return plans
+    for plans in ditron_ops.launch(body, 2):
+        assert plans == [1, 1, 2, 2, 3], plans
+
+
+def test_split_variants_bind(monkeypatch):
+    """``split_variants``: deterministic mode may launch one or several partials per program,
+    the default mode the wide config too when the pairs fill the GPU three times over; a plan
+    build binds (on a GPU: compiles) the ones it does not launch, paged or not."""
+    from ditron_ops.attention import flash_decode as api
+
+    assert api.split_variants(torch.device("cpu"), 8, True) == (
+        (api.SPLIT_CONFIG, False), (api.SPLIT_CONFIG, True))
+    monkeypatch.setattr(api, "sm_count", lambda device: 4)
+    cuda = torch.device("cuda")
+    assert api.split_variants(cuda, 12, False) == ((api.SPLIT_CONFIG, False),
+                                                   (api.WIDE_SPLIT_CONFIG, False))
+    assert api.split_variants(cuda, 11, False) == ((api.SPLIT_CONFIG, False),)
+    bound = []
+    monkeypatch.setattr(api, "_bound_split_kv", lambda *a, **kw: bound.append((a[7], a[8], kw)))
+    q, k = torch.zeros(1, 4, 64), torch.zeros(3, 16, 2, 64)
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    api._compile_split_variants(q, k, k, torch.zeros(1, dtype=torch.int32), q, q, 0.1,
+                                (512, 512, 1, 1), api.SPLIT_CONFIG, (q, q, 0), table, True, 2)
+    assert [(plan[1] != plan[0], cfg, kw["table"] is table) for plan, cfg, kw in bound] == [
+        (True, api.SPLIT_CONFIG, True)]
+
+
+def test_one_tensor_views_made_once():
+    """``split_kv`` of one ``[blocks, 2, page, Hkv, D]`` tensor: the same views call after call,
+    dropped with the tensor (they hold its storage, not the tensor)."""
+    import gc
+    import weakref
+
+    from ditron_ops.attention import paged_kv
+
+    kv = torch.randn(3, 2, 4, 1, 64)
+    k, v = paged_kv.split_kv(kv, None)
+    assert torch.equal(k, kv[:, 0]) and torch.equal(v, kv[:, 1])
+    again = paged_kv.split_kv(kv, None)
+    assert again[0] is k and again[1] is v
+    kv.resize_(2, 2, 4, 1, 64)  # new metadata: new views
+    assert paged_kv.split_kv(kv, None)[0].shape[0] == 2
+    gone = weakref.ref(kv)
+    key = id(kv)
+    del kv, k, v, again
+    gc.collect()
+    assert gone() is None and key not in paged_kv._VIEWS
+
+
 def _base(**bad):
     args = dict(q=torch.zeros(2, 4, 64), k=torch.zeros(6, 16, 2, 64), v=torch.zeros(6, 16, 2, 64),
                 lens=torch.zeros(2, dtype=torch.int32), table=torch.zeros(2, 3, dtype=torch.int32))
@@ -180,27 +292,39 @@ def test_bad_tables_raise(lens, table_fix, arg, index, value, through_op, world_
     """Host tensors: checked before the launch. Through the op (no host check, as on a GPU):
     the kernel reads clamped (a bad entry reads page 0, a length past the table stops at
     its end) and records it; ``DitronInputError`` at the next host check. Entries past a
-    sequence's pages (row 1's -1) are never checked."""
+    sequence's pages (row 1's -1) are never checked. W = 2: only rank 0's values are bad, and
+    the host check before the waiting kernels is skipped (as on a GPU, where the record lands
+    after it, or under CUDA-graph replay): the recorded bad input must not shorten rank 0's
+    waits, so three calls in a row give both ranks the clamped result, and only rank 0
+    raises."""
     def body(group):
         gen = torch.Generator().manual_seed(2)
         a = _base(q=torch.randn(2, 4, 64, generator=gen), k=torch.randn(6, 16, 2, 64, generator=gen),
                   v=torch.randn(6, 16, 2, 64, generator=gen))
         table = torch.tensor([[1, 3, 5], [4, 0, -1]], dtype=torch.int32)
-        for (i, j), x in table_fix.items():
+        bad = group.rank == 0
+        kv_lens = torch.tensor(lens if bad else [3, 20], dtype=torch.int32)
+        for (i, j), x in table_fix.items() if bad else ():
             table[i, j] = x
-        kv_lens = torch.tensor(lens, dtype=torch.int32)
         if through_op:
             safe = torch.where((table >= 0) & (table < 6), table, 0)
             clamped = kv_lens.clamp(0, 48)
             want = ditron_ops.flash_decode(a["q"], a["k"], a["v"], clamped, group, softmax_scale=0.125,
                                            deterministic=True, block_table=safe)
-            got = []
-            with pytest.raises(ditron_ops.DitronError) as info:
-                got.append(torch.ops.ditron.flash_decode_paged(a["q"], a["k"], a["v"], kv_lens, table,
-                                                               group.group_name, 0.125, True))
-                group.synchronize()
+            group.check = lambda: None  # no host check until synchronize (see the docstring)
+            try:
+                got = [torch.ops.ditron.flash_decode_paged(a["q"], a["k"], a["v"], kv_lens, table,
+                                                           group.group_name, 0.125, True)
+                       for _ in range(3)]
+            finally:
+                del group.check
             for o in got:
                 assert torch.equal(o, want)
+            if not bad:
+                group.synchronize()
+                return True
+            with pytest.raises(ditron_ops.DitronError) as info:
+                group.synchronize()
         else:
             with pytest.raises(ditron_ops.DitronError) as info:
                 ditron_ops.flash_decode(a["q"], a["k"], a["v"], kv_lens, group, block_table=table)
@@ -209,6 +333,32 @@ def test_bad_tables_raise(lens, table_fix, arg, index, value, through_op, world_
         assert (err.argument, err.index, err.value) == (arg, index, value), err
         return True
     assert ditron_ops.launch(body, world_size) == [True] * world_size
+
+
+def test_timeout_after_a_bad_input_stops_the_later_waits():
+    """A bad input recorded first, then a timeout: the record keeps the first error (the input)
+    while the claim word rises to the timeout, so the merge's wait after the expired start
+    barrier returns at once (one bound in all, not two)."""
+    def body(group):
+        q, k, v, lens, table = _paged(group, 1, 2, 1, 64, 16, lambda i, r: 20)
+        bad = lens + 100 * (group.rank == 0)  # rank 0: past its table
+        group.check = lambda: None  # no host check until the end (a GPU's or a graph's view)
+        try:
+            torch.ops.ditron.flash_decode_paged(q, k, v, bad, table, group.group_name, 0.125, True)
+            group.timeout_s = 1.5
+            if group.rank == 1:
+                return "skipped"
+            t0 = time.monotonic()
+            torch.ops.ditron.flash_decode_paged(q, k, v, bad, table, group.group_name, 0.125, True)
+            waited = time.monotonic() - t0
+        finally:
+            del group.check
+        with pytest.raises(ditron_ops.DitronInputError) as info:
+            group.synchronize()
+        assert info.value.argument == "kv_lens" and info.value.value == 120
+        return waited
+    waited, skipped = ditron_ops.launch(body, 2, timeout_s=10.0)
+    assert skipped == "skipped" and 1.4 < waited < 2.9, waited
 
 
 def test_opcheck_and_compile():

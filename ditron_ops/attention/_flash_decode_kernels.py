@@ -102,10 +102,10 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     lo = tl.program_id(2) * prog_len
-    n = tl.load(lens_ptr + b).to(tl.int32)
+    n = tl.load(lens_ptr + b).to(tl.int64)  # int64 kv_lens: checked before any narrowing
     if ((n < 0) | (n > seq_len)) & (kvh == 0) & (tl.program_id(2) == 0):
         dl.record_error(err_claim, err_record, op_id, rank, b, n, dl.BAD_INPUT)
-    hi = tl.minimum(lo + prog_len, tl.minimum(tl.maximum(n, 0), seq_len))
+    hi = tl.minimum(lo + prog_len, tl.minimum(tl.maximum(n, 0), seq_len).to(tl.int32))
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, D)
     head = kvh * G + offs_g
@@ -160,7 +160,8 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
         col = tl.min(bad_first, axis=0)
         if col < no_bad:  # one reduction per program, after the loop
             dl.record_error(err_claim, err_record, table_op, rank,
-                            b * (seq_len // PAGE) + col, tl.load(table_row + col), dl.BAD_INPUT)
+                            b.to(tl.int64) * (seq_len // PAGE) + col, tl.load(table_row + col),
+                            dl.BAD_INPUT)
     if DIRECT:
         _flush(o_part, lse_part, acc, m, l, pair, 1, 0, g_ok, D, True)
     elif not FLUSH:
@@ -186,9 +187,9 @@ def _finish(acc, total, top):
 # lens_ptr unspecialized (here and in split-KV): a slice kv_lens[j:j+1] is not 16-byte aligned,
 # and compiling that variant at plan build while peers spin can deadlock (DESIGN.md §4)
 @dl.jit(do_not_specialize=("lens_ptr", "pairs", "heads", "part_len", "num_parts", "rank",
-                           "world_size"))
+                           "world_size", "seq_len"))
 def chunk_combine_kernel(o_part, lse_part, lens_ptr, out_ptr, buf_ptr, buf_table, pairs, heads,
-                         part_len, num_parts, rank, world_size, D: tl.constexpr,
+                         part_len, num_parts, rank, world_size, seq_len, D: tl.constexpr,
                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, FINAL: tl.constexpr):
     """Merge this rank's partials (``part_len`` keys each; only those below ``kv_lens`` exist) of
     ``BLOCK_P`` (batch, head) pairs; FINAL (one rank): write the output, else push ``(o, lse)``
@@ -196,11 +197,14 @@ def chunk_combine_kernel(o_part, lse_part, lens_ptr, out_ptr, buf_ptr, buf_table
 
     Max first, then the weighted sum in blocks of ``BLOCK_C`` partials (a fixed tree inside a
     block, blocks left to right), so the result depends only on the partials' values and positions.
-    A length outside the cache reads only the partials split-KV wrote (its clamped length's).
+    A length outside the cache reads only the partials split-KV wrote (its clamped length's:
+    into ``[0, seq_len]``, split-KV's ``seq_len``; ``num_parts`` may cover more keys, a paged
+    plan's rounded-up capacity).
     """
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     p_ok = offs_p < pairs
-    length = tl.maximum(tl.load(lens_ptr + offs_p // heads, mask=p_ok, other=0).to(tl.int32), 0)
+    length = tl.load(lens_ptr + offs_p // heads, mask=p_ok, other=0).to(tl.int64)
+    length = tl.minimum(tl.maximum(length, 0), seq_len).to(tl.int32)
     valid = tl.minimum((length + part_len - 1) // part_len, num_parts)
     base = offs_p.to(tl.int64) * num_parts
     offs_c = tl.arange(0, BLOCK_C)

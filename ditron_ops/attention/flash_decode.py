@@ -124,8 +124,8 @@ def _paged(group: Group, name: str, q, k_cache, v_cache, kv_lens, block_table, s
     if kv_lens.device.type == "cpu" and not tracing():  # on the host: free (device: the kernel's)
         paged_kv.check_host(group, kv_lens, block_table, k_cache.shape[1], k_cache.shape[0])
     if direct(q, k_cache, v_cache, kv_lens, block_table):
-        return _impl(q, k_cache, v_cache, kv_lens, name, scale, flag,
-                     tensor_keys=None if key is None else key[1:6], block_table=block_table)
+        return _impl(q, k_cache, v_cache, kv_lens, name, scale, flag, block_table=block_table,
+                     tensor_keys=None if key is None else key[1:5] + (_table_key(block_table),))
     return torch.ops.ditron.flash_decode_paged(q, k_cache, v_cache, kv_lens, block_table, name,
                                                scale, flag)
 
@@ -254,6 +254,19 @@ def _seq_len(k, table) -> int:
     return k.shape[1] if table is None else paged_kv.capacity(k, table)
 
 
+def _plan_len(k, table) -> int:
+    """Keys a plan is made for: ``S_max``, or a paged table's capacity at the planned width
+    (``paged_kv.plan_blocks``: one plan serves a range of widths, so a growing table meets
+    O(log) plans; the kernels get the actual capacity per call)."""
+    return k.shape[1] if table is None else paged_kv.plan_capacity(k, table)
+
+
+def _table_key(table) -> tuple:
+    """What a plan key holds of a block table: batch and planned width. Its stride and address
+    are per-call arguments (``do_not_specialize``), its dtype and row layout are validated."""
+    return ("block_table", table.shape[0], paged_kv.plan_blocks(table.shape[1]))
+
+
 def _kv_ptrs(q, k, v):
     """The tensors the kernel gets for the caches: ``q`` for an empty cache (a rank without
     pages: its capacity is 0, nothing is read, and an empty tensor may have no address)."""
@@ -290,13 +303,14 @@ def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, er
     _kernels.split_kv_kernel[grid](*args, **kwargs)
 
 
-def _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size):
-    """``(args, kwargs, grid)`` of ``chunk_combine_kernel``: this rank's partials; one rank
-    writes ``out``, more push into ``buf`` (see the kernel)."""
+def _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size, seq_len):
+    """``(args, kwargs, grid)`` of ``chunk_combine_kernel``: this rank's partials (lengths
+    clamped into ``[0, seq_len]``, as split-KV's); one rank writes ``out``, more push into
+    ``buf`` (see the kernel)."""
     cfg = COMBINE_CONFIG
     b, hq, d = out.shape
     args = (o_part, lse_part, lens, out, buf, buf_table, b * hq, hq, plan[0], plan[2], rank,
-            world_size)
+            world_size, seq_len)
     return args, dict(D=d, FINAL=world_size == 1, **cfg), (-(-b * hq // cfg["BLOCK_P"]),)
 
 
@@ -308,8 +322,8 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
     if b == 0:
         return out
     table = block_table
-    s_max = _seq_len(k_cache, table)
-    if not group.has_symmetric_memory:
+    if not group.has_symmetric_memory:  # no plan: the partition of this call's capacity
+        s_max = _seq_len(k_cache, table)
         plan = partition(group, b, k_cache.shape[2], s_max, deterministic)
         cfg = _split_config(q.device, b * k_cache.shape[2], s_max, deterministic)
         o_part = torch.empty(b * hq * plan[2] * d, dtype=torch.float32, device=q.device)
@@ -319,8 +333,9 @@ def _impl(q, k_cache, v_cache, kv_lens, group_name, softmax_scale, deterministic
         return _merge_over_process_group(group, o_part, lse_part, kv_lens, plan, b, hq,
                                           d).to(q.dtype)
     if tensor_keys is None:  # (q, k_cache, v_cache, kv_lens[, block_table])
-        tensor_keys = tuple(tensor_key(t) for t in (q, k_cache, v_cache, kv_lens, table)
-                            if t is not None)
+        tensor_keys = tuple(tensor_key(t) for t in (q, k_cache, v_cache, kv_lens))
+        if table is not None:
+            tensor_keys += (_table_key(table),)
     key = ("flash_decode", deterministic, softmax_scale, *tensor_keys)  # out: made here
     plan = group.plans.get(key, lambda previous=None: _DecodePlan(
         group, q, k_cache, v_cache, kv_lens, out, softmax_scale, deterministic, previous, table))
@@ -332,13 +347,15 @@ class _DecodePlan:
     scratch (stream-ordered reuse, as the workspace) and the bound launches. One rank with one
     partial per pair: the split-KV kernel writes the output (the combine would return it bit for
     bit); one rank: split-KV + the final combine; more: + start barrier, pushing combine, merge.
-    ``table`` (paged): the block table is one more per-call pointer of split-KV."""
+    ``table`` (paged): the block table, its row stride and the capacity are per-call
+    arguments of split-KV (and the capacity of the combine): the plan serves every table width
+    that rounds to its planned one (``_plan_len``)."""
 
     def __init__(self, group: Group, q, k_cache, v_cache, kv_lens, out, scale: float,
                  deterministic: bool, previous: "_DecodePlan | None" = None, table=None):
         self.group = group
         b, hq, d = q.shape
-        hkv, s_max = k_cache.shape[2], _seq_len(k_cache, table)
+        hkv, s_max = k_cache.shape[2], _plan_len(k_cache, table)
         part = partition(group, b, hkv, s_max, deterministic)
         cfg = _split_config(q.device, b * hkv, s_max, deterministic)
         w, rank = group.world_size, group.rank
@@ -346,7 +363,8 @@ class _DecodePlan:
         self.direct = w == 1 and part[2] == 1
         self.ws = None
         errors = (*group._error_tensors()[::-1], rank)  # (claim, record, rank)
-        paged = ("table_ptr",) if table is not None else ()
+        paged = ("table_ptr", "stride_tb", "seq_len") if table is not None else ()
+        self.page_cap = 0 if table is None or k_cache.shape[0] == 0 else k_cache.shape[1]
         if self.direct:
             one = (part[0], part[0], 1, 1)
             self.split = _bound_split_kv(q, k_cache, v_cache, kv_lens, out, out, scale, one, cfg,
@@ -363,10 +381,14 @@ class _DecodePlan:
         self.split = _bound_split_kv(q, k_cache, v_cache, kv_lens, self.o_part, self.lse_part,
                                      scale, part, cfg, errors, table=table,
                                      vary=("q_ptr", "k_ptr", "v_ptr", "lens_ptr") + paged)
+        seq_len = _seq_len(k_cache, table)
         if w == 1:  # nothing to exchange: the combine writes the output
             self.combine = _bound_combine(self.o_part, self.lse_part, kv_lens, out, self.o_part,
-                                          self.o_part, part, 0, 1)
+                                          self.o_part, part, 0, 1, seq_len, table is not None)
             return
+        if device.type == "cuda":  # every variant a later plan of this signature can pick
+            _compile_split_variants(q, k_cache, v_cache, kv_lens, self.o_part, self.lse_part,
+                                    scale, part, cfg, errors, table, deterministic, b * hkv)
         self.ws = ws = group.workspace(PURPOSE)
         self.data = data = ws.ensure_data(w * pairs * (d + 1) * 4)
         record, claim = group._error_tensors()
@@ -376,7 +398,7 @@ class _DecodePlan:
                                           (sig, ws.signal.ptr_table, claim, record, rank, w, 0,
                                            timeout, op_id("flash_decode")), {}, device=device)
         self.combine = _bound_combine(self.o_part, self.lse_part, kv_lens, out, buf,
-                                      data.ptr_table, part, rank, w)
+                                      data.ptr_table, part, rank, w, seq_len, table is not None)
         self.merge = launcher.BoundKernel(
             _kernels.decode_merge_kernel, (merge_programs(group, pairs),),
             (out, buf, sig, ws.signal.ptr_table, claim, record, pairs, rank, w, timeout,
@@ -390,20 +412,24 @@ class _DecodePlan:
     def run(self, q, k_cache, v_cache, kv_lens, out, table=None):
         group = self.group
         k_cache, v_cache = _kv_ptrs(q, k_cache, v_cache)
-        tail = () if table is None else (table,)
+        if table is None:
+            tail = tail_c = ()
+        else:  # this call's table: address, row stride, capacity
+            seq_len = table.shape[1] * self.page_cap
+            tail, tail_c = (table, table.stride(0), seq_len), (seq_len,)
         if self.direct:
             self.split.launch(q, k_cache, v_cache, kv_lens, out, out, *tail)
             return out
         self.split.launch(q, k_cache, v_cache, kv_lens, *tail)
         if self.ws is None:
-            self.combine.launch(kv_lens, out)
+            self.combine.launch(kv_lens, out, *tail_c)
             return out
         group.check()
         ws = self.ws
         ws.calls += 1
         with group.waiting_launch("flash_decode", ws.calls):
             self.start.launch()
-            self.combine.launch(kv_lens, out)
+            self.combine.launch(kv_lens, out, *tail_c)
             self.merge.launch(out)
         if group.sync_check:
             group.synchronize()
@@ -419,12 +445,45 @@ def _bound_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, err
                                 device=q.device)
 
 
-def _bound_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size):
-    """``chunk_combine_kernel`` bound (``lens`` and ``out`` per call)."""
+def _bound_combine(o_part, lse_part, lens, out, buf, buf_table, plan, rank, world_size, seq_len,
+                   paged: bool = False):
+    """``chunk_combine_kernel`` bound (``lens`` and ``out`` per call; paged: ``seq_len`` too)."""
     args, kwargs, grid = _combine_args(o_part, lse_part, lens, out, buf, buf_table, plan, rank,
-                                       world_size)
+                                       world_size, seq_len)
     return launcher.BoundKernel(_kernels.chunk_combine_kernel, grid, args, kwargs,
-                                vary=("lens_ptr", "out_ptr"), device=out.device)
+                                vary=("lens_ptr", "out_ptr") + (("seq_len",) if paged else ()),
+                                device=out.device)
+
+
+def split_variants(device: torch.device, pairs: int, deterministic: bool) -> tuple:
+    """Every ``(config, FLUSH)`` split-KV variant a waiting call can launch, given what the
+    ranks agree on (dtype, B, heads, D, mode, page size; ``_validate``): the per-rank cache
+    length only chooses among these (``_split_config``'s key bound, ``partition``'s chunks
+    per program). Deterministic: ``SPLIT_CONFIG``, one partial per program or several;
+    default: one partial per program, ``SPLIT_CONFIG`` or (enough pairs) the wide one."""
+    if deterministic:
+        return ((SPLIT_CONFIG, False), (SPLIT_CONFIG, True))
+    wide = _split_config(device, pairs, 0, False)
+    return ((SPLIT_CONFIG, False),) + (((wide, False),) if wide is not SPLIT_CONFIG else ())
+
+
+def _compile_split_variants(q, k, v, lens, o_part, lse_part, scale, plan, cfg, errors, table,
+                            deterministic: bool, pairs: int) -> None:
+    """Compile (inside the plan's build) the split-KV variants of ``split_variants`` this plan
+    does not launch.
+
+    Why: ``agreement`` makes every rank meet before a call of a new signature waits, so what
+    that call compiles never holds a peer's wait; but which variant a call launches also
+    follows the rank's own cache length (``S_max``, a table's width), which no signature
+    holds. Compiling all of them at the signature's first plan leaves later plans (a longer
+    cache, a wider table) nothing to compile while peers spin (DESIGN.md §4). Later builds
+    find them in Triton's cache (a look-up each)."""
+    flush = plan[1] != plan[0]
+    for cfg2, flush2 in split_variants(q.device, pairs, deterministic):
+        if (cfg2 is cfg or cfg2 == cfg) and flush2 == flush:
+            continue  # the plan's own
+        plan2 = (plan[0], 2 * plan[0] if flush2 else plan[0], plan[2], 1)
+        _bound_split_kv(q, k, v, lens, o_part, lse_part, scale, plan2, cfg2, errors, table=table)
 
 
 def _combine(o: torch.Tensor, lse: torch.Tensor):
@@ -484,14 +543,26 @@ define_op("flash_decode_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k
           _impl_paged, _fake_paged)
 
 
+PRECOMPILE_PAGES = (1, 16, 64, 256)
+"""Page sizes ``precompile`` covers: the defaults of SGLang (1), vLLM (16), TensorRT-LLM and
+FlashMLA (64) and FlashAttention's paged KV (256). Other sizes compile at their first call, as
+every call's plan does (the first call of a page size is a new agreed signature, so the ranks
+meet before it waits, and its first plan compiles every variant later calls can pick)."""
+
+
 def _precompile(device: torch.device, dtypes: tuple) -> None:
-    """Split-KV (dtype x head_dim x common GQA groups, FLUSH off / on, both configs, direct),
-    the combine (final and pushing) and the merge, as one-rank launches
+    """Split-KV (dtype x head_dim x common GQA groups, FLUSH off / on, both configs, direct;
+    paged: the variants a call can pick, ``split_variants`` and direct, for
+    ``PRECOMPILE_PAGES``), the combine (final and pushing) and the merge, as one-rank launches
     (``runtime.precompile``)."""
     sig, sig_table, claim, record = one_rank_pad(device, (0, 1, 0, 1))
     lens = torch.full((1,), 64, dtype=torch.int32, device=device)
     errors = (claim, record, 0)
     one_part, two_parts = (64, 64, 1, 1), (64, 128, 2, 1)  # FLUSH off / on (keys 64..127 unused)
+    paged_variants = ((one_part, SPLIT_CONFIG, False), (two_parts, SPLIT_CONFIG, False),
+                      (one_part, WIDE_SPLIT_CONFIG, False), (one_part, SPLIT_CONFIG, True),
+                      (one_part, WIDE_SPLIT_CONFIG, True))  # (plan, config, direct)
+    table = torch.zeros(1, 1, dtype=torch.int32, device=device)
     for dtype in (d for d in GPU_DTYPES if d in dtypes):
         for d in HEAD_DIMS:
             for g in (1, 4, 8):
@@ -504,13 +575,20 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
                 for cfg in (SPLIT_CONFIG, WIDE_SPLIT_CONFIG):  # one rank, one partial: the output
                     _bound_split_kv(q, kv, kv, lens, q.clone(), q, 0.1, one_part, cfg, errors,
                                     direct=True)
+                for page in PRECOMPILE_PAGES:
+                    pages = torch.ones(1, page, 1, d, dtype=dtype, device=device)
+                    for plan, cfg, direct_ in paged_variants:
+                        o, lse = (q.clone(), q) if direct_ else (o_part, lse_part)
+                        _bound_split_kv(q, pages, pages, lens, o, lse, 0.1, plan, cfg, errors,
+                                        direct=direct_, table=table)
             buf = torch.zeros(d + 1, dtype=torch.float32, device=device)
-            table = pointer_table(buf)
+            buf_table = pointer_table(buf)
             out = torch.empty(1, 1, d, dtype=dtype, device=device)
-            _bound_combine(o_part[:2 * d], lse_part[:2], lens, out, buf, table, two_parts, 0, 1)
+            _bound_combine(o_part[:2 * d], lse_part[:2], lens, out, buf, buf_table, two_parts, 0, 1,
+                           64)
             launcher.BoundKernel(_kernels.chunk_combine_kernel, (1,),
-                                 (o_part[:2 * d], lse_part[:2], lens, out, buf, table, 1, 1, 64, 2,
-                                  0, 1),
+                                 (o_part[:2 * d], lse_part[:2], lens, out, buf, buf_table, 1, 1, 64,
+                                  2, 0, 1, 64),
                                  dict(D=d, FINAL=False, **COMBINE_CONFIG), device=device)  # pushing
             launcher.BoundKernel(_kernels.decode_merge_kernel, (1,),
                                  (out, buf, sig, sig_table, claim, record, 1, 0, 1, 10**6, 0),

@@ -11,11 +11,13 @@ Everything here is plain torch (no Triton import: ``import ditron_ops`` stays ch
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
 
 from ..errors import DitronInputError
+from ..runtime.tracing import tracing
 
 PAGE_SIZES = tuple(1 << i for i in range(9))
 """Accepted page sizes: powers of two 1..256 (powers of two: a key block never straddles a page
@@ -26,16 +28,37 @@ TABLE_ARG = "block_table.flatten()"
 table (one integer fits ``DitronInputError``'s index)."""
 
 
+_VIEWS: dict = {}
+"""``id(kv)`` -> ``(weakref to kv, (address, shape, strides), k view, v view)`` of the one-tensor
+caches seen (``split_kv``); an entry leaves with its tensor (``weakref.finalize``)."""
+
+
 def split_kv(k_cache: torch.Tensor, v_cache: Optional[torch.Tensor]):
     """``(k, v)`` views of a paged cache: the pair as given, or the halves of one
-    ``[num_blocks, 2, page_size, Hkv, D]`` tensor (``v_cache`` None; no copy)."""
+    ``[num_blocks, 2, page_size, Hkv, D]`` tensor (``v_cache`` None; no copy).
+
+    The halves of a tensor are made once and kept while it lives (a cache is one long-lived
+    tensor per layer): per call a dictionary look-up and a metadata comparison, not two views.
+    They are views of ``kv.detach()``, which holds the storage but not ``kv`` itself, so
+    dropping ``kv`` drops them (and its memory)."""
     if v_cache is not None:
         return k_cache, v_cache
     if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 5 or k_cache.shape[1] != 2:
         shape = tuple(k_cache.shape) if isinstance(k_cache, torch.Tensor) else type(k_cache).__name__
         raise ValueError("ditron.flash_decode: with v_cache=None, k_cache must be one paged "
                          f"cache [num_blocks, 2, page_size, Hkv, D]; got {shape}")
-    return k_cache[:, 0], k_cache[:, 1]
+    if type(k_cache) is not torch.Tensor or k_cache.requires_grad or tracing():
+        return k_cache[:, 0], k_cache[:, 1]  # fake / traced / autograd tensors: plain views
+    meta = (k_cache.data_ptr(), k_cache.shape, k_cache.stride())
+    got = _VIEWS.get(id(k_cache))
+    if got is not None and got[0]() is k_cache and got[1] == meta:
+        return got[2], got[3]
+    k, v = k_cache.detach().unbind(1)
+    key = id(k_cache)
+    if got is None or got[0]() is not k_cache:  # a new tensor (or a dead one's reused id)
+        weakref.finalize(k_cache, _VIEWS.pop, key, None)
+    _VIEWS[key] = (weakref.ref(k_cache), meta, k, v)
+    return k, v
 
 
 def validate_table(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -76,6 +99,20 @@ def capacity(k_cache: torch.Tensor, block_table: torch.Tensor) -> int:
     return block_table.shape[1] * k_cache.shape[1] if k_cache.shape[0] > 0 else 0
 
 
+def plan_blocks(max_blocks: int) -> int:
+    """The table width a plan is built for: ``max_blocks`` rounded up to three significant
+    bits (4, 5, 6, 7 times a power of two; exact up to 8), so a table that grows by a page per
+    step meets a new plan at most four times per doubling, and plans for at most 25% more keys
+    than the table holds (key ranges past the table's capacity are empty programs)."""
+    shift = max(max_blocks.bit_length() - 3, 0)
+    return -(-max_blocks >> shift) << shift
+
+
+def plan_capacity(k_cache: torch.Tensor, block_table: torch.Tensor) -> int:
+    """``capacity`` of the planned width (``plan_blocks``): what the partition is made for."""
+    return plan_blocks(block_table.shape[1]) * k_cache.shape[1] if k_cache.shape[0] > 0 else 0
+
+
 def check_host(group, kv_lens: torch.Tensor, block_table: torch.Tensor, page: int,
                num_blocks: int) -> None:
     """Host tensors (the interpreter tier): raise ``DitronInputError`` for a length outside
@@ -88,7 +125,9 @@ def check_host(group, kv_lens: torch.Tensor, block_table: torch.Tensor, page: in
         i = int(bad[0, 0])
         raise DitronInputError("flash_decode", "kv_lens", group.rank, i, int(kv_lens[i]),
                                f"lengths must lie in [0, max_blocks x page_size = {top}] (the "
-                               "block table's capacity; 0 when the cache has no pages)")
+                               "block table's capacity; 0 when the cache has no pages; -1 is "
+                               "csr_to_block_table's mark of an invalid row: last_page_len "
+                               "outside [1, page_size] or pages outside kv_indices)")
     used = torch.arange(block_table.shape[1])[None, :] < ((kv_lens.long() + page - 1) // page)[:, None]
     wrong = (used & ((block_table < 0) | (block_table >= num_blocks))).flatten().nonzero()
     if len(wrong):
@@ -111,8 +150,8 @@ def csr_to_block_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
     kv_indices : torch.Tensor
         ``[nnz]`` int32/int64 page ids.
     last_page_len : torch.Tensor
-        ``[B]``: keys in each sequence's last page (``1..page_size``; ignored for a sequence
-        without pages).
+        ``[B]``: keys in each sequence's last page, in ``[1, page_size]`` for a sequence with
+        pages (FlashInfer's rule; ignored for a sequence without pages, whose length is 0).
     max_blocks : int
         Columns of the table, given by the caller: the conversion never reads a device value on
         the host (no synchronization, CUDA-graph capturable). A sequence with more pages keeps
@@ -152,7 +191,11 @@ def csr_to_block_table(kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
         table = torch.where(cols[None, :] < count[:, None], kv_indices[at].to(torch.int32), -1)
     else:
         table = torch.full((b, max_blocks), -1, dtype=torch.int32, device=device)
-    lens = torch.where(count > 0, (count - 1) * page_size + last_page_len.long(), 0).to(torch.int32)
+    last = last_page_len.long()
+    ok = (count >= 0) & (start >= 0) & (start + count <= nnz)
+    ok &= (count == 0) | ((last >= 1) & (last <= page_size))
+    lens = torch.where(count > 0, (count - 1) * page_size + last, 0)
+    lens = torch.where(ok, lens, -1).to(torch.int32)  # -1: an invalid row (see Returns)
     if out is None:
         return table.to(torch.int32), lens
     out[0].copy_(table)

@@ -8,7 +8,9 @@ Protocol
 * Flags are never reset: every call has a monotonically increasing epoch and waits are
   ``flag >= target``.
 * Every wait is bounded by ``deadline_ns`` (from ``now_ns``); on expiry it writes an error record
-  (op, rank, peer, epoch) that the host turns into ``DitronTimeoutError``.
+  (op, rank, peer, epoch) that the host turns into ``DitronTimeoutError``. Once this rank
+  recorded a timeout or a size mismatch its later waits return at once; a recorded bad input
+  (``BAD_INPUT``) never shortens a wait.
 
 Two implementations are chosen per process: on the GPU the clock is ``%globaltimer`` and the
 error record is ordered by ``fence.sc.sys`` (inline PTX); in the Triton interpreter the clock is
@@ -108,36 +110,51 @@ def signal_set(flag_ptr, value):
 
 @jit
 def record_error(claim_ptr, record_ptr, op_id, rank, peer, epoch, kind):
-    """Write the first error of this rank into the host-readable record (first writer wins)."""
+    """Write the first error of this rank into the host-readable record (first writer wins).
+
+    The claim word holds the first error's kind (0: none). ``BAD_INPUT`` does not stop waits
+    (``wait_at_least``): a later error of another kind that finds it there only raises the claim
+    to its own kind (the record keeps the first error), so the waits after it stop again."""
     zero = tl.zeros((), tl.int64)
-    if tl.atomic_cas(claim_ptr, zero, zero + 1, sem="relaxed", scope="gpu") == 0:
+    code = zero + kind
+    old = tl.atomic_cas(claim_ptr, zero, code, sem="relaxed", scope="gpu")
+    if old == 0:
         tl.store(record_ptr + _OP, tl.cast(op_id, tl.int64))
         tl.store(record_ptr + _RANK, tl.cast(rank, tl.int64))
         tl.store(record_ptr + _PEER, tl.cast(peer, tl.int64))
         tl.store(record_ptr + _EPOCH, tl.cast(epoch, tl.int64))
-        tl.store(record_ptr + _KIND, tl.cast(kind, tl.int64))
+        tl.store(record_ptr + _KIND, code)
         fence_sys()
         tl.store(record_ptr, 1)  # ERR_STATUS
+    elif (old == BAD_INPUT) & (code != BAD_INPUT):
+        tl.atomic_cas(claim_ptr, zero + BAD_INPUT, code, sem="relaxed", scope="gpu")
 
 
 @jit
 def wait_at_least(flag_ptr, target, deadline_ns, claim_ptr, record_ptr, op_id, rank, peer, epoch):
     """Spin until the local flag ``>= target`` (acquire), the deadline passes, or this rank has
-    already recorded an error (``claim_ptr`` set).
+    already recorded an error that stops waits (``claim_ptr`` set to a kind other than
+    ``BAD_INPUT``: a timeout or a size mismatch).
 
     Returns True when the flag arrived. On expiry the error record names (op, rank, peer, epoch).
     Why the claim: a call of two waiting kernels (start barrier, then the merge or consumer)
     whose first wait expired would otherwise spin a second whole bound in the next kernel, so
     the error reached the host after twice the bound (ag_gemm, gemm_ar, flash_decode).
+    Why not ``BAD_INPUT``: a kernel records a bad argument value (flash_decode's ``kv_lens``,
+    block table) and goes on with it clamped; the protocol goes on too, and skipping its waits
+    would let this rank overwrite peers' buffers they still read (and, under CUDA-graph replay,
+    where nobody checks, run every later call unsynchronized).
     """
     target = target.to(tl.int64)
     value = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys").to(tl.int64)
     now = now_ns()
-    failed = tl.load(claim_ptr, volatile=True) != 0
+    claim = tl.load(claim_ptr, volatile=True)
+    failed = (claim != 0) & (claim != BAD_INPUT)
     while (value < target) & (now < deadline_ns) & (not failed):
         value = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys").to(tl.int64)
         now = now_ns()
-        failed = tl.load(claim_ptr, volatile=True) != 0
+        claim = tl.load(claim_ptr, volatile=True)
+        failed = (claim != 0) & (claim != BAD_INPUT)
     arrived = value >= target
     if not arrived:
         record_error(claim_ptr, record_ptr, op_id, rank, peer, epoch, TIMEOUT)

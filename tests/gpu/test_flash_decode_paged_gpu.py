@@ -213,3 +213,89 @@ def _bad_table(group, fix, arg, index, value):
 def test_bad_table_raises_from_the_kernel(fix, arg, index, value, world_size):
     assert ditron_ops.launch(_bad_table, world_size,
                              args=(fix, arg, index, value)) == [True] * world_size
+
+
+def _bad_input_in_replays(group):
+    """A graph captured with good lengths, replayed after rank 0's length went past its table:
+    rank 0's kernel records the bad input, and its waits still wait (the record does not stop
+    them), so five replays in a row give both ranks the clamped result; only rank 0 raises."""
+    lens = [1500, 700] if group.rank == 0 else [300, 64]
+    q, k, v, kv_lens, table = _paged(group, 2, 32, 8, 128, 16, lens, torch.bfloat16, seed=9)
+    cap = table.shape[1] * 16
+    bad = torch.tensor([cap + 500, 700] if group.rank == 0 else lens, dtype=torch.int32,
+                       device=group.device)
+    want = ditron_ops.flash_decode(q, k, v, bad.clamp(max=cap), group, deterministic=True,
+                                   block_table=table)
+    ditron_ops.flash_decode(q, k, v, kv_lens, group, deterministic=True, block_table=table)
+    group.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with _CAPTURE_LOCK:
+        with torch.cuda.graph(graph, stream=torch.cuda.current_stream(), capture_error_mode="thread_local"):
+            out = ditron_ops.flash_decode(q, k, v, kv_lens, group, deterministic=True, block_table=table)
+    group.barrier()
+    kv_lens.copy_(bad)
+    torch.cuda.current_stream().synchronize()
+    for i in range(5):
+        out.zero_()
+        graph.replay()
+        torch.cuda.current_stream().synchronize()  # not group.synchronize: no host check
+        assert torch.equal(out, want), i
+        group.barrier()
+    if group.rank != 0:
+        group.synchronize()
+        return True
+    with pytest.raises(ditron_ops.DitronInputError) as info:
+        group.synchronize()
+    assert (info.value.argument, info.value.index, info.value.value) == ("kv_lens", 0, cap + 500)
+    return True
+
+
+def test_bad_input_keeps_replays_synchronized():
+    assert ditron_ops.launch(_bad_input_in_replays, 2) == [True] * 2
+
+
+def _no_compile_at_a_new_capacity(group, deterministic, b, first, second):
+    """The first call of a signature compiles every split-KV variant a later plan can pick
+    (``split_variants``): a table long enough to flip the config (default mode: the wide one
+    up to 4096 keys) or the chunks per program (deterministic) compiles nothing."""
+    from ditron_ops.runtime import compiler
+
+    out = []
+    for i, keys in enumerate((first, second)):
+        q, k, v, kv_lens, table = _paged(group, b, 32, 8, 64, 16, [keys] * b, torch.bfloat16,
+                                         seed=11)
+        group.barrier()
+        before = compiler.compiled
+        out.append(ditron_ops.flash_decode(q, k, v, kv_lens, group, deterministic=deterministic,
+                                           block_table=table))
+        group.synchronize()
+        group.barrier()
+        if i == 1:
+            assert compiler.compiled == before, (before, compiler.compiled)
+    return True
+
+
+@pytest.mark.parametrize("deterministic,b,first,second", [(True, 1, 1000, 16000),
+                                                          (False, 64, 2000, 4500)])
+def test_later_plans_compile_nothing(deterministic, b, first, second):
+    assert ditron_ops.launch(_no_compile_at_a_new_capacity, 2,
+                             args=(deterministic, b, first, second)) == [True] * 2
+
+
+def _csr_invalid_row(group):
+    dev = group.device
+    indptr = torch.tensor([0, 2, 3], dtype=torch.int32, device=dev)
+    indices = torch.tensor([4, 1, 0], dtype=torch.int32, device=dev)
+    last = torch.tensor([16, 0], dtype=torch.int32, device=dev)  # row 1: 0 is invalid
+    table, lens = ditron_ops.csr_to_block_table(indptr, indices, last, 4, 16)
+    q = torch.randn(2, 8, 128, device=dev).to(torch.float16)
+    kv = torch.randn(8, 2, 16, 2, 128, device=dev).to(torch.float16)
+    with pytest.raises(ditron_ops.DitronInputError) as info:
+        ditron_ops.flash_decode(q, kv, None, lens, group, block_table=table)
+        group.synchronize()
+    assert (info.value.argument, info.value.index, info.value.value) == ("kv_lens", 1, -1)
+    return True
+
+
+def test_csr_invalid_last_page_len_raises():
+    assert ditron_ops.launch(_csr_invalid_row, 1) == [True]
