@@ -213,3 +213,31 @@ def test_row_class_and_stage_rule():
         for in_b, out_b in ((2, 2), (2, 4)):
             p = C.plan(M, N, K, in_b, out_b)
             assert C.smem_bytes(p.cfg, p.stages, in_b, out_b) <= C.SMEM_BYTES - 256
+
+
+def test_partials_form_is_forced_only():
+    """The rule never picks ``partials="tma"``; forcing it keeps the plan and pads the split
+    planes (rows to whole tiles, pitch to lines)."""
+    rng = random.Random(7)
+    for _ in range(30):
+        M, N, K = (rng.randint(1, 2048) * 8 for _ in range(3))
+        assert C.plan(M, N, K).partials == "reg"
+    for kw in (dict(variant="coop128x256", mode=C.MODE_SK),
+               dict(variant="pp128x128", mode=C.MODE_SPLIT, split=3),
+               dict(variant="pp64x128", mode=C.MODE_SPLITR, split=3)):
+        reg = C.plan(512, 576, 4608, **kw)
+        tma = C.plan(512, 576, 4608, partials="tma", **kw)
+        assert tma.partials == "tma" and (tma.variant, tma.mode, tma.grid, tma.split) == (
+            reg.variant, reg.mode, reg.grid, reg.split)
+        if tma.mode == C.MODE_SPLITR:
+            rows, ld = C.splitr_pitch(512, 576, tma.cfg)
+            assert (rows, ld) == (512, 640)
+            assert tma.ws_tiles * 64 * 128 >= 3 * rows * ld > reg.ws_tiles * 64 * 128 - 64 * 128
+        else:
+            assert tma.ws_tiles == reg.ws_tiles
+    assert C.plan(512, 576, 4608, variant="pp64x128", mode=C.MODE_DP,
+                  partials="tma").partials == "reg"  # nothing to move
+    assert "+tma" in C.describe(C.plan(512, 576, 4608, variant="coop128x256", mode=C.MODE_SK,
+                                       partials="tma"))
+    with pytest.raises(ValueError):
+        C.plan(512, 576, 4608, partials="smem")

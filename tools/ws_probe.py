@@ -7,9 +7,20 @@ value), then times it against cuBLAS (``torch.matmul``) by paired CUDA-graph rep
     python tools/ws_probe.py --out DIR          # GPU: correctness, timing, table, DIR/ws_probe.csv
     python tools/ws_probe.py --compile-only     # no GPU: compile all variants for sm_90a and
                                                 # report registers, spills, HGMMA, shared memory
+    python tools/ws_probe.py --partials         # GPU: fp32 partial traffic, "reg" vs "tma"
+                                                # (reduce step alone, then the few-tile GEMMs)
 
 Options: ``--variants a,b`` (default all), ``--no-tl`` (skip the portable ``tl`` core column),
-``--rounds N``, ``--quick`` (fewer shapes).
+``--rounds N``, ``--quick`` (fewer shapes). A variant name ending in ``@tma`` forces
+``partials="tma"`` (``_ws_configs.PARTIALS``) on its plan.
+
+``--partials`` (the partial-traffic question, one short run): (1) the reduce step alone
+(``--partials-only`` stops after it): ``ws_reduce_kernel`` over ``[split, M, N]`` planes
+against ``ws_reduce_tma_kernel`` over line-padded planes, and a device copy of the same bytes
+as the speed of L2, in GB/s of (partials read + C written), planes warm in L2 as in the GEMM;
+(2) integer checks of the ``@tma`` variants; (3) the few-tile shapes of NOTES (``FEW_TILE_SHAPES``)
+timed with each partial-moving schedule in both forms (``PARTIALS_VARIANTS``), each ``@tma``
+output compared bitwise with its ``reg`` twin (same slice order: must be equal).
 
 Timing: per shape, one graph of up to 20 calls per contender (cuBLAS, each variant, the ``tl``
 core), inputs rotated over enough buffer sets to exceed L2; graphs replayed alternately; the
@@ -19,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import functools
 import math
 import os
@@ -44,6 +56,15 @@ MODEL_NK = [
 ]
 """TP shards (N, K) of public models' linear layers (QKV, O, gate+up, down)."""
 MODEL_M = (512, 1000, 2048, 3000, 4096)
+FEW_TILE_SHAPES = [("few-tile", 4096, 576, 4608), ("few-tile", 3000, 1536, 4096),
+                   ("few-tile", 696, 5072, 11304), ("few-tile", 512, 576, 4608),
+                   ("few-tile", 512, 1792, 12288)]
+"""Few tiles / a partial last wave (benchmarks/NOTES.md, the WS core's status)."""
+PARTIALS_VARIANTS = ("auto", "auto@tma", "coop128x256:sk", "coop128x256:sk@tma", "pp128x128:split3",
+                     "pp128x128:split3@tma", "pp64x128:splitr3", "pp64x128:splitr3@tma",
+                     "pp64x128:splitr4", "pp64x128:splitr4@tma")
+"""``--partials``: every schedule that moves partials, in both forms (``auto`` for scale)."""
+REDUCE_SPLITS = (2, 3, 4, 8)
 RANDOM_SHAPES = 10
 RANDOM_SEED = 39
 L2_SPAN = 128 << 20
@@ -110,14 +131,17 @@ def _ws_module():
 def variant_plan(ws, name, M, N, K, in_bytes=2, out_bytes=2, sms=132):
     """Plan of probe variant ``name``: ``auto`` (the rule), ``det`` (deterministic mode),
     ``CFG`` (rule's schedule with that config), ``CFG:dp`` / ``CFG:sk`` / ``CFG:splitS`` /
-    ``CFG:splitrS`` (forced schedule)."""
+    ``CFG:splitrS`` (forced schedule); ``[+padX][/stN][@tma]`` suffixes force row copies,
+    stages, ``partials="tma"``."""
+    name, tma, _ = name.partition("@tma")
+    part = dict(partials="tma") if tma else {}
     if name == "auto":
-        return ws.plan(M, N, K, in_bytes, out_bytes, sms)
+        return ws.plan(M, N, K, in_bytes, out_bytes, sms, **part)
     if name == "det":
-        return ws.plan(M, N, K, in_bytes, out_bytes, sms, deterministic=True)
+        return ws.plan(M, N, K, in_bytes, out_bytes, sms, deterministic=True, **part)
     name, _, st = name.partition("/st")  # CFG[:mode][+padX][/stN]: forced copies, stages
     name, _, pad = name.partition("+pad")
-    kw = dict(pad=pad if _ else None, stages=int(st) if st else None)
+    kw = dict(pad=pad if _ else None, stages=int(st) if st else None, **part)
     if name == "auto":
         return ws.plan(M, N, K, in_bytes, out_bytes, sms, **kw)
     cfg, _, mode = name.partition(":")
@@ -186,7 +210,7 @@ def compile_only(variants) -> int:
                 st = _sass_stats(kernel)
                 if cfg_plan.mode == ws.MODE_SPLITR:  # and the reduce kernel
                     rgrid, rargs, rmeta = ws.ws_reduce_operands(out, bias, cfg_plan, args[4])
-                    ws.ws_reduce_kernel.warmup(*rargs, **rmeta, grid=rgrid)
+                    ws.reduce_kernel(cfg_plan).warmup(*rargs, **rmeta, grid=rgrid)
             except Exception as exc:  # report and go on: the other variants still say something
                 bad += 1
                 log(f"{name:<12} {_short(dt):<4} {'kn' if b_kn else 'w.t()':<6} FAILED: "
@@ -486,6 +510,145 @@ def run_gpu(args, variants) -> int:
     return 1 if any(fails.values()) else 0
 
 
+def _graph_time(fn, rounds: int, calls: int = GRAPH_CALLS) -> float:
+    """Median seconds per call of ``fn()`` replayed ``calls`` times in one CUDA graph."""
+    import torch
+    g = _graph(lambda i: fn(), calls)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(rounds):
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e-3 / calls)
+    touch()
+    return statistics.median(ts)
+
+
+def reduce_only(ws, rounds: int) -> int:
+    """The split-K reduce step alone: ``reg`` (``ws_reduce_kernel``, ``[split, M, N]``) vs
+    ``tma`` (``ws_reduce_tma_kernel``, line-padded planes) vs a device copy of the planes (the
+    speed of L2: the planes of these shapes fit in it, as in the GEMM, where the reduce reads
+    what the GEMM has just written). GB/s = (fp32 partials read + bf16 C written) / time; the
+    copy's = (read + written) / time. Returns the number of mismatches (tma vs reg, bitwise)."""
+    import torch
+    sizes = sorted({(M, N) for _, M, N, _ in FEW_TILE_SHAPES} | {(512, 4096)})
+    log("")
+    log("reduce step alone (planes warm in L2); GB/s = (fp32 partials + bf16 C) bytes / time")
+    log(f"{'M':>5} {'N':>5} {'split':>5} {'MiB':>6} | {'reg us':>7} {'GB/s':>6} | {'tma us':>7} "
+        f"{'GB/s':>6} | {'copy GB/s':>9} | {'tma/reg':>7} {'bitwise':>7}")
+    bad = 0
+    cfg = ws.WS_CONFIGS["pp64x128"]
+    for M, N in sizes:
+        for split in REDUCE_SPLITS:
+            p_reg = ws.WsPlan("pp64x128", ws.MODE_SPLITR, 1, split=split)
+            p_tma = dataclasses.replace(p_reg, partials="tma")
+            rows, ld = ws.splitr_pitch(M, N, cfg)
+            w_reg = torch.randn(split, M, N, device="cuda")
+            w_tma = torch.randn(split, rows, ld, device="cuda")
+            w_tma[:, :M, :N] = w_reg
+            o_reg = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+            o_tma = torch.empty_like(o_reg)
+            g1, a1, m1 = ws.ws_reduce_operands(o_reg, None, p_reg, w_reg)
+            g2, a2, m2 = ws.ws_reduce_operands(o_tma, None, p_tma, w_tma)
+            k_reg, k_tma = ws.reduce_kernel(p_reg), ws.reduce_kernel(p_tma)
+            f_reg = lambda: k_reg[g1](*a1, **m1)  # noqa: E731
+            f_tma = lambda: k_tma[g2](*a2, **m2)  # noqa: E731
+            dst = torch.empty_like(w_reg)
+            f_copy = lambda: dst.copy_(w_reg)  # noqa: E731
+            f_reg()
+            f_tma()
+            _sync(f"reduce {M}x{N}x{split}")
+            same = torch.equal(o_reg, o_tma)
+            bad += not same
+            nbytes = split * M * N * 4 + M * N * 2
+            t_reg, t_tma, t_copy = (_graph_time(f, rounds) for f in (f_reg, f_tma, f_copy))
+            log(f"{M:>5} {N:>5} {split:>5} {nbytes / 2**20:>6.2f} | {t_reg * 1e6:>7.2f} "
+                f"{nbytes / t_reg * 1e-9:>6.0f} | {t_tma * 1e6:>7.2f} {nbytes / t_tma * 1e-9:>6.0f}"
+                f" | {2 * split * M * N * 4 / t_copy * 1e-9:>9.0f} | {t_reg / t_tma:>7.2f} "
+                f"{'ok' if same else 'DIFF':>7}")
+    log(f"reduce: tma vs reg bitwise mismatches: {bad}")
+    return bad
+
+
+def _bitwise_pairs(ws, variants, M, N, K, sms) -> int:
+    """Each ``X@tma`` of ``variants`` against ``X`` on float inputs: bitwise equal (the same
+    slice order). Returns the mismatches (logged)."""
+    import torch
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(M + N + K)
+    a = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+    w = torch.randn(N, K, generator=gen, device="cuda").to(torch.bfloat16)
+    bad = 0
+    for name in variants:
+        base, tma, _ = name.partition("@tma")
+        if not tma or base not in variants:
+            continue
+        outs = [ws.ws_matmul(a, w.t(), plan_=variant_plan(ws, n, M, N, K, 2, 2, sms))
+                for n in (base, name)]
+        _sync(f"bitwise {name} {M}x{N}x{K}")
+        if not torch.equal(*outs):
+            bad += 1
+            log(f"  DIFF {name} vs {base} {M}x{N}x{K}: not bitwise equal")
+    return bad
+
+
+def run_partials(args, variants) -> int:
+    """``--partials``: the reduce step alone, then the few-tile GEMMs (module docstring)."""
+    import torch
+    import triton
+    ws = _ws_module()
+    dev = torch.cuda.get_device_properties(0)
+    sms = dev.multi_processor_count
+    log(f"device {dev.name}, {sms} SMs; torch {torch.__version__}, triton {triton.__version__}")
+    t_start = time.time()
+    _start_watchdog()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    bad = reduce_only(ws, args.rounds)
+    if args.partials_only:
+        return 1 if bad else 0
+    tma_names = [n for n in variants if n.endswith("@tma")]
+    fails = {n: "" for n in variants} if args.no_check else check(ws, tma_names)
+    ws._scratch(torch.device("cuda", 0), 16 << 20, 1 << 16)  # graphs keep the pointers
+    rows = []
+    log("")
+    log(f"few-tile GEMMs, bf16, B = w.t(); ratio = t_cublas / t_ours; {args.rounds} rounds")
+    for tag, M, N, K in FEW_TILE_SHAPES:
+        if time.time() - t_start > args.deadline:
+            log("deadline: timing stopped")
+            break
+        bad += _bitwise_pairs(ws, variants, M, N, K, sms)
+        try:
+            t = time_shape(ws, variants, M, N, K, args.rounds, None)
+        except Exception as exc:
+            log(f"  {M}x{N}x{K}: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        rows.append((M, N, K, t))
+        log(f"  {M}x{N}x{K} cublas {t['cublas'] * 1e6:.1f}us " + " ".join(
+            f"{n}={t['cublas'] / t[n]:.3f}" for n in variants if n in t))
+    log("")
+    log("ratio (t_us) per variant: " + ", ".join(variants))
+    log(f"{'shape':<17}{'cuBLAS':>9} | " + " ".join(f"{n[:15]:>15}" for n in variants))
+    for M, N, K, t in rows:
+        log(f"{f'{M}x{N}x{K}':<17}{t['cublas'] * 1e6:>7.1f}us | " + " ".join(
+            f"{t['cublas'] / t[n]:>6.3f}({t[n] * 1e6:>6.1f})" if n in t else f"{'-':>15}"
+            for n in variants))
+    log("plans: " + "; ".join(f"{M}x{N}x{K}: " + ", ".join(
+        ws.describe(variant_plan(ws, n, M, N, K, 2, 2, sms)) for n in variants)
+        for M, N, K, _ in rows))
+    log("")
+    log("tma speed-up over reg (t_reg / t_tma) per schedule:")
+    for n in variants:
+        base, tma, _ = n.partition("@tma")
+        if tma and base in variants:
+            xs = [r[3][base] / r[3][n] for r in rows if n in r[3] and base in r[3]]
+            log(f"  {base:<22} " + " ".join(f"{x:.3f}" for x in xs) + f"  geo {geo(xs):.3f}")
+    log("check failures: " + " ".join(f"{n}={fails.get(n, '')}" for n in tma_names)
+        + f"; bitwise mismatches {bad}; total {time.time() - t_start:.0f} s")
+    return 1 if bad or any(fails.get(n) for n in tma_names) else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -505,7 +668,12 @@ def main() -> int:
     ap.add_argument("--off-sectors", action="store_true",
                     help="time only shapes whose bf16 K rows start off 32-byte sectors")
     ap.add_argument("--no-check", action="store_true", help="skip the integer checks")
+    ap.add_argument("--partials", action="store_true",
+                    help="partial traffic: reduce step alone + few-tile GEMMs, reg vs tma")
+    ap.add_argument("--partials-only", action="store_true",
+                    help="with --partials (implied): only the reduce step alone (GB/s)")
     args = ap.parse_args()
+    args.partials = args.partials or args.partials_only
     if args.compile_only:
         import importlib.util
         spec = importlib.util.find_spec("triton.experimental.gluon")
@@ -516,8 +684,12 @@ def main() -> int:
     if args.rule_configs:  # restrict the rule (e.g. to the configs that passed their checks)
         sys.modules["ditron_ws._ws_configs"].RULE_CONFIGS = tuple(args.rule_configs.split(","))
     ws_names = list(_ws_module().WS_CONFIGS) if not args.variants else args.variants.split(",")
+    if args.partials and not args.variants:
+        ws_names = list(PARTIALS_VARIANTS)
     if args.compile_only:
         return compile_only(ws_names)
+    if args.partials:
+        return run_partials(args, ws_names)
     return run_gpu(args, ws_names)
 
 

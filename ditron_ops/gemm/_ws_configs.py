@@ -150,6 +150,20 @@ about 1.1-1.5 us/MiB on an H200 (512x4096x1024: +9 us per extra plane), far from
 so ``MODE_SPLITR`` only ties data parallel on small ``M * N`` with long K (512x576x4608)."""
 MIN_SK_STEPS = 4
 """Fewest K steps a stream-K range is given (below, the fix-up dominates)."""
+PARTIALS = ("reg", "tma")
+"""How fp32 partials move (``WsPlan.partials``). ``reg``: the consumer stores its accumulator
+straight from the wgmma register layout (8-byte ``st.global.v2`` for the in-kernel fix-up;
+scalar, masked ``st.global.b32`` into the split planes) and the reducers load them back the same
+way (the fix-up one ``[BLOCK_M, EPI_N]`` block per round trip; the reduce kernel scalar 4-byte
+loads). ``tma``: the accumulator is staged column block by column block through the epilogue's
+staging tile (reinterpreted as fp32) and written by TMA stores; the fix-up reads the partials
+with 16-byte coalesced loads in a blocked layout, two blocks ahead; the split planes get
+line-padded rows (``splitr_pitch``) so ``ws_reduce_tma_kernel`` loads them 16 bytes at a time
+without masks and stores C by TMA. Same slice order, so both are bitwise equal. The rule always
+plans ``reg`` (``tma`` is forced, ``plan(partials="tma")``, until measured)."""
+SPLITR_LD_ALIGN = 128
+"""Row pitch (floats) of a ``partials="tma"`` split plane: N rounded up to this (whole lines
+and the reduce kernel's column block)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +185,8 @@ class WsPlan:
     """Copy A's rows onto 128-byte lines before the launch (``_pad.padded_copy``)."""
     pad_b: bool = False
     """Copy B's rows (a weight's ``w.t()``: the ``[N, K]`` rows) onto 128-byte lines."""
+    partials: str = "reg"
+    """How fp32 partials move (``PARTIALS``); only read by modes with partials."""
 
     @property
     def cfg(self) -> WsConfig:
@@ -179,6 +195,21 @@ class WsPlan:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def splitr_pitch(M: int, N: int, cfg: WsConfig):
+    """``(rows, ld)`` of one ``partials="tma"`` split plane: M rounded up to whole tiles (a TMA
+    box never crosses into the next plane) and the row pitch ``ld`` (N rounded up to
+    ``SPLITR_LD_ALIGN``)."""
+    return cdiv(M, cfg.block_m) * cfg.block_m, cdiv(N, SPLITR_LD_ALIGN) * SPLITR_LD_ALIGN
+
+
+def splitr_floats(M: int, N: int, split: int, cfg: WsConfig, partials: str = "reg") -> int:
+    """fp32 workspace of ``MODE_SPLITR``'s ``split`` planes."""
+    if partials == "tma":
+        rows, ld = splitr_pitch(M, N, cfg)
+        return split * rows * ld
+    return split * M * N
 
 
 def fit_stages(cfg: WsConfig, in_bytes: int, out_bytes: int, max_stages: int = 6) -> int:
@@ -325,7 +356,8 @@ def _plan_splitr(M, N, tiles, k_steps, sms, variant, pen, split, out_bytes, forc
 def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int = 132, *,
          deterministic: bool = False, variant: Optional[str] = None,
          mode: Optional[int] = None, split: Optional[int] = None,
-         pad: Optional[str] = None, stages: Optional[int] = None) -> WsPlan:
+         pad: Optional[str] = None, stages: Optional[int] = None,
+         partials: Optional[str] = None) -> WsPlan:
     """The launch plan of ``C[M, N] = A[M, K] @ B[K, N]`` on ``sms`` SMs (a pure function).
 
     A's rows and B's (a weight's ``w.t()``: ``[N, K]`` rows) are ``K * in_bytes`` long; where
@@ -334,7 +366,10 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
     ``deterministic``: one fixed config, data parallel (or ``split`` K slices, which must then
     be a function of K only): every output element's K order is independent of M.
     ``variant`` / ``mode`` / ``split`` / ``pad`` ("", "a", "b", "ab") / ``stages`` force a
-    choice (the probe compares them)."""
+    choice (the probe compares them); ``partials`` ("reg", "tma": ``PARTIALS``) how the chosen
+    plan moves its fp32 partials (never a factor of the choice: forced only)."""
+    if partials is not None and partials not in PARTIALS:
+        raise ValueError(f"partials {partials!r} not in {PARTIALS}")
     if deterministic:
         variant = variant or DETERMINISTIC_CONFIG
         mode = MODE_SPLIT if (split or 1) > 1 else MODE_DP
@@ -387,8 +422,9 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
                     elif sp is not None:
                         opts.append((sp[0], WsPlan(name, MODE_SPLITR, min(tiles * sp[1], sms),
                                                    split=sp[1], stages=st,
-                                                   ws_tiles=cdiv(sp[1] * M * N,
-                                                                 cfg.block_m * cfg.block_n))))
+                                                   ws_tiles=cdiv(splitr_floats(
+                                                       M, N, sp[1], cfg, partials or "reg"),
+                                                       cfg.block_m * cfg.block_n))))
             if mode == MODE_SPLIT:
                 s_req = max(1, split or 1)
                 kps = cdiv(k_steps, s_req)
@@ -405,6 +441,8 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
                 if best is None or cost < best[0] - 1e-9:
                     best = (cost, dataclasses.replace(p, pad_a=pad_a, pad_b=pad_b))
     cost, p = best
+    if partials is not None and p.mode != MODE_DP:
+        p = dataclasses.replace(p, partials=partials)
     return dataclasses.replace(p, est=round(cost, 3))
 
 
@@ -414,5 +452,6 @@ def describe(p: WsPlan) -> str:
     extra = f"/{p.dp_tiles}" if p.mode == MODE_SK and p.dp_tiles else ""
     extra += f"x{p.split}" if p.mode in (MODE_SPLIT, MODE_SPLITR) else ""
     extra += ("+pad" + "a" * p.pad_a + "b" * p.pad_b) if p.pad_a or p.pad_b else ""
+    extra += "+tma" if p.partials == "tma" and p.mode != MODE_DP else ""
     extra += f"/st{p.stages}" if p.stages and p.stages != fit_stages(p.cfg, 2, 2) else ""
     return f"{p.variant}:{m}{extra}@{p.grid}"

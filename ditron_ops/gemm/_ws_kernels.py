@@ -30,7 +30,10 @@ band: L2 reuse of B). A unit covering part of a tile's K steps writes an fp32 pa
 workspace and bumps the tile's arrival counter; the last to arrive sums the tile's partials in
 K order (fixed order, one rounding) and runs the epilogue. ``MODE_SPLITR`` instead stores each
 K slice's partial to its own ``[M, N]`` fp32 plane and ``ws_reduce_kernel`` (a second, plain
-Triton launch over all SMs) sums the planes in slice order.
+Triton launch over all SMs) sums the planes in slice order. ``WsPlan.partials`` says how the
+partials move: ``reg`` (stores/loads from the wgmma register layout) or ``tma`` (staged through
+the C staging tile as fp32 and TMA-stored; the fix-up reads 16-byte coalesced blocks ahead of
+its adds; ``ws_reduce_tma_kernel`` over line-padded planes), in the same order either way.
 
 B arrives as ``[K, N]`` row-major (``B_KN``: TMA boxes ``[BLOCK_K, BLOCK_N]``) or as the
 transpose of a row-major ``[N, K]`` weight (boxes ``[BLOCK_N, BLOCK_K]``, handed to wgmma as a
@@ -59,8 +62,9 @@ except ImportError:  # annotations are strings (future import), so the defs belo
     gluon = gl = tl = None
     HAVE_GLUON = False
 
-from ._ws_configs import (MODE_DP, MODE_SK, MODE_SPLIT, MODE_SPLITR, WS_CONFIGS, WS_DEFAULT,  # noqa: F401
-                          WsConfig, WsPlan, describe, fit_stages, plan, smem_bytes)
+from ._ws_configs import (MODE_DP, MODE_SK, MODE_SPLIT, MODE_SPLITR, PARTIALS,  # noqa: F401
+                          WS_CONFIGS, WS_DEFAULT, WsConfig, WsPlan, describe, fit_stages, plan,
+                          smem_bytes, splitr_floats, splitr_pitch)
 
 _jit = gluon.jit if HAVE_GLUON else (lambda fn: fn)
 _constexpr_function = gluon.constexpr_function if HAVE_GLUON else (lambda fn: fn)
@@ -266,12 +270,103 @@ def _store_plane(part, plane, off_m, off_n, M, N):
     gl.store(plane + offs, part, mask=mask)
 
 
+@_constexpr_function
+def _fix_layout(block_n, warps):
+    """Blocked layout of the ``partials="tma"`` fix-up: 4 consecutive fp32 a thread (16-byte
+    loads), a warp over whole 256-byte rows of a ``[BLOCK_M, block_n]`` column block."""
+    tpw_n = min(32, block_n // 4)
+    return gl.BlockedLayout([1, 4], [32 // tpw_n, tpw_n], [warps, 1], [1, 0])
+
+
+@_jit
+def _stage_partial(acc, p_desc, p_smem, row0, col0):
+    """``acc`` (fp32, wgmma layout) to ``[row0:, col0:]`` of the partials tensor ``p_desc``:
+    column blocks of the staging tile's width through ``p_smem`` (the epilogue's staging tile
+    as fp32), each a TMA store (left in flight; waited before ``p_smem`` is rewritten)."""
+    PN: gl.constexpr = p_desc.block_type.shape[1]
+    parts = _split_cols(acc, acc.shape[1] // PN)
+    for c in gl.static_range(acc.shape[1] // PN):
+        tma.store_wait(0)
+        p_smem.store(parts[c])
+        fence_async_shared()
+        tma.async_copy_shared_to_global(p_desc, [row0, col0 + c * PN], p_smem)
+
+
+@_jit
+def _publish_stores(x):
+    """Wait until this thread's TMA stores are written (not only read from shared memory) and
+    order them before the generic proxy's later accesses (the arrival's release). Returns a
+    dummy of ``x``'s type (inline asm needs a result)."""
+    return gl.inline_asm_elementwise(
+        "cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.u32 $0, $1;",
+        "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _seg_slot(j, first, base, q, r, MODE: gl.constexpr):
+    """Workspace slot of the tile's ``j``-th partial in K order (``MODE`` 1: the stream-K range
+    ``first + j`` wrote slot 0 or 1 of its pair, by whether it started before the tile)."""
+    if MODE == 1:
+        pj = first + j
+        sj = 2 * pj + ((pj * q + gl.minimum(pj, r)) < base).to(gl.int32)
+    else:
+        sj = first + j
+    return sj
+
+
+@_constexpr_function
+def _fix_ahead(block_m, block_n, warps):
+    """Column blocks the fix-up loads ahead of its adds: 2 where a block is at most 32 fp32 a
+    thread (four blocks live: sum, current, two in flight), else 1 (128-row blocks over one
+    warpgroup: 64 a thread; two ahead spilled)."""
+    return 2 if block_m * block_n <= 32 * 32 * warps else 1
+
+
+@_jit
+def _fixup_coalesced(ws_ptr, first, nseg, base, q, r, c_desc, c_smem, bias_ptr, off_m, off_n,
+                     N, HAS_BIAS: gl.constexpr, MODE: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+    """The last arriver's sum of a tile's ``nseg`` partials in K order, ``[BLOCK_M, EPI_N]``
+    column block by block, each block's epilogue (+ bias, round, TMA store of C) from the
+    blocked layout. Loads run ``_fix_ahead`` blocks ahead of the adds over the flat (block,
+    segment) stream ``t = c * nseg + j`` (indices past the end clamped to the last block: one
+    or two spare loads a tile)."""
+    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+    PARTS: gl.constexpr = BLOCK_N // EPI_N
+    TILE: gl.constexpr = BLOCK_M * BLOCK_N
+    AHEAD: gl.constexpr = _fix_ahead(BLOCK_M, EPI_N, WARPS)
+    layout: gl.constexpr = _fix_layout(EPI_N, WARPS)
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, EPI_N, layout=gl.SliceLayout(0, layout))
+    offs = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
+    last = PARTS * nseg - 1
+    cur = gl.load(ws_ptr + _seg_slot(0, first, base, q, r, MODE).to(gl.int64) * TILE + offs,
+                  cache_modifier=".cg")
+    if AHEAD > 1:
+        t1 = gl.minimum(1, last)
+        nxt = gl.load(ws_ptr + _seg_slot(t1 % nseg, first, base, q, r, MODE).to(gl.int64) * TILE
+                      + (t1 // nseg) * EPI_N + offs, cache_modifier=".cg")
+    for c in gl.static_range(PARTS):
+        tot = gl.zeros([BLOCK_M, EPI_N], gl.float32, layout)
+        for j in range(nseg):
+            t2 = gl.minimum(c * nseg + j + AHEAD, last)
+            nn = gl.load(ws_ptr + _seg_slot(t2 % nseg, first, base, q, r, MODE).to(gl.int64)
+                         * TILE + (t2 // nseg) * EPI_N + offs, cache_modifier=".cg")
+            tot += cur  # K order: segment j of block c
+            if AHEAD > 1:
+                cur = nxt
+                nxt = nn
+            else:
+                cur = nn
+        _store_part(tot, c, c_desc, c_smem, bias_ptr, off_m, off_n, N, HAS_BIAS)
+
+
 @_jit
 def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr, cnt_ptr,
-                 M, N, K, dp_tiles, split,
+                 p_desc, M, N, K, dp_tiles, split, plane_rows,
                  HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
-                 MODE: gl.constexpr, SLOT: gl.constexpr, SLOTS: gl.constexpr,
-                 WARPS: gl.constexpr):
+                 MODE: gl.constexpr, TMA_PARTS: gl.constexpr, SLOT: gl.constexpr,
+                 SLOTS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer partition: wgmma over the ring, then the epilogue of each owned work unit.
 
     ``SLOT`` of ``SLOTS`` consumers: this one takes the program's units ``SLOT, SLOT + SLOTS,
@@ -279,7 +374,11 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
 
     Ping-pong order (``SLOTS`` = 2): a consumer starts unit ``i``'s mainloop only after the
     other consumer has waited for every K step of unit ``i - 1`` (``order`` barriers). The
-    ring's parity waits are then never more than one phase ahead of a slot's barrier."""
+    ring's parity waits are then never more than one phase ahead of a slot's barrier.
+
+    ``TMA_PARTS`` (``partials="tma"``): fp32 partials leave through ``p_desc`` (TMA stores from
+    the staging tile reinterpreted as fp32; ``plane_rows``: rows of one split plane) and the
+    fix-up reads them coalesced (``_fixup_coalesced``)."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
@@ -290,6 +389,9 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
     EPI_N: gl.constexpr = c_desc.block_type.shape[1]
     PARTS: gl.constexpr = BLOCK_N // EPI_N
     TILE: gl.constexpr = BLOCK_M * BLOCK_N
+    if TMA_PARTS:
+        # The staging tile of C as an fp32 [BLOCK_M, PN] tile (the same bytes).
+        p_smem = c_smem._reinterpret(gl.float32, p_desc.block_type.shape, p_desc.layout)
     # Warps stacked along M ([WARPS, 1]): each warpgroup runs one wide m64nNk16 per K16 step,
     # the fewest instructions and the least shared-memory traffic per MAC.
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -341,11 +443,16 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
                 for c in gl.static_range(PARTS):
                     _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, off_n, N, HAS_BIAS)
             elif MODE == 3:
-                # fp32 partial to plane kb // kps of the [split, M, N] workspace (reduced by
-                # ws_reduce_kernel in slice order).
-                plane = ws_ptr + (kb // kps).to(gl.int64) * M * N
-                for c in gl.static_range(PARTS):
-                    _store_plane(parts[c], plane, off_m, off_n + c * EPI_N, M, N)
+                if TMA_PARTS:
+                    # rows (kb // kps) * plane_rows + off_m of the planes' [split * rows, N]
+                    # view (rows padded to whole tiles: no box crosses into the next plane)
+                    _stage_partial(acc, p_desc, p_smem, (kb // kps) * plane_rows + off_m, off_n)
+                else:
+                    # fp32 partial to plane kb // kps of the [split, M, N] workspace (reduced
+                    # by ws_reduce_kernel in slice order).
+                    plane = ws_ptr + (kb // kps).to(gl.int64) * M * N
+                    for c in gl.static_range(PARTS):
+                        _store_plane(parts[c], plane, off_m, off_n + c * EPI_N, M, N)
             else:
                 if MODE == 1:
                     tt = tile - dp_tiles
@@ -358,17 +465,29 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
                 else:
                     partial = split > 1
                     first = tile * split
+                    base = first  # (stream-K's; unused here)
                     nseg = split
                     my_slot = p + i * gl.num_programs(0)
                     cidx = tile
                 if partial:
                     # This range's fp32 partial to its workspace tile, then arrive.
-                    wbase = ws_ptr + my_slot.to(gl.int64) * TILE
-                    for c in gl.static_range(PARTS):
-                        gl.store(wbase + _tile_offsets(parts[c], c * EPI_N, BLOCK_N), parts[c])
+                    if TMA_PARTS:
+                        # rows my_slot * BLOCK_M of the [slots * BLOCK_M, BLOCK_N] view
+                        _stage_partial(acc, p_desc, p_smem, my_slot * BLOCK_M, 0)
+                        _publish_stores(my_slot)
+                    else:
+                        wbase = ws_ptr + my_slot.to(gl.int64) * TILE
+                        for c in gl.static_range(PARTS):
+                            gl.store(wbase + _tile_offsets(parts[c], c * EPI_N, BLOCK_N),
+                                     parts[c])
                     gl.thread_barrier()
                     old = gl.atomic_add(cnt_ptr + cidx, 1, sem="acq_rel", scope="gpu")
-                    if old == nseg - 1:
+                    if TMA_PARTS and old == nseg - 1:
+                        gl.store(cnt_ptr + cidx, 0)  # ready for the next launch
+                        _fixup_coalesced(ws_ptr, first, nseg, base, q, r, c_desc, c_smem,
+                                         bias_ptr, off_m, off_n, N, HAS_BIAS, MODE, BLOCK_M,
+                                         BLOCK_N, WARPS)
+                    elif old == nseg - 1:
                         # Last to arrive: sum the partials in K order (one fixed order).
                         gl.store(cnt_ptr + cidx, 0)  # ready for the next launch
                         for c in gl.static_range(PARTS):
@@ -396,30 +515,36 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
 
 @_jit
 def _ws_consumer_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr,
-                        cnt_ptr, M, N, K, dp_tiles, split, HAS_BIAS: gl.constexpr,
-                        B_KN: gl.constexpr, GROUP_M: gl.constexpr, MODE: gl.constexpr):
+                        cnt_ptr, p_desc, M, N, K, dp_tiles, split, plane_rows,
+                        HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
+                        MODE: gl.constexpr, TMA_PARTS: gl.constexpr):
     """The ping-pong's second consumer (a 4-warp worker partition, slot 1 of 2)."""
     _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr, cnt_ptr,
-                 M, N, K, dp_tiles, split, HAS_BIAS, B_KN, GROUP_M, MODE, 1, 2, 4)
+                 p_desc, M, N, K, dp_tiles, split, plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE,
+                 TMA_PARTS, 1, 2, 4)
 
 
 def _jit_dims(fn):
     """``ws_gemm_kernel``'s decorator: sizes unspecialized (one binary serves every shape)."""
-    return (gluon.jit(fn, do_not_specialize=["M", "N", "K", "dp_tiles", "split"])
+    return (gluon.jit(fn, do_not_specialize=["M", "N", "K", "dp_tiles", "split", "plane_rows"])
             if HAVE_GLUON else fn)
 
 
 @_jit_dims
-def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, M, N, K, dp_tiles, split,
-                   HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
-                   STAGES: gl.constexpr, PINGPONG: gl.constexpr, MODE: gl.constexpr,
-                   num_warps: gl.constexpr):
+def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, M, N, K, dp_tiles,
+                   split, plane_rows, HAS_BIAS: gl.constexpr, B_KN: gl.constexpr,
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                   MODE: gl.constexpr, TMA_PARTS: gl.constexpr, num_warps: gl.constexpr):
     """Persistent warp-specialized GEMM (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` [M, K] boxes [BLOCK_M, BLOCK_K]; ``b_desc`` [K, N] boxes [BLOCK_K, BLOCK_N]
     (``B_KN``) or [N, K] boxes [BLOCK_N, BLOCK_K]; ``c_desc`` [M, N] boxes [BLOCK_M, EPI_N];
     ``bias_ptr`` [N] (read only with ``HAS_BIAS``); ``ws_ptr`` fp32 partial tiles and
-    ``cnt_ptr`` int32 zeroed arrival counters (``MODE`` 1/2 only; ``_ws_configs.WsPlan``)."""
+    ``cnt_ptr`` int32 zeroed arrival counters (``MODE`` 1/2 only; ``_ws_configs.WsPlan``);
+    ``TMA_PARTS``: partials through ``p_desc``, an fp32 descriptor over the workspace (boxes
+    ``[BLOCK_M, EPI_N * C bytes / 4]``, the staging tile's bytes): ``[slots * BLOCK_M,
+    BLOCK_N]`` (``MODE`` 1/2) or the split planes ``[split * plane_rows, N]`` (``MODE`` 3; row
+    pitch ``splitr_pitch``); else ``p_desc`` is unused (``c_desc`` passed again)."""
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -440,19 +565,19 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, M, N, K, d
         c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
         gl.warp_specialize([
             (_ws_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
-                            ws_ptr, cnt_ptr, M, N, K, dp_tiles, split,
-                            HAS_BIAS, B_KN, GROUP_M, MODE, 0, 2, num_warps)),
+                            ws_ptr, cnt_ptr, p_desc, M, N, K, dp_tiles, split, plane_rows,
+                            HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, 0, 2, num_warps)),
             (_ws_consumer_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc,
-                                   bias_ptr, ws_ptr, cnt_ptr, M, N, K, dp_tiles, split,
-                                   HAS_BIAS, B_KN, GROUP_M, MODE)),
+                                   bias_ptr, ws_ptr, cnt_ptr, p_desc, M, N, K, dp_tiles, split,
+                                   plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS)),
             (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, split,
                           B_KN, GROUP_M, MODE)),
         ], [4, 1], [_K_CONSUMER_REGS, _K_LOADER_REGS])
     else:
         gl.warp_specialize([
             (_ws_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
-                            ws_ptr, cnt_ptr, M, N, K, dp_tiles, split,
-                            HAS_BIAS, B_KN, GROUP_M, MODE, 0, 1, num_warps)),
+                            ws_ptr, cnt_ptr, p_desc, M, N, K, dp_tiles, split, plane_rows,
+                            HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, 0, 1, num_warps)),
             (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, split,
                           B_KN, GROUP_M, MODE)),
         ], [1], [_K_LOADER_REGS])
@@ -487,14 +612,65 @@ REDUCE_BLOCK = (16, 256, 4)
 """``ws_reduce_kernel``'s (BLOCK_M, BLOCK_N, num_warps)."""
 
 
+def _tl_jit_tma(fn):
+    # ld / plane stay specialized (multiples of 16: 16-byte loads); sizes do not
+    return triton.jit(fn, do_not_specialize=["N"]) if HAVE_GLUON else fn
+
+
+@_tl_jit_tma
+def ws_reduce_tma_kernel(ws_ptr, out_desc, bias_ptr, N, ld, plane, SPLIT: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``partials="tma"``'s reduce: ``out = sum_j ws[j] (+ bias)`` over ``SPLIT`` line-padded
+    fp32 planes (``plane`` floats apart, rows ``ld`` floats, both multiples of 16: 16-byte
+    loads), plane order 0..SPLIT-1, one rounding; C by TMA (``out_desc``, clipped to
+    ``[M, N]``). Blocks never leave the padded planes (``BLOCK_M`` divides the plane's rows,
+    ``BLOCK_N`` its pitch), so no load is masked; columns ``[N, ld)`` hold no data and are
+    clipped away with the store. Grid: ``cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)``."""
+    pid = tl.program_id(0)
+    tn = tl.cdiv(N, BLOCK_N)
+    m0 = (pid // tn) * BLOCK_M
+    n0 = (pid % tn) * BLOCK_N
+    rm = m0 + tl.arange(0, BLOCK_M)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    offs = rm[:, None] * ld + rn[None, :]
+    acc = tl.load(ws_ptr + offs, cache_modifier=".cg")
+    for j in tl.static_range(1, SPLIT):
+        acc += tl.load(ws_ptr + j * plane.to(tl.int64) + offs, cache_modifier=".cg")
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    out_desc.store([m0, n0], acc.to(out_desc.dtype))
+
+
+REDUCE_TMA_BLOCK = (16, 128, 4)
+"""``ws_reduce_tma_kernel``'s (BLOCK_M, BLOCK_N, num_warps): BLOCK_M divides every config's
+block_m (the plane rows), BLOCK_N divides ``SPLITR_LD_ALIGN``; 16 x 128 blocks put the
+few-tile shapes' reduce over all SMs (512 x 576: 160 programs)."""
+
+
 def ws_reduce_operands(out, bias, p: WsPlan, ws):
-    """``(grid, args, meta)`` of the ``MODE_SPLITR`` reduce launch."""
+    """``(grid, args, meta)`` of the ``MODE_SPLITR`` reduce launch (``ws_reduce_kernel``, or
+    ``ws_reduce_tma_kernel`` for ``partials="tma"``: ``reduce_kernel(p)`` says which)."""
     M, N = out.shape
+    if p.partials == "tma":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        bm, bn, nw = REDUCE_TMA_BLOCK
+        rows, ld = splitr_pitch(M, N, p.cfg)
+        assert rows % bm == 0 and ld % bn == 0
+        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), )
+        out_desc = TensorDescriptor.from_tensor(out, [bm, bn])
+        args = (ws, out_desc, bias if bias is not None else out, N, ld, rows * ld)
+        return grid, args, dict(SPLIT=p.split, HAS_BIAS=bias is not None, BLOCK_M=bm,
+                                BLOCK_N=bn, num_warps=nw)
     bm, bn, nw = REDUCE_BLOCK
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), )
     args = (ws, out, bias if bias is not None else out, M, N, out.stride(0))
     return grid, args, dict(SPLIT=p.split, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn,
                             num_warps=nw)
+
+
+def reduce_kernel(p: WsPlan):
+    """The ``MODE_SPLITR`` reduce kernel of plan ``p``."""
+    return ws_reduce_tma_kernel if p.partials == "tma" else ws_reduce_kernel
 
 
 # --------------------------------------------------------------------------------------------
@@ -564,11 +740,34 @@ def ws_operands(a, b, out, bias, p: WsPlan):
                                          _layout((cfg.block_m, cfg.epi_n), out.dtype))
     stages = p.stages or fit_stages(cfg, a.element_size(), out.element_size())
     ws, cnt = _scratch(a.device, p.ws_tiles * cfg.block_m * cfg.block_n, p.counters)
-    args = (a_desc, b_desc, c_desc, bias if bias is not None else out, ws, cnt, M, N, K,
-            p.dp_tiles, p.split)
+    tma_parts = p.partials == "tma" and p.mode != MODE_DP
+    p_desc, plane_rows = c_desc, 0
+    if tma_parts:
+        p_desc, plane_rows = _partials_desc(ws, M, N, out.element_size(), p)
+    args = (a_desc, b_desc, c_desc, bias if bias is not None else out, ws, cnt, p_desc, M, N, K,
+            p.dp_tiles, p.split, plane_rows)
     meta = dict(HAS_BIAS=bias is not None, B_KN=b_kn, GROUP_M=cfg.group_m, STAGES=stages,
-                PINGPONG=cfg.pingpong, MODE=p.mode, num_warps=cfg.num_warps, maxnreg=MAXNREG)
+                PINGPONG=cfg.pingpong, MODE=p.mode, TMA_PARTS=tma_parts,
+                num_warps=cfg.num_warps, maxnreg=MAXNREG)
     return args, meta
+
+
+def _partials_desc(ws, M, N, out_bytes, p: WsPlan):
+    """``(p_desc, plane_rows)`` of ``partials="tma"``: fp32 boxes of the staging tile's bytes
+    (``[block_m, epi_n * out_bytes / 4]``) over the workspace as ``[slots * block_m, block_n]``
+    (``MODE`` 1/2) or as the line-padded planes ``[split * plane_rows, N]`` (``MODE_SPLITR``)."""
+    cfg = p.cfg
+    pn = cfg.epi_n * out_bytes // 4
+    if pn < 4 or cfg.block_n % pn:
+        raise ValueError(f"ws_matmul: partials='tma' needs epi_n * C bytes >= 16 (pn {pn})")
+    layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, pn], gl.float32)
+    if p.mode == MODE_SPLITR:
+        rows, ld = splitr_pitch(M, N, cfg)
+        assert ws.numel() >= p.split * rows * ld
+        return GluonDescriptor(ws, [p.split * rows, N], [ld, 1], [cfg.block_m, pn], layout), rows
+    slots = p.ws_tiles
+    view = ws[:slots * cfg.block_m * cfg.block_n].view(slots * cfg.block_m, cfg.block_n)
+    return GluonDescriptor.from_tensor(view, [cfg.block_m, pn], layout), 0
 
 
 def check_operands(a, b, out, bias) -> None:
@@ -619,7 +818,8 @@ def _torch():
 
 
 def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = None,
-              mode: Optional[int] = None, deterministic: bool = False):
+              mode: Optional[int] = None, deterministic: bool = False,
+              partials: Optional[str] = None):
     """``out = a @ b (+ bias)`` by ``ws_gemm_kernel`` on the current CUDA device (sm_90).
 
     Parameters
@@ -640,6 +840,9 @@ def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = 
         Force ``MODE_DP`` / ``MODE_SK`` / ``MODE_SPLITR``.
     deterministic : bool
         One fixed config, data parallel (DESIGN.md section 7).
+    partials : str, optional
+        Force how fp32 partials move, ``"reg"`` or ``"tma"`` (``_ws_configs.PARTIALS``;
+        default: the rule's, ``"reg"``).
 
     Returns
     -------
@@ -655,12 +858,13 @@ def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = 
     if plan_ is None:
         dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
         plan_ = plan(a.shape[0], b.shape[1], a.shape[1], a.element_size(), out.element_size(),
-                     _sm_count(dev), deterministic=deterministic, variant=cfg, mode=mode)
+                     _sm_count(dev), deterministic=deterministic, variant=cfg, mode=mode,
+                     partials=partials)
     if plan_.pad_a or plan_.pad_b:
         a, b = _lined(a, b, plan_)
     args, meta = ws_operands(a, b, out, bias, plan_)
     ws_gemm_kernel[(plan_.grid, )](*args, **meta)
     if plan_.mode == MODE_SPLITR:
         grid, rargs, rmeta = ws_reduce_operands(out, bias, plan_, args[4])
-        ws_reduce_kernel[grid](*rargs, **rmeta)
+        reduce_kernel(plan_)[grid](*rargs, **rmeta)
     return out

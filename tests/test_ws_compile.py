@@ -1,0 +1,97 @@
+"""Offline sm_90a compiles of the warp-specialized GEMM's ``partials="tma"`` variants
+(``ditron_ops/gemm/_ws_kernels.py``) through the stand-in driver (``ditron_ops.testing.sm90``):
+every new form compiles without spills, and its PTX moves partials the way it claims (TMA
+stores of the staged partial, 16-byte loads in the fix-up and the reduce). Compiles only: Gluon
+kernels do not run in the interpreter, so numerics and speed are the GPU probe's
+(``python tools/ws_probe.py --partials``)."""
+import importlib.util
+import os
+import re
+import sys
+
+import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton.experimental.gluon") is None,
+                                reason="triton without gluon")
+
+
+@pytest.fixture(scope="module")
+def ws():
+    """``_ws_kernels`` (loaded as the probe loads it: no ``ditron_ops`` import) with Triton
+    compiling for sm_90a; the process's previous driver is restored afterwards."""
+    from triton.runtime.driver import driver
+
+    sys.path.insert(0, os.path.join(_ROOT, "tools"))
+    import ws_probe
+
+    from ditron_ops.testing.sm90 import use_sm90_stand_in_driver
+    prev = driver._active
+    use_sm90_stand_in_driver()
+    try:
+        yield ws_probe._ws_module(), ws_probe
+    finally:
+        driver._active = prev
+
+
+def _compile(ws, probe, name, M, N, K, out_dtype, bias, b_kn=False):
+    import torch
+    pl = probe.variant_plan(ws, name, M, N, K, 2, out_dtype.itemsize)
+    a = torch.empty(M, K, dtype=torch.bfloat16)
+    b = (torch.empty(K, N, dtype=torch.bfloat16) if b_kn
+         else torch.empty(N, K, dtype=torch.bfloat16).t())
+    out = torch.empty(M, N, dtype=out_dtype)
+    bias_t = torch.empty(N, dtype=torch.bfloat16) if bias else None
+    args, meta = ws.ws_operands(a, b, out, bias_t, pl)
+    kernel = ws.ws_gemm_kernel.warmup(*args, **meta, grid=(pl.grid, ))
+    reduce = None
+    if pl.mode == ws.MODE_SPLITR:
+        grid, rargs, rmeta = ws.ws_reduce_operands(out, bias_t, pl, args[4])
+        reduce = ws.reduce_kernel(pl).warmup(*rargs, **rmeta, grid=grid)
+    return pl, kernel, reduce
+
+
+def _ops(ptx):
+    return re.findall(r"\b((?:st|ld)\.global[.\w]*|cp\.async\.bulk\.tensor[.\w:]*)", ptx)
+
+
+@pytest.mark.parametrize("name,M,N,K,out32,bias", [
+    ("coop128x256:sk@tma", 4096, 576, 4608, False, False),   # in-kernel fix-up, 2 warpgroups
+    ("pp128x128:split3@tma", 3000, 1536, 4096, True, True),   # ping-pong, fp32 C, one ahead
+    ("pp64x128:sk@tma", 512, 1792, 12288, False, True),       # ping-pong 64-row, two ahead
+])
+def test_fixup_variants_compile(ws, name, M, N, K, out32, bias):
+    import torch
+    mod, probe = ws
+    pl, kernel, _ = _compile(mod, probe, name, M, N, K,
+                             torch.float32 if out32 else torch.bfloat16, bias, b_kn=out32)
+    assert pl.partials == "tma" and pl.mode in (mod.MODE_SK, mod.MODE_SPLIT)
+    st = probe._sass_stats(kernel)
+    assert st["spills"] == 0 and st["local"] == 0 and st["hgmma"] > 0, st
+    ops = _ops(kernel.asm["ptx"])
+    # partials leave by TMA (the staged fp32 blocks beside C's stores); no register stores of
+    # tiles (the counter reset is the one scalar st.global)
+    assert "cp.async.bulk.wait_group 0;" in kernel.asm["ptx"]
+    assert not any(o.startswith("st.global.v") for o in ops), sorted(set(ops))
+    loads = [o for o in ops if o.startswith("ld.global.cg")]  # the fix-up's (bias: plain)
+    assert loads and set(loads) == {"ld.global.cg.v4.b32"}, sorted(set(loads))
+
+
+def test_splitr_tma_compiles(ws):
+    import torch
+    mod, probe = ws
+    pl, kernel, reduce = _compile(mod, probe, "pp64x128:splitr3@tma", 512, 576, 4608,
+                                  torch.bfloat16, True)
+    assert pl.partials == "tma" and pl.mode == mod.MODE_SPLITR
+    rows, ld = mod.splitr_pitch(512, 576, pl.cfg)
+    assert pl.ws_tiles * 64 * 128 >= 3 * rows * ld
+    st = probe._sass_stats(kernel)
+    assert st["spills"] == 0 and st["local"] == 0
+    ops = _ops(kernel.asm["ptx"])
+    assert not any(o.startswith("st.global") for o in ops), sorted(set(ops))
+    assert sum(o.startswith("cp.async.bulk.tensor.2d.global.shared") for o in ops) >= 4
+    rops = _ops(reduce.asm["ptx"])
+    plane_loads = [o for o in rops if o.startswith("ld.global.cg")]
+    assert len(plane_loads) == 3 * 4 and set(plane_loads) == {"ld.global.cg.v4.b32"}, rops
+    assert any(o.startswith("cp.async.bulk.tensor.2d.global.shared") for o in rops)  # C by TMA
+    assert not any(o.startswith("st.global") for o in rops)
