@@ -114,13 +114,16 @@ def ag_publish_kernel(sig_ptr, sig_table, dst, rank, world_size):
 
 
 @dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias", "tail_tiles",
-                           "rank", "world_size", "timeout_us", "op_id", "pitch", "copiers"))
+                           "rank", "world_size", "timeout_us", "op_id", "sa_row", "sb_row", "pitch",
+                           "copiers"))
 def ag_gemm_push_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, sig_table,
                         offsets_ptr, src_ptr, buf_ptr, buf_table, err_claim, err_record, M, N, K,
                         stride_cm, stride_cn, has_bias, tail_tiles, rank, world_size, timeout_us,
-                        op_id, pitch, copiers, B_KN: tl.constexpr, C_TMA: tl.constexpr,
+                        op_id, sa_ptr, sb_ptr, sa_row, sb_row, pitch, copiers,
+                        B_KN: tl.constexpr, C_TMA: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_M: tl.constexpr, SPLIT_TAIL: tl.constexpr, COPY_BLOCK: tl.constexpr):
+                        GROUP_M: tl.constexpr, SPLIT_TAIL: tl.constexpr, COPY_BLOCK: tl.constexpr,
+                        SCALE: tl.constexpr = 0):
     """The whole fused call in one launch (the ``"push"`` producer, for small all-gathers whose
     eager host cost would otherwise be four launches, a copy and a stream fork and join):
 
@@ -171,8 +174,8 @@ def ag_gemm_push_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_pt
                 dl.signal_set(peer + rank, epoch)
     gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr, err_claim,
                err_record, M, N, K, stride_cm, stride_cn, has_bias, tail_tiles, rank, w, epoch,
-               deadline, op_id, B_KN, C_TMA, True, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-               SPLIT_TAIL)
+               deadline, op_id, sa_ptr, sb_ptr, sa_row, sb_row, B_KN, C_TMA, True, BLOCK_M,
+               BLOCK_N, BLOCK_K, GROUP_M, SPLIT_TAIL, SCALE)
     tl.debug_barrier()
     if tl.atomic_add(sig_ptr + 6 * w, 1, sem="acq_rel", scope="gpu") == nprog - 1:
         tl.store(sig_ptr + 6 * w, 0)

@@ -182,6 +182,9 @@ class CoreGemm:
     left : int
         The last tiles (in the grouped order) that another launch runs (``SlicedTailGemm``,
         with ``cfg.split_tail`` off): this one stops before them; 0 runs every tile.
+    scales : Scales, optional
+        fp8 operands' scales (``tile_product``'s ``SCALE``): examples of the per-call scale
+        tensors (or the plan's, when they do not vary), their row strides and the mode.
     """
 
     def __init__(self, a_desc: TensorDescriptor, b: torch.Tensor, out: torch.Tensor,
@@ -190,7 +193,7 @@ class CoreGemm:
                  record: torch.Tensor, m: int, programs: Optional[int] = None,
                  cfg: Optional[TileConfig] = None, a_varies: bool = False,
                  push: Optional[dict] = None, b_pad: Optional[torch.Tensor] = None,
-                 left: int = 0):
+                 left: int = 0, scales: Optional["Scales"] = None):
         if cfg is None:
             cfg = select_config(m, b.shape[1], program_budget(out.device, group), out.device,
                                 deterministic=False)
@@ -220,32 +223,63 @@ class CoreGemm:
         head = (a_desc, b_desc, bh_desc, c_desc, out, bias if bias is not None else out, sig)
         sizes = (m, n, k, out.stride(0), out.stride(1), int(bias is not None), tail, rank, world,
                  timeout_us, op_id("ag_gemm"))
+        self._scales = scales
+        if scales is None:
+            sizes += (out, out, 0, 0)
+            scale_vary = ()
+        else:
+            sizes += (scales.a, scales.b, scales.a_row, scales.b_row)
+            tiles_cfg["SCALE"] = scales.mode
+            scale_vary = (("sa_ptr",) if scales.a_varies else ()) + (
+                ("sb_ptr",) if scales.b_varies else ())
         if push is None:
             self.kernel = BoundKernel(persistent_gemm_kernel, (grid,),
                                       head + (offsets, claim, record) + sizes,
                                       dict(WAIT=wait, **tiles_cfg),
-                                      vary=vary + ("c_ptr", "bias_ptr"), device=out.device)
+                                      vary=vary + ("c_ptr", "bias_ptr") + scale_vary,
+                                      device=out.device)
         else:
             self.kernel = BoundKernel(
                 push["kernel"], (grid,),
                 head + (push["sig_table"], offsets, push["src"], push["buf"], push["buf_table"],
                         claim, record) + sizes + (push["pitch"], grid if out.is_cuda else 1),
                 dict(COPY_BLOCK=push["copy_block"], **tiles_cfg),
-                vary=vary + ("c_ptr", "bias_ptr") + (("src_ptr",) if self._src_varies else ()),
+                vary=vary + ("c_ptr", "bias_ptr") + scale_vary
+                + (("src_ptr",) if self._src_varies else ()),
                 device=out.device)
 
     def run(self, a: Optional[torch.Tensor], b: torch.Tensor, out: torch.Tensor,
-            bias: Optional[torch.Tensor], src: Optional[torch.Tensor] = None) -> torch.Tensor:
+            bias: Optional[torch.Tensor], src: Optional[torch.Tensor] = None,
+            scale_a: Optional[torch.Tensor] = None,
+            scale_b: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Launch on the current stream (``a`` only when it varies, else None; ``src``, the
-        push call's rows, only when they vary)."""
+        push call's rows, only when they vary; the scales only when they vary)."""
         values = _ab_values(a, b, self._a_varies, self._b_pad, 2)
         if self._c_tma:
             values.append(out)
         values += (out, bias if bias is not None else out)
+        if self._scales is not None:
+            values += ([scale_a] if self._scales.a_varies else []) + (
+                [scale_b] if self._scales.b_varies else [])
         if self._src_varies:
             values.append(src)
         self.kernel.launch(*values)
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Scales:
+    """fp8 scales of a bound GEMM (``CoreGemm(scales=)``; ``tile_product``'s ``SCALE``):
+    ``mode`` 1 (a scale per row of A and per column of B, row strides 0 for tensor-wise) or 2
+    (1x128 blocks of A, 128x128 of B); ``a`` / ``b`` fp32 examples (or the plan's own tensors
+    when ``*_varies`` is off); ``a_row`` / ``b_row``: floats between rows (block rows of B)."""
+    mode: int
+    a: torch.Tensor
+    b: torch.Tensor
+    a_row: int
+    b_row: int
+    a_varies: bool = True
+    b_varies: bool = True
 
 
 def _ab_values(a: Optional[torch.Tensor], b: torch.Tensor, a_varies: bool,

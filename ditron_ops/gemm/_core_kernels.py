@@ -48,6 +48,49 @@ def tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN: tl.constexpr, BLOCK_
     return acc
 
 
+@dl.jit
+def tile_product(a_desc, b_desc, off_m, off_n, M, N, K, sa_ptr, sb_ptr, sa_row, sb_row,
+                 B_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SCALE: tl.constexpr):
+    """One tile's fp32 product ``A[off_m:, :K] @ B[:K, off_n:]`` in ``BLOCK_K`` steps from 0, its
+    scales applied (fp8 operands):
+
+    - ``SCALE == 0``: none (``tile_matmul``);
+    - ``SCALE == 1``: row/column scales in the epilogue, ``acc * sa[m] * sb[n]`` (``sa_ptr`` one
+      fp32 per row of A at ``sa_row`` floats apart, ``sb_ptr`` one per column of B at
+      ``sb_row`` apart; a stride of 0 reads one tensor-wise scale);
+    - ``SCALE == 2``: 1x128 blocks of A and 128x128 blocks of B (``BLOCK_K == 128``): every K
+      step's product is promoted into the fp32 sum with ``sa[m, step] * sb[step, n // 128]``
+      (``sa_row`` floats between A's rows, ``sb_row`` between B's block rows), so accuracy does
+      not depend on K (TMA reads past K as zeros).
+    """
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    rm = off_m + tl.arange(0, BLOCK_M)
+    rn = off_n + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    if SCALE == 2:
+        sa_rows = sa_ptr + rm.to(tl.int64) * sa_row
+        sb_cols = sb_ptr + tl.minimum(rn, N - 1) // 128
+        for ki in range(tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            if B_KN:
+                b = b_desc.load([ki * BLOCK_K, off_n])
+            else:
+                b = b_desc.load([off_n, ki * BLOCK_K]).T
+            part = tl.dot(a, b)
+            sa = tl.load(sa_rows + ki, mask=m_ok, other=0.0)
+            sb = tl.load(sb_cols + ki * sb_row, mask=n_ok, other=0.0)
+            acc += part * (sa[:, None] * sb[None, :])
+    else:
+        acc = tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN, BLOCK_K)
+        if SCALE == 1:
+            sa = tl.load(sa_ptr + rm.to(tl.int64) * sa_row, mask=m_ok, other=0.0)
+            sb = tl.load(sb_ptr + rn.to(tl.int64) * sb_row, mask=n_ok, other=0.0)
+            acc = acc * sa[:, None] * sb[None, :]
+    return acc
+
+
 @dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias"))
 def skinny_gemm_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, stride_cm, stride_cn, has_bias,
                        B_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -131,16 +174,18 @@ def _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm, str
 
 
 @dl.jit(do_not_specialize=("M", "N", "K", "stride_cm", "stride_cn", "has_bias", "tail_tiles",
-                           "rank", "world_size", "timeout_us", "op_id"))
+                           "rank", "world_size", "timeout_us", "op_id", "sa_row", "sb_row"))
 def persistent_gemm_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr,
                    err_claim, err_record, M, N, K, stride_cm, stride_cn, has_bias, tail_tiles,
-                   rank, world_size, timeout_us, op_id,
+                   rank, world_size, timeout_us, op_id, sa_ptr, sb_ptr, sa_row, sb_row,
                    B_KN: tl.constexpr, C_TMA: tl.constexpr, WAIT: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, SPLIT_TAIL: tl.constexpr = False):
+                   GROUP_M: tl.constexpr, SPLIT_TAIL: tl.constexpr = False,
+                   SCALE: tl.constexpr = 0):
     """Persistent GEMM ``C[M, N] = A[M, K] @ B[K, N] (+ bias)``; with ``WAIT`` A is the gathered
     buffer and each tile first waits for the chunks its rows come from (the call's epoch is the
-    pad's word ``3W``, set by the start barrier). The tiles: ``gemm_tiles``."""
+    pad's word ``3W``, set by the start barrier). The tiles: ``gemm_tiles``; fp8 scales:
+    ``tile_product`` (``SCALE``)."""
     epoch = tl.zeros((), tl.int64)
     deadline = tl.zeros((), tl.int64)
     if WAIT:
@@ -148,16 +193,17 @@ def persistent_gemm_kernel(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig
         deadline = dl.deadline_after(timeout_us.to(tl.int64) * 1000)
     gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr, err_claim,
                err_record, M, N, K, stride_cm, stride_cn, has_bias, tail_tiles, rank, world_size,
-               epoch, deadline, op_id, B_KN, C_TMA, WAIT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-               SPLIT_TAIL)
+               epoch, deadline, op_id, sa_ptr, sb_ptr, sa_row, sb_row, B_KN, C_TMA, WAIT,
+               BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_TAIL, SCALE)
 
 
 @dl.jit
 def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offsets_ptr, err_claim,
                err_record, M, N, K, stride_cm, stride_cn, has_bias, tail_tiles, rank, world_size,
-               epoch, deadline, op_id, B_KN: tl.constexpr, C_TMA: tl.constexpr,
-               WAIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_TAIL: tl.constexpr):
+               epoch, deadline, op_id, sa_ptr, sb_ptr, sa_row, sb_row, B_KN: tl.constexpr,
+               C_TMA: tl.constexpr, WAIT: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+               SPLIT_TAIL: tl.constexpr, SCALE: tl.constexpr):
     """The persistent tile loop: ``C[M, N] = A[M, K] @ B[K, N] (+ bias)``, with ``WAIT`` each
     tile first waiting for the gathered chunks its rows come from (flags ``>= epoch``).
 
@@ -194,8 +240,8 @@ def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offset
         # A zero accumulator (the first MMA need not read it) and the bias added after the K
         # loop: a kernel of the same tiles without the bias seed ran 1.4% faster than one with
         # it (H200, one run; benchmarks/NOTES.md, GEMM core).
-        acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), off_m,
-                          off_n, K, B_KN, BLOCK_K)
+        acc = tile_product(a_desc, b_desc, off_m, off_n, M, N, K, sa_ptr, sb_ptr, sa_row,
+                           sb_row, B_KN, BLOCK_M, BLOCK_N, BLOCK_K, SCALE)
         _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm, stride_cn,
                     has_bias, C_TMA, True)
     if SPLIT_TAIL:
@@ -209,8 +255,8 @@ def gemm_tiles(a_desc, b_desc, bh_desc, c_desc, c_ptr, bias_ptr, sig_ptr, offset
                     seen = _wait_rows(sig_ptr, offsets_ptr, off_m, tl.minimum(off_m + BLOCK_M, M),
                                       rank, world_size, epoch, deadline, err_claim, err_record,
                                       op_id, seen)
-                acc = tile_matmul(a_desc, bh_desc, tl.zeros((BLOCK_M, HALF), dtype=tl.float32),
-                                  off_m, off_n, K, B_KN, BLOCK_K)
+                acc = tile_product(a_desc, bh_desc, off_m, off_n, M, N, K, sa_ptr, sb_ptr,
+                                   sa_row, sb_row, B_KN, BLOCK_M, HALF, BLOCK_K, SCALE)
                 _store_tile(acc, c_desc, c_ptr, bias_ptr, off_m, off_n, M, N, stride_cm,
                             stride_cn, has_bias, C_TMA, False)
 
