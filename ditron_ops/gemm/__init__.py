@@ -8,10 +8,10 @@ launcher (``_ag_launch.py``, ``_rs_launch.py``) and kernels (``_ag_kernels.py``,
 ``matmul`` only). The functions are re-exported by ``ditron_ops`` (``ditron_ops.ag_gemm``);
 here the names stay the modules (``ditron_ops.gemm.ag_gemm.use_fused``).
 """
-from . import ag_gemm, gemm_rs
+from . import ag_gemm, gemm_rs, scaled
 from . import autograd as _autograd  # noqa: E402,F401  (ag_gemm <-> gemm_rs backward; needs the ops)
 
-__all__ = ["ag_gemm", "gemm_rs", "matmul"]
+__all__ = ["ag_gemm", "gemm_rs", "matmul", "scaled"]
 
 
 def __getattr__(name: str):

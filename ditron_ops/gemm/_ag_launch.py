@@ -2,6 +2,7 @@
 fused call, the precompile list. The GEMM itself is the shared core (``_core``)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Optional
 
@@ -16,7 +17,8 @@ from ..runtime.precompile import one_rank_pad, pointer_table, register_precompil
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import tensor_key
 from ._ag_kernels import ag_gemm_push_kernel, ag_publish_kernel, ag_pull_kernel
-from ._core import CoreGemm, consumer_programs, program_budget, rule_configs, select_config
+from ._core import (CoreGemm, Scales, consumer_programs, program_budget, rule_configs,
+                    select_config)
 
 PURPOSE = "ag_gemm"
 PRODUCERS = ("copy", "pull", "push")
@@ -51,9 +53,23 @@ def pull_programs(group: Group) -> int:
     return max(1, group.sm_share() // PULL_SM_FRACTION)
 
 
+@dataclasses.dataclass(frozen=True)
+class ScaledRows:
+    """fp8 rows (``ag_gemm_scaled``): ``a`` is the packed rows as fp32 words (``scaled.packed_row``):
+    ``k`` fp8 values a row, then its scales from word ``scale_word``; ``mode`` the kernel's
+    ``SCALE``; ``b_row`` the stride of ``scale_b`` (``scaled._b_scales``). The transport is that
+    of any rows; the consumer reads A as fp8 and its scales from the gathered buffer."""
+    k: int
+    mode: int
+    scale_word: int
+    b_row: int
+    block_k: int = 128
+
+
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
           out: torch.Tensor, shard_sizes: list[int], gathered: Optional[torch.Tensor],
-          producer: Optional[str] = None, own_out: bool = False, tensor_keys=None) -> None:
+          producer: Optional[str] = None, own_out: bool = False, tensor_keys=None,
+          scaled: Optional[ScaledRows] = None, scale_b: Optional[torch.Tensor] = None) -> None:
     """One fused call (schedule in ``_ag_kernels``): start barrier, all-gather on a side stream
     with a flag per chunk, persistent GEMM over the gathered rows as chunks land; or, pushed,
     all of it in one kernel (``producer``, default ``PRODUCER``). Everything but the launches
@@ -69,10 +85,11 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
             else "copy"
     if tensor_keys is None:
         tensor_keys = (tensor_key(a), tensor_key(b), tensor_key(bias))
-    key = ("ag_gemm", producer, *tensor_keys, None if own_out else tensor_key(out), tuple(shard_sizes))
-    plan = group.plans.get(key, lambda previous=None: AgGemmPlan(group, a, b, bias, out,
-                                                                 shard_sizes, producer, previous))
-    plan.run(a, b, bias, out, gathered)
+    key = ("ag_gemm", producer, *tensor_keys, None if own_out else tensor_key(out), tuple(shard_sizes),
+           scaled, None if scaled is None else tensor_key(scale_b), out.dtype)
+    plan = group.plans.get(key, lambda previous=None: AgGemmPlan(
+        group, a, b, bias, out, shard_sizes, producer, previous, scaled, scale_b))
+    plan.run(a, b, bias, out, gathered, scale_b)
 
 
 class AgGemmPlan:
@@ -82,7 +99,8 @@ class AgGemmPlan:
 
     def __init__(self, group: Group, a: torch.Tensor, b: torch.Tensor,
                  bias: Optional[torch.Tensor], out: torch.Tensor, shard_sizes: list[int],
-                 producer: str, previous: "AgGemmPlan | None" = None):
+                 producer: str, previous: "AgGemmPlan | None" = None,
+                 scaled: Optional[ScaledRows] = None, scale_b: Optional[torch.Tensor] = None):
         if producer not in PRODUCERS:
             raise ValueError(f"ditron.ag_gemm: producer must be one of {PRODUCERS}, got {producer!r}")
         self.group, self.producer = group, producer
@@ -98,6 +116,8 @@ class AgGemmPlan:
         if producer == "pull" and a.is_cuda:
             budget = max(1, group.sm_share() - pull_programs(group))
         self.cfg = cfg = select_config(m, b.shape[1], budget, a.device, deterministic=False)
+        if scaled is not None:  # fp8: one K step is one 128-wide scale block
+            self.cfg = cfg = dataclasses.replace(cfg, block_k=scaled.block_k)
         w, rank = group.world_size, group.rank
         elem = a.element_size()
         pitch = k_pitch(k, elem)
@@ -107,7 +127,14 @@ class AgGemmPlan:
                               "no peer tensors for copy-engine transfers")
         buf = data.local.view(a.dtype)
         self.gathered_view = buf[:m * pitch].view(m, pitch)[:, :k]
-        a_desc = TensorDescriptor(buf, [m, k], [pitch, 1], [cfg.block_m, cfg.block_k])
+        scales = None
+        if scaled is None:
+            a_desc = TensorDescriptor(buf, [m, k], [pitch, 1], [cfg.block_m, cfg.block_k])
+        else:  # fp8 values at the start of each packed row, its scales from scale_word
+            a_desc = TensorDescriptor(data.local.view(torch.float8_e4m3fn), [m, scaled.k],
+                                      [pitch * elem, 1], [cfg.block_m, cfg.block_k])
+            scales = Scales(scaled.mode, buf[scaled.scale_word:], scale_b, pitch, scaled.b_row,
+                            a_varies=False)
         offsets = ws.row_offsets(shard_sizes, "ag_gemm")
         rows, first = shard_sizes[rank], sum(shard_sizes[:rank])
         # one contiguous [rows, pitch] region per chunk; for the pull kernel also 16-byte aligned
@@ -156,7 +183,8 @@ class AgGemmPlan:
                 programs = max(1, min(consumer_programs(a.device, group, tiles), budget))
         self.core = CoreGemm(a_desc, b, out, bias, group=group, wait=True, sig=sig,
                              offsets=offsets, claim=claim, record=record, m=m, programs=programs,
-                             cfg=cfg, push=push, b_pad=previous.core._b_pad if previous else None)
+                             cfg=cfg, push=push, b_pad=previous.core._b_pad if previous else None,
+                             scales=scales)
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the views are of a freed buffer."""
@@ -183,7 +211,7 @@ class AgGemmPlan:
         else:
             self.pull.launch(src)
 
-    def run(self, a, b, bias, out, gathered) -> None:
+    def run(self, a, b, bias, out, gathered, scale_b=None) -> None:
         group, ws = self.group, self.ws
         src = a
         if self.src_pad is not None:
@@ -192,7 +220,7 @@ class AgGemmPlan:
         ws.calls += 1
         if self.producer == "push":
             with group.waiting_launch("ag_gemm", ws.calls):
-                self.core.run(None, b, out, bias, src)
+                self.core.run(None, b, out, bias, src, scale_b=scale_b)
             self._finish(gathered)
             return
         with group.waiting_launch("ag_gemm", ws.calls):
@@ -206,11 +234,11 @@ class AgGemmPlan:
                 cuda_driver.wait(side, fork)
                 self._produce_on(side, src)
                 cuda_driver.record(join, side)
-                self.core.run(None, b, out, bias)
+                self.core.run(None, b, out, bias, scale_b=scale_b)
                 cuda_driver.wait(main, join)
             else:
                 self._produce_here(src)
-                self.core.run(None, b, out, bias)
+                self.core.run(None, b, out, bias, scale_b=scale_b)
         self._finish(gathered)
 
     def _finish(self, gathered) -> None:

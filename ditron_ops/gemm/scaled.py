@@ -1,0 +1,308 @@
+"""``ag_gemm_scaled``: all-gather of fp8 (e4m3) row shards and their scales, fused with the scaled
+GEMM that consumes them.
+
+``out = (all_gather(a) * scale_a) @ (b * scale_b) (+ bias)`` in ``torch._scaled_mm``'s
+conventions: ``a [M_r, K]`` and ``b [K, N]`` (column-major: ``b = w.t()`` of a row-major
+``[N, K]`` weight) in ``float8_e4m3fn``, fp32 scales, the product accumulated in fp32 and
+rounded once to ``out_dtype``.
+
+Scale modes (told apart by the scales' shapes):
+
+- tensor-wise: ``scale_a`` and ``scale_b`` one element each;
+- row-wise: ``scale_a [M_r, 1]``, ``scale_b [1, N]``;
+- block-wise (DeepSeek-V3's recipe): ``scale_a [M_r, ceil(K/128)]`` (1x128 blocks of A),
+  ``scale_b [ceil(K/128), ceil(N/128)]`` (128x128 blocks of B); every 128 of K the partial
+  product is promoted into the fp32 sum with its blocks' scales, so accuracy does not depend
+  on K.
+
+What moves: each rank's rows travel as fp8 bytes with their scales packed behind them in the
+same row (``packed_row``): ``K`` bytes rounded up to 16, then one fp32 scale (tensor-wise and
+row-wise: a tensor-wise scale becomes every row's, so ranks may quantize with scales of their
+own) or ``ceil(K/128)`` of them, rounded up to 16 bytes. The gather is one transfer of those
+rows, never a bf16 copy: ``gathered_bytes`` says how many bytes a call moves.
+
+No autograd (fp8 training recipes quantize around the op; there is no gradient formula here).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Optional, Sequence
+
+import torch
+
+from .._library import define_op, direct
+from .._validation import check_sizes, check_tensor, memo
+from ..collectives.unfused import gather_rows
+from ..runtime.agreement import agree
+from ..runtime.group import Group, call_group, resolve_group
+from ..runtime.plan import PlanCache, call_key, tensor_key
+from .ag_gemm import IMPLS, use_fused
+
+FP8 = torch.float8_e4m3fn
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+SCALE_BLOCK = 128
+"""K (and N, for B) elements per block scale; also the fp8 GEMM's ``BLOCK_K``: one K step is one
+scale block (``_core_kernels.tile_product``)."""
+MODES = {"tensor": 1, "row": 1, "block": 2}
+"""The kernel's ``SCALE`` per mode (tensor-wise runs as row-wise with strides of 0)."""
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round16(n: int) -> int:
+    return _cdiv(n, 16) * 16
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedRow:
+    """One gathered row's layout, in bytes: fp8 values ``[0, k)``, ``scales`` fp32 scales from
+    ``scale_offset`` (a multiple of 16), the whole row ``pitch`` bytes (a multiple of 16: TMA
+    rows and 16-byte copies)."""
+    k: int
+    scales: int
+    scale_offset: int
+    pitch: int
+
+
+def packed_row(k: int, mode: str) -> PackedRow:
+    """The packed row of ``k`` fp8 values under ``mode`` (module docstring)."""
+    scales = _cdiv(k, SCALE_BLOCK) if mode == "block" else 1
+    offset = _round16(k)
+    return PackedRow(k, scales, offset, offset + _round16(4 * scales))
+
+
+def gathered_bytes(shard_sizes: Sequence[int], k: int, mode: str) -> int:
+    """Bytes one ``ag_gemm_scaled`` call gathers into each rank (fp8 rows + their scales), against
+    ``2 * ΣM_r * K`` for the bf16 ``ag_gemm``."""
+    return sum(shard_sizes) * packed_row(k, mode).pitch
+
+
+def scale_mode(op: str, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+               scale_b: torch.Tensor) -> str:
+    """``"tensor"``, ``"row"`` or ``"block"`` from the scales' shapes (``torch._scaled_mm``'s
+    rules: both scales of one mode); a ``ValueError`` naming the expected shapes otherwise."""
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    kb, nb = _cdiv(k, SCALE_BLOCK), _cdiv(n, SCALE_BLOCK)
+    sa, sb = tuple(scale_a.shape), tuple(scale_b.shape)
+    if scale_a.numel() == 1 and scale_b.numel() == 1:
+        return "tensor"
+    if sa == (m, 1) and sb == (1, n):
+        return "row"
+    if sa == (m, kb) and sb == (kb, nb):
+        return "block"
+    raise ValueError(
+        f"ditron.{op}: scale_a {sa} and scale_b {sb} match no scale mode for a [{m}, {k}] and "
+        f"b [{k}, {n}]: tensor-wise (one element each), row-wise ([{m}, 1] and [1, {n}]) or "
+        f"block-wise ([{m}, {kb}] and [{kb}, {nb}])")
+
+
+def ag_gemm_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                   scale_b: torch.Tensor, group: Optional[Group] = None, *,
+                   bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
+                   impl: str = "auto",
+                   shard_sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """All-gather the fp8 row shards ``a`` of every rank (with their scales) and multiply by
+    ``b``, scaled.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``[M_r, K]`` ``float8_e4m3fn``, this rank's rows (any row stride; unit column stride).
+    b : torch.Tensor
+        ``[K, N]`` ``float8_e4m3fn``, column-major (``w.t()`` of a row-major ``[N, K]`` weight),
+        as ``torch._scaled_mm`` takes it.
+    scale_a, scale_b : torch.Tensor
+        fp32, contiguous: one element each (tensor-wise), ``[M_r, 1]`` and ``[1, N]``
+        (row-wise), or ``[M_r, ceil(K/128)]`` and ``[ceil(K/128), ceil(N/128)]`` (block-wise).
+        ``x = x_fp8 * scale``. Each rank passes the scales of its own rows.
+    group : Group, optional
+        Defaults to the current group.
+    bias : torch.Tensor, optional
+        ``[N]`` of ``out_dtype``, added in fp32 after the scales, before rounding.
+    out_dtype : torch.dtype
+        ``torch.bfloat16`` (default) or ``torch.float16``.
+    impl : {"auto", "fused", "baseline"}
+        As ``ag_gemm``: ``"baseline"`` gathers the packed rows, then runs the scaled GEMM.
+    shard_sizes : sequence of int, optional
+        ``[M_0, ..., M_{W-1}]``, the same on every rank (default: ``a.shape[0]`` each).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[ΣM_r, N]`` of ``out_dtype`` (rank 0's rows first).
+
+    Constraints
+    -----------
+    Collective: every rank calls it in the same order relative to the group's other ops, with
+    the same ``shard_sizes``, ``K``, ``N``, scale mode, ``out_dtype`` and ``impl``. Runs on the
+    current stream. No autograd. Moves ``gathered_bytes`` bytes into each rank (about half the
+    bf16 op's).
+
+    Examples
+    --------
+    >>> import torch, ditron_ops
+    >>> def body(group):  # rank r: 2 rows of ones at scale r + 1; B all ones at scale 0.5; K = 32
+    ...     a = torch.ones(2, 32, device=group.device).to(torch.float8_e4m3fn)
+    ...     b = torch.ones(16, 32, device=group.device).to(torch.float8_e4m3fn).t()
+    ...     sa = torch.full((2, 1), group.rank + 1.0, device=group.device)
+    ...     sb = torch.full((1, 16), 0.5, device=group.device)
+    ...     out = ditron_ops.ag_gemm_scaled(a, b, sa, sb, group, out_dtype=torch.float16)
+    ...     return out[:, 0].tolist()
+    >>> ditron_ops.launch(body, 2)[0]
+    [16.0, 16.0, 32.0, 32.0]
+    """
+    group, name = call_group(group)
+    key = call_key("ag_gemm_scaled", a, b, scale_a, scale_b, bias, out_dtype, impl, shard_sizes)
+    sizes = memo(group, key, lambda: _validate(group, a, b, scale_a, scale_b, bias, out_dtype,
+                                               impl, shard_sizes))
+    if direct(a, b, scale_a, scale_b, bias):
+        return _ag_gemm_scaled_impl(a, b, scale_a, scale_b, bias, name, sizes, out_dtype, impl)
+    return torch.ops.ditron.ag_gemm_scaled(a, b, scale_a, scale_b, bias, name, sizes, out_dtype,
+                                           impl)
+
+
+def _validate(group: Group, a, b, scale_a, scale_b, bias, out_dtype, impl, shard_sizes):
+    """The call's checks (typed errors naming the argument); the shard sizes."""
+    op = "ag_gemm_scaled"
+    check_tensor(op, "a", a, group, (FP8,), min_dim=2)
+    check_tensor(op, "b", b, group, (FP8,), min_dim=2)
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"ditron.{op}: a and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"ditron.{op}: a is [M_r, K] = {tuple(a.shape)} but b is [K, N] = "
+                         f"{tuple(b.shape)} (K must match)")
+    if a.shape[1] and a.stride(1) != 1:
+        raise ValueError(f"ditron.{op}: a must have unit column stride, got strides {a.stride()}")
+    if b.shape[0] > 1 and b.shape[1] > 1 and b.stride(0) != 1:
+        raise ValueError(f"ditron.{op}: b must be column-major [K, N] (w.t() of a row-major "
+                         f"[N, K] weight), as torch._scaled_mm takes it; got strides {b.stride()}")
+    for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        check_tensor(op, name, s, group, (torch.float32,))
+        if not s.is_contiguous():
+            raise ValueError(f"ditron.{op}: {name} must be contiguous, got strides {s.stride()}")
+    mode = scale_mode(op, a, b, scale_a, scale_b)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"ditron.{op}: out_dtype must be torch.bfloat16 or torch.float16, got "
+                        f"{out_dtype}")
+    if bias is not None:
+        check_tensor(op, "bias", bias, group, (out_dtype,), min_dim=1)
+        if tuple(bias.shape) != (b.shape[1],):
+            raise ValueError(f"ditron.{op}: bias must be [N] = [{b.shape[1]}], got {tuple(bias.shape)}")
+    if impl not in IMPLS:
+        raise ValueError(f"ditron.{op}: impl must be one of {IMPLS}, got {impl!r}")
+    sizes = [a.shape[0]] * group.world_size if shard_sizes is None else check_sizes(
+        op, "shard_sizes", shard_sizes, group)
+    if shard_sizes is not None and sizes[group.rank] != a.shape[0]:
+        raise ValueError(f"ditron.{op}: shard_sizes[{group.rank}] = {sizes[group.rank]} but a has "
+                         f"{a.shape[0]} rows on rank {group.rank}")
+    agree(group, op, (("K", a.shape[1]), ("N", b.shape[1]), ("mode", mode),
+                      ("out_dtype", out_dtype), ("shard_sizes", tuple(sizes)), ("impl", impl)))
+    return sizes
+
+
+def pack_rows(a: torch.Tensor, scale_a: torch.Tensor, mode: str) -> torch.Tensor:
+    """This rank's rows as the gather moves them: ``[M_r, pitch / 4]`` fp32 words holding
+    ``packed_row``'s bytes (fp8 values, then the rows' scales)."""
+    layout = packed_row(a.shape[1], mode)
+    rows = a.shape[0]
+    packed = torch.empty((rows, layout.pitch // 4), dtype=torch.float32, device=a.device)
+    packed.view(torch.uint8)[:, :layout.k] = a.view(torch.uint8)
+    lo = layout.scale_offset // 4
+    packed[:, lo:lo + layout.scales] = scale_a.reshape(-1, 1) if mode == "tensor" else scale_a
+    return packed
+
+
+def k_major(b: torch.Tensor) -> torch.Tensor:
+    """``b [K, N]`` as the fp8 MMA reads it, ``w.t()`` of a row-major ``w [N, K]`` with rows on
+    16 bytes (a TMA descriptor's rule): ``b`` itself, else a copy made per call (K not a
+    multiple of 16, or an unaligned view)."""
+    w = b.t()
+    if w.stride(1) == 1 and w.stride(0) % 16 == 0 and w.data_ptr() % 16 == 0:
+        return b
+    buf = torch.empty((w.shape[0], _round16(w.shape[1])), dtype=b.dtype, device=b.device)
+    buf = buf[:, :w.shape[1]]
+    buf.copy_(w)
+    return buf.t()
+
+
+def _b_scales(scale_b: torch.Tensor, mode: str) -> tuple[torch.Tensor, int]:
+    """``scale_b`` and the kernel's stride for it: 0 (tensor-wise), 1 between columns
+    (row-wise ``[1, N]``), a block row's length (block-wise)."""
+    if mode == "tensor":
+        return scale_b.reshape(1), 0
+    return scale_b, 1 if mode == "row" else scale_b.shape[1]
+
+
+def _run(a, b, scale_a, scale_b, bias, group_name, shard_sizes, out_dtype, impl):
+    group = resolve_group(group_name)
+    mode = scale_mode("ag_gemm_scaled", a, b, scale_a, scale_b)
+    m, k, n = sum(shard_sizes), a.shape[1], b.shape[1]
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
+    layout = packed_row(k, mode)
+    packed = pack_rows(a, scale_a, mode)
+    b = k_major(b)
+    sb, sb_row = _b_scales(scale_b, mode)
+    if use_fused(group, impl, m, n, k):
+        from . import _ag_launch
+        scaled = _ag_launch.ScaledRows(k, MODES[mode], layout.scale_offset // 4, sb_row)
+        _ag_launch.fused(group, packed, b, bias, out, shard_sizes, None, own_out=True,
+                         scaled=scaled, scale_b=sb)
+        return out
+    full = gather_rows(packed, group, shard_sizes)
+    a8 = full.view(torch.uint8)[:, :k].view(FP8)
+    lo = layout.scale_offset // 4
+    sa = full[:, lo:lo + layout.scales]
+    return scaled_matmul(a8, b, sa, full.stride(0), sb, sb_row, MODES[mode], bias, out)
+
+
+_PLANS = threading.local()
+"""One plan cache per thread (virtual ranks are threads)."""
+
+
+def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: int,
+                  sb: torch.Tensor, sb_row: int, mode: int, bias: Optional[torch.Tensor],
+                  out: torch.Tensor) -> torch.Tensor:
+    """``out = (a8 * sa) @ (b * sb) (+ bias)`` on the portable core (no waits): ``a8 [M, K]`` fp8
+    with 16-byte aligned rows, ``b`` column-major fp8, ``sa`` one scale per row (``sa_row``
+    floats apart) or per 1x128 block, ``sb`` as ``_b_scales`` gives it; ``mode`` the kernel's
+    ``SCALE``. Plans cached per thread and layout."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from ._core import CoreGemm, Scales, _dummies, program_budget, select_config
+    cache = getattr(_PLANS, "cache", None)
+    if cache is None:
+        cache = _PLANS.cache = PlanCache(None)
+    key = ("scaled_matmul", mode, sa_row, sb_row, tensor_key(a8), tensor_key(b), tensor_key(sa),
+           tensor_key(sb), tensor_key(bias), tensor_key(out))
+
+    def build():
+        m = a8.shape[0]
+        cfg = dataclasses.replace(select_config(m, b.shape[1], program_budget(a8.device, None),
+                                                a8.device, deterministic=False),
+                                  block_k=SCALE_BLOCK)
+        a_desc = TensorDescriptor(a8, list(a8.shape), list(a8.stride()), [cfg.block_m, cfg.block_k])
+        sig, offsets, claim, record = _dummies(a8.device)
+        return CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig, offsets=offsets,
+                        claim=claim, record=record, m=m, cfg=cfg, a_varies=True,
+                        scales=Scales(mode, sa, sb, sa_row, sb_row))
+    return cache.get(key, build).run(a8, b, out, bias, scale_a=sa, scale_b=sb)
+
+
+def _ag_gemm_scaled_impl(a, b, scale_a, scale_b, bias, group_name, shard_sizes, out_dtype, impl):
+    return _run(a, b, scale_a, scale_b, bias, group_name, shard_sizes, out_dtype, impl)
+
+
+def _ag_gemm_scaled_fake(a, b, scale_a, scale_b, bias, group_name, shard_sizes, out_dtype, impl):
+    return a.new_empty((sum(shard_sizes), b.shape[1]), dtype=out_dtype)
+
+
+define_op("ag_gemm_scaled(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
+          "str group_name, SymInt[] shard_sizes, ScalarType out_dtype, str impl) -> Tensor",
+          _ag_gemm_scaled_impl, _ag_gemm_scaled_fake)

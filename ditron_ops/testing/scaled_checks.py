@@ -1,0 +1,81 @@
+"""Shared checks of ``ag_gemm_scaled`` (CPU interpreter and GPU tiers): e4m3 inputs with scales of
+every mode, the float64 product of the dequantized operands, and a bound derived from the
+roundings (the fp32 sum of K products, then one rounding to the output dtype)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+import ditron_ops
+
+FP8 = torch.float8_e4m3fn
+UNIT = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+"""Half an ulp at 1.0 of each output dtype (relative rounding error of one rounding)."""
+
+
+def scaled_inputs(sizes: Sequence[int], k: int, n: int, mode: str, device, seed: int = 0):
+    """``(a_list, scale_a_list, b, scale_b)``: every rank's fp8 rows and scales (the same on
+    every rank for one seed), a column-major fp8 ``b`` and its scales, all for ``mode``."""
+    gen = torch.Generator().manual_seed(seed)
+    kb, nb = -(-k // 128), -(-n // 128)
+
+    def scale(*shape):
+        return (torch.rand(*shape, generator=gen) + 0.5).to(device)
+    a_list = [(torch.randn(s, k, generator=gen) * 8).to(FP8).to(device) for s in sizes]
+    b = (torch.randn(n, k, generator=gen) * 8).to(FP8).to(device).t()
+    if mode == "tensor":
+        return a_list, [scale(1) for _ in sizes], b, scale(1)
+    if mode == "row":
+        return a_list, [scale(s, 1) for s in sizes], b, scale(1, n)
+    return a_list, [scale(s, kb) for s in sizes], b, scale(kb, nb)
+
+
+def dequantized(a_list, sa_list, b, sb, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gathered A and B in float64, scales applied."""
+    k, n = b.shape
+    if mode == "block":
+        a = torch.cat([x.double() * s.double().repeat_interleave(128, 1)[:, :k]
+                       for x, s in zip(a_list, sa_list)])
+        bs = sb.double().repeat_interleave(128, 0).repeat_interleave(128, 1)[:k, :n]
+        return a, b.double() * bs
+    a = torch.cat([x.double() * s.double() for x, s in zip(a_list, sa_list)])
+    return a, b.double() * sb.double()
+
+
+def check_close(out: torch.Tensor, a64: torch.Tensor, b64: torch.Tensor,
+                bias: Optional[torch.Tensor] = None) -> None:
+    """``out`` within the rounding bound of ``a64 @ b64 (+ bias)``: one rounding to out's dtype
+    (half an ulp of the value) plus K fp32 additions of products (``K * 2^-23`` of ``|A| @ |B|``),
+    plus the fp32 product of two scales per term (``2^-22`` more)."""
+    ref = a64 @ b64
+    mag = a64.abs() @ b64.abs()
+    if bias is not None:
+        ref = ref + bias.double()
+        mag = mag + bias.double().abs()
+    k = a64.shape[1]
+    bound = UNIT[out.dtype] * ref.abs() * 1.01 + (k + 4) * 2.0 ** -22 * mag + 1e-30
+    err = (out.double().cpu() - ref.cpu()).abs()
+    bad = err > bound.cpu()
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        raise AssertionError(f"{int(bad.sum())} of {bad.numel()} elements beyond the rounding bound; "
+                             f"first at flat {i}: got {out.flatten()[i].item()}, expected "
+                             f"{ref.flatten()[i].item()}, bound {bound.flatten()[i].item():.3g}")
+
+
+def check_ag_gemm_scaled(group, sizes, k: int, n: int, mode: str, out_dtype=torch.bfloat16,
+                         impl: str = "fused", bias: bool = False, seed: int = 0) -> bool:
+    """One call on every rank of ``group`` checked against the float64 product (rank body)."""
+    a_list, sa_list, b, sb = scaled_inputs(sizes, k, n, mode, group.device, seed)
+    bias_t = None
+    if bias:
+        gen = torch.Generator().manual_seed(seed + 1)
+        bias_t = torch.randn(n, generator=gen).to(out_dtype).to(group.device)
+    r = group.rank
+    out = ditron_ops.ag_gemm_scaled(a_list[r], b, sa_list[r], sb, group, bias=bias_t,
+                                    out_dtype=out_dtype, impl=impl, shard_sizes=list(sizes))
+    assert out.shape == (sum(sizes), n) and out.dtype == out_dtype
+    a64, b64 = dequantized(a_list, sa_list, b, sb, mode)
+    check_close(out, a64, b64, bias_t)
+    return True

@@ -1,0 +1,67 @@
+"""GPU tier: fp8 ``ag_gemm_scaled`` (portable core) on a virtual world, against the float64
+product of the dequantized operands, every scale mode, K off 128 (block tails), graphs."""
+import threading
+
+import pytest
+import torch
+
+import ditron_ops
+from ditron_ops.testing.scaled_checks import (check_ag_gemm_scaled, check_close, dequantized,
+                                              scaled_inputs)
+
+pytestmark = pytest.mark.gpu
+MODES = ["tensor", "row", "block"]
+_CAPTURE_LOCK = threading.Lock()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("mode", MODES)
+def test_scaled_modes(world_size, mode):
+    sizes = [512 + 37 * q for q in range(world_size)]
+
+    def body(group):
+        check_ag_gemm_scaled(group, sizes, 4096, 1536, mode)
+        check_ag_gemm_scaled(group, sizes, 1000, 1000, mode, out_dtype=torch.float16, bias=True)
+        check_ag_gemm_scaled(group, sizes, 1000, 1000, mode, impl="baseline")
+        return True
+    assert ditron_ops.launch(body, world_size) == [True] * world_size
+
+
+@pytest.mark.parametrize("producer", ["push", "copy", "pull"])
+@pytest.mark.parametrize("mode", MODES)
+def test_scaled_each_producer(monkeypatch, producer, mode):
+    from ditron_ops.gemm import _ag_launch
+    monkeypatch.setattr(_ag_launch, "PRODUCER", producer)
+    sizes = [300, 0, 517]
+    assert ditron_ops.launch(lambda g: check_ag_gemm_scaled(g, sizes, 2176, 384, mode), 3) == \
+        [True] * 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_scaled_graph_replay(mode):
+    sizes = [256, 256]
+
+    def body(group):
+        a_list, sa_list, b, sb = scaled_inputs(sizes, 1024, 512, mode, group.device)
+        r = group.rank
+        a, sa = a_list[r].clone(), sa_list[r].clone()
+
+        def step():
+            return ditron_ops.ag_gemm_scaled(a, b, sa, sb, group, impl="fused")
+        step()
+        group.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with _CAPTURE_LOCK:
+            with torch.cuda.graph(g, stream=torch.cuda.current_stream(),
+                                  capture_error_mode="thread_local"):
+                out = step()
+        group.barrier()
+        a2, sa2, _, _ = scaled_inputs(sizes, 1024, 512, mode, group.device, seed=5)
+        a.copy_(a2[r])
+        sa.copy_(sa2[r])
+        g.replay()
+        group.synchronize()
+        a64, b64 = dequantized(a2, sa2, b, sb, mode)
+        check_close(out, a64, b64)
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]

@@ -1,0 +1,105 @@
+"""fp8 ``ag_gemm_scaled`` on the CPU virtual world (Triton interpreter, which runs fp8 ``tl.dot``):
+every scale mode against the float64 product of the dequantized operands, both paths and every
+producer, K off 128 (block tails), typed errors, fake shapes, opcheck, compile."""
+import pytest
+import torch
+
+import ditron_ops
+from ditron_ops.gemm import _ag_launch
+from ditron_ops.gemm.scaled import gathered_bytes, packed_row, scale_mode
+from ditron_ops.testing.scaled_checks import check_ag_gemm_scaled, scaled_inputs
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
+MODES = ["tensor", "row", "block"]
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("world_size,sizes,k,n", [(1, [9], 200, 40), (2, [5, 7], 256, 24),
+                                                  (3, [4, 0, 6], 130, 136)])
+def test_modes_match_float64(mode, world_size, sizes, k, n):
+    def body(group):
+        for impl in ("fused", "baseline"):
+            check_ag_gemm_scaled(group, sizes, k, n, mode, out_dtype=torch.float16, impl=impl,
+                                 bias=impl == "fused")
+        return True
+    assert ditron_ops.launch(body, world_size) == [True] * world_size
+
+
+@pytest.mark.parametrize("producer", ["copy", "pull", "push"])
+def test_each_producer(monkeypatch, producer):
+    monkeypatch.setattr(_ag_launch, "PRODUCER", producer)
+    sizes = [3, 5]
+    body = (lambda g: check_ag_gemm_scaled(g, sizes, 144, 32, "block", out_dtype=torch.float16))
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+def test_packed_rows_halve_the_gather():
+    """fp8 rows and their scales: about half the bf16 op's bytes (and exact layout rules)."""
+    assert packed_row(4096, "row") == packed_row(4096, "tensor")
+    layout = packed_row(4100, "block")
+    assert layout.scale_offset == 4112 and layout.scales == 33 and layout.pitch == 4112 + 144
+    bf16 = 2 * 8192 * 4096
+    assert gathered_bytes([2048] * 4, 4096, "row") / bf16 == pytest.approx(0.5 + 16 / 8192)
+    assert gathered_bytes([2048] * 4, 4096, "block") / bf16 == pytest.approx(0.5 + 128 / 8192)
+
+
+def test_scale_mode_and_errors():
+    a = torch.zeros(4, 256, dtype=FP8)
+    b = torch.zeros(64, 256, dtype=FP8).t()
+    one = torch.ones(1)
+    assert scale_mode("x", a, b, one, one) == "tensor"
+    assert scale_mode("x", a, b, torch.ones(4, 1), torch.ones(1, 64)) == "row"
+    assert scale_mode("x", a, b, torch.ones(4, 2), torch.ones(2, 1)) == "block"
+    with pytest.raises(ValueError, match="match no scale mode"):
+        scale_mode("x", a, b, torch.ones(4, 1), torch.ones(2, 1))
+
+    def body(group):
+        bad = [
+            (dict(a=a.to(torch.bfloat16)), TypeError, "float8_e4m3fn"),
+            (dict(b=torch.zeros(256, 64, dtype=FP8)), ValueError, "column-major"),
+            (dict(scale_a=torch.ones(4, 1, dtype=torch.float16)), TypeError, "scale_a"),
+            (dict(scale_b=torch.ones(64, 1)), ValueError, "match no scale mode"),
+            (dict(scale_a=torch.ones(2, 4).t(), scale_b=torch.ones(2, 1)), ValueError, "contiguous"),
+            (dict(out_dtype=torch.float32), TypeError, "out_dtype"),
+            (dict(bias=torch.zeros(63, dtype=torch.bfloat16)), ValueError, "bias"),
+            (dict(impl="nope"), ValueError, "impl"),
+        ]
+        for change, exc, match in bad:
+            args = dict(a=a, b=b, scale_a=one, scale_b=one) | change
+            with pytest.raises(exc, match=match):
+                ditron_ops.ag_gemm_scaled(args.pop("a"), args.pop("b"), args.pop("scale_a"),
+                                          args.pop("scale_b"), group, **args)
+        assert group._workspaces == {}  # raised before anything was allocated or launched
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+def _opcheck(group):
+    a_list, sa_list, b, sb = scaled_inputs([5], 160, 24, "block", group.device)
+    # (no test_schema: it perturbs the inputs with arithmetic torch does not have for fp8)
+    utils = ("test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(torch.ops.ditron.ag_gemm_scaled.default,
+                          (a_list[0], b, sa_list[0], sb, None, group.group_name, [5],
+                           torch.float16, "fused"), test_utils=utils)
+    return True
+
+
+def test_opcheck():
+    assert ditron_ops.launch(_opcheck, 1) == [True]
+
+
+def _compiled(group):
+    a_list, sa_list, b, sb = scaled_inputs([6], 128, 16, "row", group.device)
+
+    def step(x, s):
+        return ditron_ops.ag_gemm_scaled(x, b, s * 2, sb, group, out_dtype=torch.float16,
+                                         impl="fused").relu()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    return torch.equal(compiled(a_list[0], sa_list[0]), step(a_list[0], sa_list[0]))
+
+
+def test_compile_fullgraph():
+    assert ditron_ops.launch(_compiled, 1) == [True]
