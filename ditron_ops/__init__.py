@@ -5,7 +5,7 @@ Importing registers the ``torch.ops.ditron.*`` ops; nothing else happens at impo
 from . import reference  # noqa: F401  (ditron_ops.reference: the plain-torch oracles)
 from .gemm.ag_gemm import ag_gemm
 from .gemm.gemm_rs import gemm_ar, gemm_rs
-from .gemm.scaled import ag_gemm_scaled
+from .gemm.scaled import ag_gemm_scaled, gemm_ar_scaled, gemm_rs_scaled
 from .attention.flash_decode import flash_decode
 from .attention.paged_kv import csr_to_block_table
 from .attention.ulysses import ulysses_attention
@@ -21,7 +21,7 @@ from .runtime.precompile import precompile
 
 __version__ = "0.1.0"
 
-__all__ = ["ag_gemm", "ag_gemm_scaled", "gemm_rs", "gemm_ar", "flash_decode", "csr_to_block_table",
+__all__ = ["ag_gemm", "ag_gemm_scaled", "gemm_rs_scaled", "gemm_ar_scaled", "gemm_rs", "gemm_ar", "flash_decode", "csr_to_block_table",
            "ulysses_attention", "all_gather",
            "reduce_scatter", "all_reduce", "all_to_all", "all_reduce_rmsnorm", "moe", "launch",
            "Group", "VirtualGroup",

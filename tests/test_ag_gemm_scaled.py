@@ -7,7 +7,8 @@ import torch
 import ditron_ops
 from ditron_ops.gemm import _ag_launch
 from ditron_ops.gemm.scaled import gathered_bytes, packed_row, scale_mode
-from ditron_ops.testing.scaled_checks import check_ag_gemm_scaled, scaled_inputs
+from ditron_ops.testing.scaled_checks import (check_ag_gemm_scaled, check_reduce_scaled,
+                                              reduce_inputs, scaled_inputs)
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
 MODES = ["tensor", "row", "block"]
@@ -103,3 +104,51 @@ def _compiled(group):
 
 def test_compile_fullgraph():
     assert ditron_ops.launch(_compiled, 1) == [True]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", ["gemm_rs_scaled", "gemm_ar_scaled"])
+@pytest.mark.parametrize("world_size,m,k_sizes,n", [(1, 9, [200], 40), (2, 12, [256, 136], 24),
+                                                    (3, 7, [130, 0, 64], 136)])
+def test_reduce_modes_match_float64(mode, op, world_size, m, k_sizes, n):
+    def body(group):
+        for impl, det in (("fused", False), ("fused", True), ("baseline", False)):
+            check_reduce_scaled(group, m, k_sizes, n, mode, op, out_dtype=torch.float16,
+                                impl=impl, deterministic=det)
+        return True
+    assert ditron_ops.launch(body, world_size) == [True] * world_size
+
+
+def test_gemm_ar_scaled_algorithms_and_rs_shards():
+    def body(group):
+        for algorithm in ("one_shot", "two_shot"):
+            check_reduce_scaled(group, 10, [128, 144], 32, "row", "gemm_ar_scaled",
+                                out_dtype=torch.float16, algorithm=algorithm)
+        check_reduce_scaled(group, 10, [128, 144], 32, "block", "gemm_rs_scaled",
+                            out_dtype=torch.float16, shard_sizes=[7, 3])
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+def test_reduce_deterministic_bitwise_repeatable():
+    def body(group):
+        outs = [check_reduce_scaled(group, 9, [256, 128], 48, "block", "gemm_ar_scaled",
+                                    out_dtype=torch.float16, deterministic=True)
+                for _ in range(2)]
+        return torch.equal(*outs)
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+def test_reduce_opcheck():
+    def body(group):
+        parts = reduce_inputs(6, [160], 24, "row", group.device)
+        a, sa, b, sb = parts[0]
+        utils = ("test_faketensor", "test_aot_dispatch_dynamic")
+        torch.library.opcheck(torch.ops.ditron.gemm_rs_scaled.default,
+                              (a, b, sa, sb, group.group_name, [6], torch.float16, True, "fused"),
+                              test_utils=utils)
+        torch.library.opcheck(torch.ops.ditron.gemm_ar_scaled.default,
+                              (a, b, sa, sb, group.group_name, torch.float16, False, "fused",
+                               "auto"), test_utils=utils)
+        return True
+    assert ditron_ops.launch(body, 1) == [True]

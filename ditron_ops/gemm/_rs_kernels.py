@@ -62,7 +62,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from .. import language as dl
-from ._core_kernels import _tile_coords, tile_matmul
+from ._core_kernels import _tile_coords, tile_product
 
 CALL_BITS = tl.constexpr(24)
 CALL_UNIT = tl.constexpr(1 << CALL_BITS.value)  # (the interpreter cannot shift by a constexpr)
@@ -79,20 +79,23 @@ def _multiple_of_16(x, ALIGNED: tl.constexpr):
     return x
 
 
-@dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "rank", "world_size"))
+@dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "rank", "world_size", "sa_row", "sb_row"))
 def gemm_broadcast_kernel(a_desc, b_desc, buf_ptr, buf_table, M, N, K, slot_rows, rank, world_size,
+                          sa_ptr, sb_ptr, sa_row, sb_row,
                           B_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ALIGNED: tl.constexpr):
-    """``a [M, K] @ b [K, N]`` in fp32 tiles, each stored into slot ``rank`` of every rank.
-    ``ALIGNED``: N is a multiple of 16 (vector stores)."""
+                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ALIGNED: tl.constexpr,
+                          SCALE: tl.constexpr = 0):
+    """``a [M, K] @ b [K, N]`` in fp32 tiles (fp8 scales: ``tile_product``'s ``SCALE``), each
+    stored into slot ``rank`` of every rank. ``ALIGNED``: N is a multiple of 16 (vector
+    stores)."""
     N = _multiple_of_16(N, ALIGNED)
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     for tile in range(pid, tiles_m * tiles_n, tl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile, tiles_m, GROUP_M * tiles_n, 0, GROUP_M)
-        acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
-                          pid_m * BLOCK_M, pid_n * BLOCK_N, K, B_KN, BLOCK_K)
+        acc = tile_product(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, sa_ptr,
+                           sb_ptr, sa_row, sb_row, B_KN, BLOCK_M, BLOCK_N, BLOCK_K, SCALE)
         _store_halves(acc, buf_ptr, buf_table, buf_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N,
                       slot_rows, rank, world_size, True, BLOCK_M, BLOCK_N)
 
@@ -109,13 +112,14 @@ def _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slot
 
 
 @dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "stride_om", "lo", "hi", "tail_tiles",
-                           "rank", "world_size", "timeout_us", "op_id"))
+                           "rank", "world_size", "timeout_us", "op_id", "sa_row", "sb_row"))
 def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_table, offsets_ptr,
                    out_ptr, sig_ptr, sig_table, err_claim, err_record, M, N, K, slot_rows,
                    stride_om, lo, hi, tail_tiles, rank, world_size, timeout_us, op_id,
+                   sa_ptr, sb_ptr, sa_row, sb_row,
                    B_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ALIGNED: tl.constexpr,
-                   C_TMA: tl.constexpr, SPLIT_TAIL: tl.constexpr):
+                   C_TMA: tl.constexpr, SPLIT_TAIL: tl.constexpr, SCALE: tl.constexpr = 0):
     """Reduce-scatter GEMM (schedule in the module docstring): ``out = (Σ_s a_s @ b_s)[lo:hi]``
     (``lo``, ``hi``: this rank's rows, also in ``offsets_ptr``; as arguments the first tile's
     coordinates need no load).
@@ -158,8 +162,8 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
         else:
             pm, pid_n = _tile_coords(tile, tiles_m - n_full, group_tiles, 0, GROUP_M)
             off_m = ((pm + full_end) % tiles_m) * BLOCK_M
-        acc = tile_matmul(a_desc, b_desc, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
-                          off_m, pid_n * BLOCK_N, K, B_KN, BLOCK_K)
+        acc = tile_product(a_desc, b_desc, off_m, pid_n * BLOCK_N, M, N, K, sa_ptr, sb_ptr,
+                           sa_row, sb_row, B_KN, BLOCK_M, BLOCK_N, BLOCK_K, SCALE)
         if own:
             counted, peers_in = _own_tile(
                 acc, counted, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr, sig_table,
@@ -180,8 +184,8 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
             off_m = (full_first + pm) * BLOCK_M
             off_n = pid_n * BLOCK_N + (sub % 2) * HALF
             if off_n < N:
-                acc = tile_matmul(a_desc, bh_desc, tl.zeros((BLOCK_M, HALF), dtype=tl.float32),
-                                  off_m, off_n, K, B_KN, BLOCK_K)
+                acc = tile_product(a_desc, bh_desc, off_m, off_n, M, N, K, sa_ptr, sb_ptr,
+                                   sa_row, sb_row, B_KN, BLOCK_M, HALF, BLOCK_K, SCALE)
                 counted, peers_in = _own_tile(
                     acc, counted, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr,
                     sig_table, err_claim, err_record, op_id, epoch, deadline, nprog, off_m, off_n,

@@ -3,6 +3,7 @@ reduce-scatter GEMM, its own start barrier; or start barrier + broadcast GEMM + 
 one-shot)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Optional
 
@@ -15,7 +16,7 @@ from ..runtime.launcher import BoundKernel
 from ..runtime.plan import tensor_key
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._pad import padded_copy, tma_ok
-from ._core import (b_descriptor, consumer_programs, half_b_descriptor,
+from ._core import (Scales, b_descriptor, consumer_programs, half_b_descriptor,
                     program_budget, rule_configs, select_config, tail_tiles)
 from ._rs_kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
 
@@ -38,7 +39,8 @@ def finish_programs(group: Group) -> int:
 
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows: list[int],
           *, broadcast: bool, op: str, partials: torch.dtype = torch.float32,
-          deterministic: bool = True, tensor_keys: Optional[tuple] = None) -> torch.Tensor:
+          deterministic: bool = True, tensor_keys: Optional[tuple] = None,
+          scales: Optional[Scales] = None) -> torch.Tensor:
     """One call: scattered partial GEMM with the reduction in its epilogue (its own start
     barrier), or start barrier + broadcast GEMM + finish (one-shot), into ``out``.
 
@@ -48,16 +50,20 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     ``LOWP_PARTIALS``); the sums are fp32 either way. ``deterministic``: the tiles are picked
     among the batch-invariant configurations only (``select_config``). ``tensor_keys``:
     ``(a, b)``'s ``tensor_key``s when the caller has them (its validation key). Everything but
-    the launches comes from the call's plan.
+    the launches comes from the call's plan. ``scales``: fp8 operands' scales (the call's
+    tensors; ``tile_product``'s ``SCALE``), each rank's own, applied to its partial.
     """
     group.check()
     if tensor_keys is None:
         tensor_keys = (tensor_key(a), tensor_key(b))
+    scale_key = None if scales is None else (scales.mode, scales.a_row, scales.b_row,
+                                             tensor_key(scales.a), tensor_key(scales.b))
     key = (op, broadcast, partials, deterministic, *tensor_keys,
-           None if broadcast else tuple(rows))  # out: made by the op, contiguous and aligned
+           None if broadcast else tuple(rows), scale_key, out.dtype)  # out: made by the op
     plan = group.plans.get(key, lambda previous=None: RsPlan(group, a, b, out, rows, broadcast, op,
-                                                             partials, previous, deterministic))
-    return plan.run(a, b, out)
+                                                             partials, previous, deterministic,
+                                                             scales))
+    return plan.run(a, b, out, scales)
 
 
 class RsPlan:
@@ -66,7 +72,8 @@ class RsPlan:
 
     def __init__(self, group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
                  rows: list[int], broadcast: bool, op: str, partials: torch.dtype,
-                 previous: "RsPlan | None" = None, deterministic: bool = True):
+                 previous: "RsPlan | None" = None, deterministic: bool = True,
+                 scales: Optional[Scales] = None):
         self.group, self.op, self.broadcast = group, op, broadcast
         self.ws = ws = group.workspace(PURPOSE)
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
@@ -74,6 +81,12 @@ class RsPlan:
         # sees only M, N, the mode and the SM share, which all ranks agree on, never K_r.
         self.cfg = cfg = select_config(m, n, program_budget(a.device, group), a.device,
                                        deterministic=deterministic)
+        if scales is not None:  # fp8: one K step is one 128-wide scale block
+            self.cfg = cfg = dataclasses.replace(cfg, block_k=128)
+        self.scaled = scales is not None
+        scale_args = (out, out, 0, 0) if scales is None else (scales.a, scales.b, scales.a_row,
+                                                              scales.b_row)
+        scale_vary = ("sa_ptr", "sb_ptr") if self.scaled else ()
         w, rank = group.world_size, group.rank
         slot_rows = m if broadcast else max(rows)
         self.data = data = ws.ensure_data(max(1, w * slot_rows * n * partials.itemsize))
@@ -96,6 +109,8 @@ class RsPlan:
         tiles_cfg = dict(B_KN=b_kn, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                          GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          ALIGNED=aligned)
+        if self.scaled:
+            tiles_cfg["SCALE"] = scales.mode
         # per call: a (unless padded), b (unless padded), out (and its descriptor)
         ab = (("a_desc",) if self.a_pad is None else ()) + (("b_desc",) if self.b_pad is None else ())
         device = a.device
@@ -105,7 +120,8 @@ class RsPlan:
                                       op_id(op)), {}, device=device)
             self.gemm = BoundKernel(gemm_broadcast_kernel, (programs,),
                                     (a_desc, b_desc, buf, data.ptr_table, m, n, k, slot_rows, rank,
-                                     w), tiles_cfg, vary=ab, device=device)
+                                     w) + scale_args, tiles_cfg, vary=ab + scale_vary,
+                                    device=device)
             self.finish = BoundKernel(reduce_finish_kernel, (finish_programs(group),),
                                       (buf, out, sig, ws.signal.ptr_table, claim, record, m, n,
                                        out.stride(0), slot_rows, rank, w, timeout, op_id(op)),
@@ -123,15 +139,17 @@ class RsPlan:
                 (a_desc, b_desc, half_b_descriptor(b_desc, b_kn, cfg), slots_desc, c_desc, buf,
                  data.ptr_table, offsets, out, sig, ws.signal.ptr_table, claim, record, m, n, k,
                  slot_rows, out.stride(0), lo, hi, own_tail(m, n, lo, hi, programs, cfg), rank, w,
-                 timeout, op_id(op)),
+                 timeout, op_id(op)) + scale_args,
                 dict(C_TMA=self.c_tma, SPLIT_TAIL=cfg.split_tail, **tiles_cfg),
-                vary=ab + (("c_desc",) if self.c_tma else ()) + ("out_ptr",), device=device)
+                vary=ab + (("c_desc",) if self.c_tma else ()) + ("out_ptr",) + scale_vary,
+                device=device)
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the slots are of a freed buffer."""
         return self.ws.data is not self.data
 
-    def run(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def run(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+            scales: Optional[Scales] = None) -> torch.Tensor:
         group, ws = self.group, self.ws
         values = []
         if self.a_pad is None:
@@ -145,16 +163,17 @@ class RsPlan:
         else:
             self.b_pad.copy_(b)
         ws.calls += 1
+        scale_values = [scales.a, scales.b] if self.scaled else []
         with group.waiting_launch(self.op, ws.calls):
             if self.broadcast:
                 self.start.launch()
-                self.gemm.launch(*values)
+                self.gemm.launch(*values, *scale_values)
                 self.finish.launch(out)
             else:
                 if self.c_tma:
                     values.append(out)
                 values.append(out)
-                self.gemm.launch(*values)
+                self.gemm.launch(*values, *scale_values)
         if group.sync_check:
             group.synchronize()
         return out
@@ -212,11 +231,11 @@ def _precompile_tiles(device: torch.device, dtypes: tuple, cfg) -> None:
                 BoundKernel(gemm_rs_kernel, (1,),
                             (a_desc, b_desc, half_b_descriptor(b_desc, b_kn, cfg), slots_desc,
                              c_desc, buf, table, offsets, out, sig, sig_table, claim, record, 64,
-                             64, 64, 64, 64, 0, 64, 0, 0, 1, 10**6, 0),
+                             64, 64, 64, 64, 0, 64, 0, 0, 1, 10**6, 0, out, out, 0, 0),
                             dict(B_KN=b_kn, ALIGNED=aligned, C_TMA=c_tma,
                                  SPLIT_TAIL=cfg.split_tail, **tiles_cfg), device=device)
             BoundKernel(gemm_broadcast_kernel, (1,),
-                        (a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1),
+                        (a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1, out, out, 0, 0),
                         dict(B_KN=b_kn, ALIGNED=aligned, **tiles_cfg), device=device)
             BoundKernel(reduce_finish_kernel, (1,),
                         (buf, out, sig, sig_table, claim, record, 64, 64, 64, 64, 0, 1, 10**6, 0),

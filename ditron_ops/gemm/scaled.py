@@ -33,11 +33,14 @@ import torch
 
 from .._library import define_op, direct
 from .._validation import check_sizes, check_tensor, memo
-from ..collectives.unfused import gather_rows
+from ..collectives.unfused import gather_rows, reduce_rows, sum_all
+from ..deterministic import resolve_deterministic
 from ..runtime.agreement import agree
-from ..runtime.group import Group, call_group, resolve_group
+from ..runtime.group import Group, call_group, name_for_rows, resolve_group
 from ..runtime.plan import PlanCache, call_key, tensor_key
+from ..runtime.split import split_sizes
 from .ag_gemm import IMPLS, use_fused
+from .gemm_rs import ALGORITHMS, ONE_SHOT_MAX_BYTES, _fused_wanted
 
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -306,3 +309,213 @@ def _ag_gemm_scaled_fake(a, b, scale_a, scale_b, bias, group_name, shard_sizes, 
 define_op("ag_gemm_scaled(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
           "str group_name, SymInt[] shard_sizes, ScalarType out_dtype, str impl) -> Tensor",
           _ag_gemm_scaled_impl, _ag_gemm_scaled_fake)
+
+
+def _aligned_rows(a: torch.Tensor) -> torch.Tensor:
+    """``a`` with rows a TMA descriptor reads (unit column stride, 16-byte row pitch and base),
+    else a copy padded so (per call)."""
+    if a.stride(1) == 1 and a.stride(0) % 16 == 0 and a.data_ptr() % 16 == 0:
+        return a
+    buf = torch.empty((a.shape[0], _round16(a.shape[1])), dtype=a.dtype, device=a.device)
+    buf = buf[:, :a.shape[1]]
+    buf.copy_(a)
+    return buf
+
+
+def _operands(a, b, scale_a, scale_b, mode: str):
+    """The kernel's operands of one rank's partial: ``(a, b, Scales)`` with aligned fp8 rows,
+    a K-major ``b`` and the scales' strides; a rank with an empty slice of K gets one zero
+    block (it still runs the fused kernel its peers run) with unit row scales."""
+    from ._core import Scales
+    if a.shape[1] == 0:
+        m, n = a.shape[0], b.shape[1]
+        a = torch.zeros((m, 16), dtype=FP8, device=a.device)
+        b = torch.zeros((n, 16), dtype=FP8, device=b.device).t()
+        return a, b, Scales(1, torch.zeros(max(m, 1), device=a.device),
+                            torch.zeros(max(n, 1), device=a.device), 1, 1)
+    a, b = _aligned_rows(a), k_major(b)
+    sb, sb_row = _b_scales(scale_b, mode)
+    sa = scale_a.reshape(1) if mode == "tensor" else scale_a
+    sa_row = 0 if mode == "tensor" else scale_a.shape[1]
+    return a, b, Scales(MODES[mode], sa, sb, sa_row, sb_row)
+
+
+def _validate_reduce(op: str, group: Group, a, b, scale_a, scale_b, out_dtype, impl) -> str:
+    """``gemm_rs_scaled`` / ``gemm_ar_scaled``'s per-rank checks; the scale mode."""
+    check_tensor(op, "a", a, group, (FP8,), min_dim=2)
+    check_tensor(op, "b", b, group, (FP8,), min_dim=2)
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"ditron.{op}: a and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"ditron.{op}: a is [M, K_r] = {tuple(a.shape)} but b is [K_r, N] = "
+                         f"{tuple(b.shape)} (K_r must match)")
+    if a.shape[1] > 1 and a.stride(1) != 1:
+        raise ValueError(f"ditron.{op}: a must have unit column stride, got strides {a.stride()}")
+    if b.shape[0] > 1 and b.shape[1] > 1 and b.stride(0) != 1:
+        raise ValueError(f"ditron.{op}: b must be column-major [K_r, N] (w.t() of a row-major "
+                         f"[N, K_r] weight), as torch._scaled_mm takes it; got strides {b.stride()}")
+    for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        check_tensor(op, name, s, group, (torch.float32,))
+        if not s.is_contiguous():
+            raise ValueError(f"ditron.{op}: {name} must be contiguous, got strides {s.stride()}")
+    mode = scale_mode(op, a, b, scale_a, scale_b)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"ditron.{op}: out_dtype must be torch.bfloat16 or torch.float16, got "
+                        f"{out_dtype}")
+    if impl not in IMPLS:
+        raise ValueError(f"ditron.{op}: impl must be one of {IMPLS}, got {impl!r}")
+    return mode
+
+
+def gemm_rs_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                   scale_b: torch.Tensor, group: Optional[Group] = None, *,
+                   out_dtype: torch.dtype = torch.bfloat16, deterministic: Optional[bool] = None,
+                   impl: str = "auto",
+                   shard_sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """fp8 GEMM of row-parallel shards, reduce-scattered: this rank's rows of
+    ``Σ_r (a_r * scale_a_r) @ (b_r * scale_b_r)``.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``[M, K_r]`` ``float8_e4m3fn`` (this rank's slice of the reduction dimension).
+    b : torch.Tensor
+        ``[K_r, N]`` ``float8_e4m3fn``, column-major (``w.t()`` of a row-major ``[N, K_r]``).
+    scale_a, scale_b : torch.Tensor
+        This rank's fp32 scales, contiguous, as ``ag_gemm_scaled`` takes them with ``K_r`` for
+        K: tensor-wise, row-wise (``[M, 1]``, ``[1, N]``) or block-wise (``[M, ceil(K_r/128)]``,
+        ``[ceil(K_r/128), ceil(N/128)]``).
+    group, deterministic, impl, shard_sizes
+        As ``gemm_rs``. The partials stay fp32 and are summed in rank order, rounded once to
+        ``out_dtype`` (deterministic: the same bits run to run).
+    out_dtype : torch.dtype
+        ``torch.bfloat16`` (default) or ``torch.float16``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[shard_sizes[rank], N]`` of ``out_dtype``.
+
+    Constraints
+    -----------
+    Collective, as ``gemm_rs``: the same M, N, scale mode, ``out_dtype`` and flags on every
+    rank. No bias (add it to the reduced rows) and no autograd.
+    """
+    group, name = call_group(group)
+    flag = resolve_deterministic(deterministic)
+
+    def validate():
+        mode = _validate_reduce("gemm_rs_scaled", group, a, b, scale_a, scale_b, out_dtype, impl)
+        rows = split_sizes(a.shape[0], group.world_size) if shard_sizes is None else check_sizes(
+            "gemm_rs_scaled", "shard_sizes", shard_sizes, group)
+        if sum(rows) != a.shape[0]:
+            raise ValueError(f"ditron.gemm_rs_scaled: shard_sizes {rows} must sum to M = {a.shape[0]}")
+        agree(group, "gemm_rs_scaled", (("M", a.shape[0]), ("N", b.shape[1]), ("mode", mode),
+                                        ("out_dtype", out_dtype), ("shard_sizes", tuple(rows)),
+                                        ("impl", impl), ("deterministic", flag)))
+        return rows
+    rows = memo(group, call_key("gemm_rs_scaled", a, b, scale_a, scale_b, out_dtype, impl,
+                                shard_sizes, flag), validate)
+    name = name_for_rows(name, group, rows)
+    if direct(a, b, scale_a, scale_b):
+        return _gemm_rs_scaled_impl(a, b, scale_a, scale_b, name, rows, out_dtype, flag, impl)
+    return torch.ops.ditron.gemm_rs_scaled(a, b, scale_a, scale_b, name, rows, out_dtype, flag,
+                                           impl)
+
+
+def gemm_ar_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                   scale_b: torch.Tensor, group: Optional[Group] = None, *,
+                   out_dtype: torch.dtype = torch.bfloat16, deterministic: Optional[bool] = None,
+                   impl: str = "auto", algorithm: str = "auto") -> torch.Tensor:
+    """fp8 GEMM of row-parallel shards, all-reduced: ``Σ_r (a_r * scale_a_r) @ (b_r * scale_b_r)``
+    on every rank, ``[M, N]`` of ``out_dtype``. Parameters as ``gemm_rs_scaled``; ``algorithm``
+    as ``gemm_ar``'s.
+
+    Constraints
+    -----------
+    As ``gemm_rs_scaled``.
+    """
+    group, name = call_group(group)
+    flag = resolve_deterministic(deterministic)
+
+    def validate():
+        mode = _validate_reduce("gemm_ar_scaled", group, a, b, scale_a, scale_b, out_dtype, impl)
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"ditron.gemm_ar_scaled: algorithm must be one of {ALGORITHMS}, got "
+                             f"{algorithm!r}")
+        agree(group, "gemm_ar_scaled", (("M", a.shape[0]), ("N", b.shape[1]), ("mode", mode),
+                                        ("out_dtype", out_dtype), ("impl", impl),
+                                        ("algorithm", algorithm), ("deterministic", flag)))
+        return True
+    memo(group, call_key("gemm_ar_scaled", a, b, scale_a, scale_b, out_dtype, impl, algorithm,
+                         flag), validate)
+    if direct(a, b, scale_a, scale_b):
+        return _gemm_ar_scaled_impl(a, b, scale_a, scale_b, name, out_dtype, flag, impl, algorithm)
+    return torch.ops.ditron.gemm_ar_scaled(a, b, scale_a, scale_b, name, out_dtype, flag, impl,
+                                           algorithm)
+
+
+def _partial_fp32(a, b, scales) -> torch.Tensor:
+    """This rank's scaled product in fp32 (the unfused paths)."""
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32, device=a.device)
+    return scaled_matmul(a, b, scales.a, scales.a_row, scales.b, scales.b_row, scales.mode, None,
+                         out)
+
+
+def _gemm_rs_scaled_impl(a, b, scale_a, scale_b, group_name, shard_sizes, out_dtype,
+                         deterministic, impl):
+    from . import _rs_launch
+    group = resolve_group(group_name)
+    rows = list(shard_sizes)
+    out = torch.empty((rows[group.rank], b.shape[1]), dtype=out_dtype, device=a.device)
+    if a.shape[0] == 0 or b.shape[1] == 0:
+        return out
+    mode = scale_mode("gemm_rs_scaled", a, b, scale_a, scale_b)
+    a, b, scales = _operands(a, b, scale_a, scale_b, mode)
+    if _fused_wanted(group, impl, deterministic, "gemm_rs", 2 * a.shape[0] * a.shape[1] * b.shape[1]):
+        return _rs_launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs",
+                                deterministic=deterministic, scales=scales)
+    return reduce_rows(_partial_fp32(a, b, scales), group, rows, out, deterministic)
+
+
+def _gemm_ar_scaled_impl(a, b, scale_a, scale_b, group_name, out_dtype, deterministic, impl,
+                         algorithm):
+    from . import _rs_launch
+    group = resolve_group(group_name)
+    m, n = a.shape[0], b.shape[1]
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    mode = scale_mode("gemm_ar_scaled", a, b, scale_a, scale_b)
+    a, b, scales = _operands(a, b, scale_a, scale_b, mode)
+    if _fused_wanted(group, impl, deterministic, "gemm_ar", 2 * m * a.shape[1] * n):
+        if algorithm == "auto":
+            algorithm = "one_shot" if m * n * 4 <= ONE_SHOT_MAX_BYTES else "two_shot"
+        if algorithm == "one_shot":
+            return _rs_launch.fused(group, a, b, out, [m] * group.world_size, broadcast=True,
+                                    op="gemm_ar", deterministic=deterministic, scales=scales)
+        rows = split_sizes(m, group.world_size)
+        mine = torch.empty((rows[group.rank], n), dtype=out_dtype, device=a.device)
+        mine = _rs_launch.fused(group, a, b, mine, rows, broadcast=False, op="gemm_ar",
+                                deterministic=deterministic, scales=scales)
+        return gather_rows(mine, group, rows, out=out)
+    return sum_all(_partial_fp32(a, b, scales), group, out, deterministic)
+
+
+def _gemm_rs_scaled_fake(a, b, scale_a, scale_b, group_name, shard_sizes, out_dtype,
+                         deterministic, impl):
+    rank = resolve_group(group_name).rank
+    return a.new_empty((shard_sizes[rank], b.shape[1]), dtype=out_dtype)
+
+
+def _gemm_ar_scaled_fake(a, b, scale_a, scale_b, group_name, out_dtype, deterministic, impl,
+                         algorithm):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+define_op("gemm_rs_scaled(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, str group_name, "
+          "SymInt[] shard_sizes, ScalarType out_dtype, bool deterministic, str impl) -> Tensor",
+          _gemm_rs_scaled_impl, _gemm_rs_scaled_fake)
+define_op("gemm_ar_scaled(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, str group_name, "
+          "ScalarType out_dtype, bool deterministic, str impl, str algorithm) -> Tensor",
+          _gemm_ar_scaled_impl, _gemm_ar_scaled_fake)

@@ -79,3 +79,35 @@ def check_ag_gemm_scaled(group, sizes, k: int, n: int, mode: str, out_dtype=torc
     a64, b64 = dequantized(a_list, sa_list, b, sb, mode)
     check_close(out, a64, b64, bias_t)
     return True
+
+
+def reduce_inputs(m: int, k_sizes: Sequence[int], n: int, mode: str, device, seed: int = 0):
+    """Every rank's ``(a [M, K_r], scale_a, b [K_r, N] column-major, scale_b)`` for ``mode``
+    (the same on every rank for one seed)."""
+    out = []
+    for r, k in enumerate(k_sizes):
+        a_list, sa_list, b, sb = scaled_inputs([m], k, n, mode, device, seed=seed * 101 + r)
+        out.append((a_list[0], sa_list[0], b, sb))
+    return out
+
+
+def check_reduce_scaled(group, m: int, k_sizes: Sequence[int], n: int, mode: str, op: str,
+                        out_dtype=torch.bfloat16, impl: str = "fused",
+                        deterministic: bool = False, seed: int = 0, **kw) -> torch.Tensor:
+    """``gemm_rs_scaled`` / ``gemm_ar_scaled`` (``op``) on every rank against the float64 sum
+    over ranks of the dequantized products (this rank's rows for ``gemm_rs_scaled``); returns
+    the output."""
+    parts = reduce_inputs(m, k_sizes, n, mode, group.device, seed)
+    a, sa, b, sb = parts[group.rank]
+    fn = getattr(ditron_ops, op)
+    out = fn(a, b, sa, sb, group, out_dtype=out_dtype, impl=impl, deterministic=deterministic,
+             **kw)
+    a64 = torch.cat([dequantized([p[0]], [p[1]], p[2], p[3], mode)[0] for p in parts], dim=1)
+    b64 = torch.cat([dequantized([p[0]], [p[1]], p[2], p[3], mode)[1] for p in parts], dim=0)
+    if op == "gemm_rs_scaled":
+        rows = kw.get("shard_sizes") or ditron_ops.split_sizes(m, group.world_size)
+        lo = sum(rows[:group.rank])
+        a64 = a64[lo:lo + rows[group.rank]]
+    assert out.shape == (a64.shape[0], n) and out.dtype == out_dtype
+    check_close(out, a64, b64)
+    return out

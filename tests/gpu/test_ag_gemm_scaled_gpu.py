@@ -1,4 +1,4 @@
-"""GPU tier: fp8 ``ag_gemm_scaled`` (portable core) on a virtual world, against the float64
+"""GPU tier: fp8 ``ag_gemm_scaled`` / ``gemm_rs_scaled`` / ``gemm_ar_scaled`` (portable core) on a virtual world, against the float64
 product of the dequantized operands, every scale mode, K off 128 (block tails), graphs."""
 import threading
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import ditron_ops
-from ditron_ops.testing.scaled_checks import (check_ag_gemm_scaled, check_close, dequantized,
+from ditron_ops.testing.scaled_checks import (check_ag_gemm_scaled, check_close,
+                                              check_reduce_scaled, dequantized, reduce_inputs,
                                               scaled_inputs)
 
 pytestmark = pytest.mark.gpu
@@ -63,5 +64,35 @@ def test_scaled_graph_replay(mode):
         group.synchronize()
         a64, b64 = dequantized(a2, sa2, b, sb, mode)
         check_close(out, a64, b64)
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", ["gemm_rs_scaled", "gemm_ar_scaled"])
+def test_reduce_scaled_modes(op, mode, world_size):
+    k_sizes = [1024 + 128 * q if q % 3 != 2 else 1000 for q in range(world_size)]
+
+    def body(group):
+        check_reduce_scaled(group, 1000, k_sizes, 1536, mode, op)
+        check_reduce_scaled(group, 64, k_sizes, 4096, mode, op, out_dtype=torch.float16,
+                            impl="baseline")
+        return True
+    assert ditron_ops.launch(body, world_size) == [True] * world_size
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reduce_scaled_deterministic_batch_invariant(mode):
+    """Rows bitwise equal across M (deterministic mode: fixed K order, rank-ordered fp32 sums)."""
+    def body(group):
+        parts = reduce_inputs(1000, [1024, 640], 1536, mode, group.device)
+        a, sa, b, sb = parts[group.rank]
+        full = ditron_ops.gemm_ar_scaled(a, b, sa, sb, group, deterministic=True)
+        for m in (1, 3, 17, 64, 255):
+            sub_sa = sa if mode == "tensor" else sa[:m].contiguous()
+            got = ditron_ops.gemm_ar_scaled(a[:m].contiguous(), b, sub_sa, sb, group,
+                                            deterministic=True)
+            assert torch.equal(got, full[:m]), f"M={m}"
         return True
     assert ditron_ops.launch(body, 2) == [True, True]
