@@ -1,0 +1,116 @@
+"""Bench ``fp8``: the fp8 GEMM ops on the ``models`` set of ``gemm_sweep`` (tensor-parallel shards
+of public models, seeded M).
+
+Rows (``case``):
+
+- ``tensor`` / ``row``: our scaled core GEMM (``gemm.scaled.scaled_matmul``, the GEMM every fp8
+  op runs) vs ``torch._scaled_mm`` with the same scales (targets: geo-mean >= 0.95x, none
+  below 0.85x);
+- ``block``: 1x128 / 128x128 block scales vs bf16 cuBLAS (``torch.matmul``) on the same shapes
+  (target >= 1.5x bf16's speed at M >= 2048); torch's own block-scaled ``_scaled_mm`` is not
+  compared (the installed torch's API for it differs between versions);
+- ``fused <mode>``: ``ag_gemm_scaled`` at one rank (fused path, rows packed and gathered into
+  the workspace, the consumer reading them) vs the scaled core GEMM alone: the fused op's
+  overhead with data present (target <= 3%); ``gathered_bytes`` and ``bf16_bytes`` columns.
+
+Times: paired CUDA-graph replay on one GPU (``paired_graph_times``); the interpreter runs one
+tiny shape for plumbing. ``--only tensor,row,block,fused`` runs a part.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..gemm.scaled import MODES, _b_scales, ag_gemm_scaled, gathered_bytes, scaled_matmul
+from ..runtime.virtual import launch
+from .gemm_sweep import models_shapes
+from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
+
+PARTS = ("tensor", "row", "block", "fused")
+FP8 = torch.float8_e4m3fn
+
+
+def _inputs(m: int, n: int, k: int, mode: str, device):
+    """Seeded fp8 ``a [M, K]``, column-major ``b = w.t()`` and their scales for ``mode``."""
+    gen = torch.Generator().manual_seed(m * 7 + n * 3 + k)
+    a = (torch.randn(m, k, generator=gen) * 4).to(FP8).to(device)
+    b = (torch.randn(n, k, generator=gen) * 4).to(FP8).to(device).t()
+    kb, nb = -(-k // 128), -(-n // 128)
+    shapes = {"tensor": ((1,), (1,)), "row": ((m, 1), (1, n)), "block": ((m, kb), (kb, nb))}[mode]
+    sa, sb = (torch.rand(*s, generator=gen).add(0.5).to(device) for s in shapes)
+    return a, b, sa, sb
+
+
+def _ours(a, b, sa, sb, mode: str, out: torch.Tensor):
+    """The scaled core GEMM's call (what every fp8 op runs)."""
+    sbk, sb_row = _b_scales(sb, mode)
+    sa_k = sa.reshape(1) if mode == "tensor" else sa
+    sa_row = 0 if mode == "tensor" else sa.shape[1]
+    return lambda: scaled_matmul(a, b, sa_k, sa_row, sbk, sb_row, MODES[mode], None, out)
+
+
+def _times(group, fns: dict, cfg: BenchConfig) -> dict:
+    if group.device.type == "cuda":
+        return paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
+    return {name: time_spmd(group, fn, rounds=1, max_iters=1) for name, fn in fns.items()}
+
+
+def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: str) -> list[Result]:
+    rows = []
+    dev = group.device
+    shape = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model)
+    gpu = dev.type == "cuda"
+    for mode in ("tensor", "row", "block"):
+        if mode not in parts and "fused" not in parts:
+            continue
+        a, b, sa, sb = _inputs(m, n, k, mode, dev)
+        out = torch.empty(m, n, dtype=torch.bfloat16 if gpu else torch.float16, device=dev)
+        fns = {"ours": _ours(a, b, sa, sb, mode, out)}
+        if mode in parts:
+            if mode == "block":
+                a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
+                fns["base"] = lambda: torch.matmul(a16, b16)
+                base_name = "cuBLAS bf16 torch.matmul"
+            elif gpu:
+                fns["base"] = lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+                base_name = "torch._scaled_mm"
+            else:  # the interpreter: a dequantized float product (plumbing only)
+                fns["base"] = lambda: (a.float() * sa) @ (b.float() * sb)
+                base_name = "dequantized fp32 matmul (CPU)"
+        if "fused" in parts:
+            fns["fused"] = lambda: ag_gemm_scaled(a, b, sa, sb, group, out_dtype=out.dtype,
+                                                  impl="fused")
+        t = _times(group, fns, cfg)
+        tflops = lambda us: round(2 * m * n * k / us / 1e6, 1)  # noqa: E731
+        if mode in parts:
+            rows.append(Result("fp8", mode, 1, "e4m3", f"scaled core {mode}", t["ours"], base_name,
+                               t["base"], extra={"tflops": tflops(t["ours"])}, **shape))
+        if "fused" in parts:
+            rows.append(Result("fp8", f"fused {mode}", 1, "e4m3", f"ag_gemm_scaled {mode}",
+                               t["fused"], f"scaled core {mode}", t["ours"], **shape,
+                               extra={"gathered_bytes": gathered_bytes([m], k, mode),
+                                      "bf16_bytes": 2 * m * k}))
+    return rows
+
+
+@register("fp8", help="fp8 GEMM ops: the scaled core vs torch._scaled_mm (tensor/row), block "
+                      "scales vs bf16 cuBLAS, ag_gemm_scaled's overhead and bytes (models set)",
+          world_sizes=(1,), quick_world_sizes=(1,))
+def run(cfg: BenchConfig) -> list[Result]:
+    parts = [p for p in PARTS if p in cfg.only] or list(PARTS)
+    gpu = cfg.device.type == "cuda"
+    shapes = models_shapes() if gpu and not cfg.quick else {(40, 48, 160): "quick"}
+    out: list[Result] = []
+
+    def body(group):
+        for (m, n, k), model in shapes.items():
+            out.extend(_shape_rows(group, cfg, parts, m, n, k, model))
+        for case in dict.fromkeys(r.case for r in out):
+            rows = [r for r in out if r.case == case and r.shape != "geo-mean"]
+            worst = sorted(rows, key=lambda r: r.ratio)[:5]
+            print(f"{case}: worst five " + ", ".join(f"{r.shape} {r.ratio:.3f}" for r in worst),
+                  flush=True)
+        out.extend(geo_mean_row([r for r in list(out) if r.case == case], case)
+                   for case in list(dict.fromkeys(r.case for r in out)))
+
+    launch(body, 1, cfg.device)
+    return out
