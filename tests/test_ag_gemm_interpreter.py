@@ -262,9 +262,9 @@ def test_auto_producer_pushes_small_gathers(monkeypatch):
     chosen = []
     plan = _launch.AgGemmPlan
 
-    def spy(group, a, b, bias, out, sizes, producer, previous=None):
+    def spy(group, a, b, bias, out, sizes, producer, *rest):
         chosen.append(producer)
-        return plan(group, a, b, bias, out, sizes, producer, previous)
+        return plan(group, a, b, bias, out, sizes, producer, *rest)
 
     monkeypatch.setattr(_launch, "AgGemmPlan", spy)
     monkeypatch.setattr(_launch, "PUSH_MAX_BYTES", 16 * 8 * 4)  # 16 rows of K=8 fp32
