@@ -129,6 +129,29 @@ def test_a_peer_inside_torch_compile_is_waited_for_past_the_bound():
     assert ditron_ops.launch(body, 2, device, timeout_s=1.0) == [[3.0] * 4] * 2
 
 
+def test_a_rank_calls_its_compiled_function_while_a_peer_fx_traces():
+    """Dynamo's FX-tracing check reads a process-wide flag: a rank entering a compiled function
+    while a peer FX-traces (as aot_eager's and inductor's make_fx do) goes on to Dynamo instead
+    of raising (H200, W=8, aot_eager: a rank raised "FX to symbolically trace a
+    dynamo-optimized function")."""
+    class Slow(torch.nn.Module):
+        def forward(self, x):
+            time.sleep(1.0)  # FX tracing is on for a second
+            return x
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x + 1, backend="eager")
+
+    def body(group):
+        if group.rank == 0:
+            torch.fx.symbolic_trace(Slow())
+        else:
+            time.sleep(0.3)  # inside rank 0's trace
+        return compiled(torch.ones(2)).tolist()
+
+    assert ditron_ops.launch(body, 2, "cpu") == [[2.0, 2.0]] * 2
+
+
 def _mlp_step(a, w1, w2):
     h, gathered = ditron_ops.ag_gemm(a, w1, return_gathered=True)
     row = torch.arange(gathered.shape[0], dtype=gathered.dtype).unsqueeze(1)  # each row its own grad

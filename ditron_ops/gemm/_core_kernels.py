@@ -35,16 +35,19 @@ def _tile_coords(tile, tiles_m, group_tiles, shift, GROUP_M: tl.constexpr):
 
 
 @dl.jit
-def tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN: tl.constexpr, BLOCK_K: tl.constexpr):
+def tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN: tl.constexpr, BLOCK_K: tl.constexpr,
+                PROMOTE: tl.constexpr = None):
     """``acc += A[off_m:, :K] @ B[:K, off_n:]`` over fixed ``BLOCK_K`` steps (TMA loads; B as
-    ``[K, N]`` when ``B_KN`` else as ``[N, K]`` transposed). The K order never depends on M."""
+    ``[K, N]`` when ``B_KN`` else as ``[N, K]`` transposed). The K order never depends on M.
+    ``PROMOTE`` (fp8 operands): products summed in the tensor core's reduced precision before
+    an fp32 add (``tl.dot``'s ``max_num_imprecise_acc``; Triton's sm_90 default never adds)."""
     for ki in range(tl.cdiv(K, BLOCK_K)):
         a = a_desc.load([off_m, ki * BLOCK_K])
         if B_KN:
             b = b_desc.load([ki * BLOCK_K, off_n])
         else:
             b = b_desc.load([off_n, ki * BLOCK_K]).T
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, max_num_imprecise_acc=PROMOTE)
     return acc
 
 
@@ -58,7 +61,9 @@ def tile_product(a_desc, b_desc, off_m, off_n, M, N, K, sa_ptr, sb_ptr, sa_row, 
     - ``SCALE == 0``: none (``tile_matmul``);
     - ``SCALE == 1``: row/column scales in the epilogue, ``acc * sa[m] * sb[n]`` (``sa_ptr`` one
       fp32 per row of A at ``sa_row`` floats apart, ``sb_ptr`` one per column of B at
-      ``sb_row`` apart; a stride of 0 reads one tensor-wise scale);
+      ``sb_row`` apart; a stride of 0 reads one tensor-wise scale); each K step's product is
+      added to the sum in fp32 (the wgmma accumulator alone drifts past bf16 rounding at
+      K of a few thousand on the H200, as ``torch._scaled_mm`` without fast accumulation);
     - ``SCALE == 2``: 1x128 blocks of A and 128x128 blocks of B (``BLOCK_K == 128``): every K
       step's product is promoted into the fp32 sum with ``sa[m, step] * sb[step, n // 128]``
       (``sa_row`` floats between A's rows, ``sb_row`` between B's block rows), so accuracy does
@@ -82,12 +87,13 @@ def tile_product(a_desc, b_desc, off_m, off_n, M, N, K, sa_ptr, sb_ptr, sa_row, 
             sa = tl.load(sa_rows + ki, mask=m_ok, other=0.0)
             sb = tl.load(sb_cols + ki * sb_row, mask=n_ok, other=0.0)
             acc += part * (sa[:, None] * sb[None, :])
+    elif SCALE == 1:
+        acc = tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN, BLOCK_K, BLOCK_K)
+        sa = tl.load(sa_ptr + rm.to(tl.int64) * sa_row, mask=m_ok, other=0.0)
+        sb = tl.load(sb_ptr + rn.to(tl.int64) * sb_row, mask=n_ok, other=0.0)
+        acc = acc * sa[:, None] * sb[None, :]
     else:
         acc = tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN, BLOCK_K)
-        if SCALE == 1:
-            sa = tl.load(sa_ptr + rm.to(tl.int64) * sa_row, mask=m_ok, other=0.0)
-            sb = tl.load(sb_ptr + rn.to(tl.int64) * sb_row, mask=n_ok, other=0.0)
-            acc = acc * sa[:, None] * sb[None, :]
     return acc
 
 

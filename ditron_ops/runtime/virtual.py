@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -294,6 +295,22 @@ class VirtualGroup(Group):
         buf.local = buf.ptr_table = buf.peers = None
 
 
+def _peers_compile_while_one_traces(world_size: int):
+    """In a rank's thread (Dynamo's patches are per thread): a rank entering a
+    ``torch.compile``d function goes on to Dynamo (whose compile lock serializes the ranks)
+    while a peer FX-traces.
+
+    Why: Dynamo refuses to run a compiled function while FX tracing is on, and that flag is
+    process-wide, so a peer's make_fx (``aot_eager``, ``inductor``) made another rank's call
+    raise "FX to symbolically trace a dynamo-optimized function" (H200, W=8, ``aot_eager``).
+    Only where Dynamo is imported (a compiled function exists) and has the setting."""
+    dynamo = sys.modules.get("torch._dynamo")
+    config = getattr(dynamo, "config", None)
+    if world_size == 1 or not hasattr(config, "force_compile_during_fx_trace"):
+        return contextlib.nullcontext()
+    return config.patch(force_compile_during_fx_trace=True)
+
+
 def _ranks(ranks: list) -> str:
     return ", ".join(str(q) for q in ranks)
 
@@ -368,7 +385,8 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
             # Backward runs on this rank's thread: autograd's one CUDA worker thread would run
             # every rank's backward nodes in turn, and a node that meets its peers (the launch
             # gate, a plan's allocation) would wait for ranks queued behind it.
-            with stream_ctx, using_group(group), torch.autograd.set_multithreading_enabled(False):
+            with stream_ctx, using_group(group), torch.autograd.set_multithreading_enabled(False), \
+                    _peers_compile_while_one_traces(world_size):
                 results[rank] = fn(group, *args)
                 if group._failure is None:  # an error fn already saw is not raised twice
                     group.synchronize()

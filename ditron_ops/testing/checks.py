@@ -134,5 +134,6 @@ def run_child(script: str, *args: str, timeout_s: float = 600) -> dict:
     proc = subprocess.run([sys.executable, os.path.abspath(script), *args], env=env,
                           capture_output=True, text=True, timeout=timeout_s)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-6000:]
+    assert proc.returncode == 0 and lines, (f"exit code {proc.returncode}; stdout ends:\n"
+                                            f"{proc.stdout[-2000:]}\nstderr ends:\n{proc.stderr[-6000:]}")
     return json.loads(lines[-1][len("RESULT "):])
