@@ -147,9 +147,10 @@ def test_a_rank_calls_its_compiled_function_while_a_peer_fx_traces():
             torch.fx.symbolic_trace(Slow())
         else:
             time.sleep(0.3)  # inside rank 0's trace
-        return compiled(torch.ones(2)).tolist()
+        return compiled(torch.ones(2, device=group.device)).tolist()
 
-    assert ditron_ops.launch(body, 2, "cpu") == [[2.0, 2.0]] * 2
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert ditron_ops.launch(body, 2, device) == [[2.0, 2.0]] * 2
 
 
 def _mlp_step(a, w1, w2):

@@ -335,6 +335,30 @@ def test_bad_tables_raise(lens, table_fix, arg, index, value, through_op, world_
     assert ditron_ops.launch(body, world_size) == [True] * world_size
 
 
+def test_a_bad_input_on_one_rank_is_raised_after_the_call_waits():
+    """Rank 0's length is past its table (a device tensor: no host check): its split kernel
+    records it, and the call's own host check comes before that launch, so rank 0 still
+    meets rank 1 in the waits; rank 1 gets its result and rank 0 the ``DitronInputError`` at
+    ``synchronize``. Checked after the split launch, the record made rank 0 leave before the
+    waits and rank 1 time out (H200, W = 2)."""
+    def body(group):
+        gen = torch.Generator().manual_seed(2)
+        a = _base(q=torch.randn(2, 4, 64, generator=gen), k=torch.randn(6, 16, 2, 64, generator=gen),
+                  v=torch.randn(6, 16, 2, 64, generator=gen))
+        table = torch.tensor([[1, 3, 5], [4, 0, -1]], dtype=torch.int32)
+        kv_lens = torch.tensor([49 if group.rank == 0 else 3, 20], dtype=torch.int32)
+        torch.ops.ditron.flash_decode_paged(a["q"], a["k"], a["v"], kv_lens, table, group.group_name,
+                                            0.125, True)
+        if group.rank == 1:
+            group.synchronize()
+            return True
+        with pytest.raises(ditron_ops.DitronInputError) as info:
+            group.synchronize()
+        assert (info.value.argument, info.value.value) == ("kv_lens", 49)
+        return True
+    assert ditron_ops.launch(body, 2, timeout_s=3.0) == [True, True]
+
+
 def test_timeout_after_a_bad_input_stops_the_later_waits():
     """A bad input recorded first, then a timeout: the record keeps the first error (the input)
     while the claim word rises to the timeout, so the merge's wait after the expired start

@@ -420,11 +420,15 @@ class _DecodePlan:
         if self.direct:
             self.split.launch(q, k_cache, v_cache, kv_lens, out, out, *tail)
             return out
-        self.split.launch(q, k_cache, v_cache, kv_lens, *tail)
         if self.ws is None:
+            self.split.launch(q, k_cache, v_cache, kv_lens, *tail)
             self.combine.launch(kv_lens, out, *tail_c)
             return out
+        # Earlier calls' errors, before this call launches anything: a bad input its split
+        # kernel records is raised after the waits (next check), never between this rank's
+        # kernels, where a rank raising early left its peers at the launch gate (H200, W=2).
         group.check()
+        self.split.launch(q, k_cache, v_cache, kv_lens, *tail)
         ws = self.ws
         ws.calls += 1
         with group.waiting_launch("flash_decode", ws.calls):
