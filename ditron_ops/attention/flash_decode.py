@@ -283,7 +283,7 @@ def _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, dire
     g = hq // hkv
     part, prog, num_parts, splits = plan
     assert not direct or (prog == part and num_parts == 1), plan  # the only partial, unflushed
-    paged = (lens, 0, 0, 0, 0) if table is None else (
+    paged = (launcher.unused_pointer(lens.device, lens.dtype), 0, 0, 0, 0) if table is None else (
         table, table.stride(0), k.shape[0], op_id("flash_decode_paged"), k.shape[1])
     args = (q, *_kv_ptrs(q, k, v), lens, o_part, lse_part, scale, hq, part, prog, num_parts,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),

@@ -36,7 +36,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..deterministic import resolve_deterministic
 from ..runtime.group import Group, op_id, sm_count
-from ..runtime.launcher import BoundKernel
+from ..runtime.launcher import BoundKernel, unused_pointer
 from ..runtime.plan import PlanCache, tensor_key
 from ..runtime.precompile import register_precompile
 from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_SPLIT,  # noqa: F401
@@ -225,7 +225,7 @@ class CoreGemm:
                  timeout_us, op_id("ag_gemm"))
         self._scales = scales
         if scales is None:
-            sizes += (out, out, 0, 0)
+            sizes += (unused_pointer(out.device, out.dtype),) * 2 + (0, 0)
             scale_vary = ()
         else:
             sizes += (scales.a, scales.b, scales.a_row, scales.b_row)

@@ -12,7 +12,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..language.barrier import start_barrier_kernel
 from ..runtime.group import Group, op_id
-from ..runtime.launcher import BoundKernel
+from ..runtime.launcher import BoundKernel, unused_pointer
 from ..runtime.plan import tensor_key
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._pad import padded_copy, tma_ok
@@ -84,8 +84,8 @@ class RsPlan:
         if scales is not None:  # fp8: one K step is one 128-wide scale block
             self.cfg = cfg = dataclasses.replace(cfg, block_k=128)
         self.scaled = scales is not None
-        scale_args = (out, out, 0, 0) if scales is None else (scales.a, scales.b, scales.a_row,
-                                                              scales.b_row)
+        scale_args = ((unused_pointer(out.device, out.dtype),) * 2 + (0, 0) if scales is None
+                      else (scales.a, scales.b, scales.a_row, scales.b_row))
         scale_vary = ("sa_ptr", "sb_ptr") if self.scaled else ()
         w, rank = group.world_size, group.rank
         slot_rows = m if broadcast else max(rows)

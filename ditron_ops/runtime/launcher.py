@@ -9,7 +9,9 @@ launcher's flat argument list, and per call replaces only the arguments named in
 before it calls the compiled launcher directly. Descriptors among ``vary`` are converted once
 per base address (``_DESC_CACHE`` of them per argument): a descriptor is a function of the base
 address, shape, strides and block, and a plan fixes everything but the address, so a cached one
-is correct whatever tensor now lives at that address.
+is correct whatever tensor now lives at that address (a converted descriptor holds the address,
+not the tensor). Once bound, a ``BoundKernel`` keeps no ``vary`` tensor alive: a plan does not
+hold its first call's inputs and output.
 
 What ``vary`` may change: tensors (the plan key must hold their 16-byte alignment, which Triton
 specializes on), descriptor arguments (per call the *tensor* it is over, of the shape and
@@ -81,15 +83,16 @@ class BoundKernel:
         for name, pos in zip(self.vary, self._vary_pos):
             if pos >= len(self.args) and name not in self.kwargs:
                 raise ValueError(f"BoundKernel: vary argument {name!r} was not given")
-        # descriptor arguments among vary: the build-time descriptor is the template per call,
-        # and each base address's descriptor is made once (``_DESC_CACHE`` per argument)
-        self._templates = {pos: self._value(pos, names) for pos in self._vary_pos
+        # descriptor arguments among vary: the build-time descriptor's layout is the template per
+        # call, and each base address's descriptor is made once (``_DESC_CACHE`` per argument)
+        self._templates = {pos: _layout(self._value(pos, names)) for pos in self._vary_pos
                            if isinstance(self._value(pos, names), TensorDescriptor)}
-        self._desc_caches = {pos: OrderedDict() for pos in self._templates}
         self._fast = None
         self.device = device
         self.compiles = device.type == "cuda" and not _env.use_interpreter()
         compiler.prepare(self)
+        if not self.compiles:
+            self._forget_examples()
 
     @property
     def name(self) -> str:
@@ -104,8 +107,26 @@ class BoundKernel:
         """Ask Triton for the compiled variant (a future inside a ``compiler.batch``)."""
         self._pending = self.fn.warmup(*self.args, grid=self.grid, **self.kwargs)
 
+    def _forget_examples(self) -> None:
+        """Drop the build-time values of the ``vary`` arguments once bound: each call passes
+        its own, and a plan kept alive the first call's inputs and output (up to
+        ``PLAN_CAPACITY`` plans per group; a serving bench of many shapes ran out of memory
+        on an H100)."""
+        names = list(self.fn.arg_names)
+        for name, pos in zip(self.vary, self._vary_pos):
+            if pos < len(self.args):
+                self.args[pos] = None
+            else:
+                self.kwargs[names[pos]] = None
+
     def _bind(self) -> None:
-        """Load the compiled variant and bind the launch arguments."""
+        """Load the compiled variant, bind the launch arguments, drop the ``vary`` examples."""
+        try:
+            self._bind_launcher()
+        finally:
+            self._forget_examples()
+
+    def _bind_launcher(self) -> None:
         fn, names, device = self.fn, list(self.fn.arg_names), self.device
         kernel, self._pending = self._pending, None
         if hasattr(kernel, "result"):
@@ -138,7 +159,8 @@ class BoundKernel:
                 desc_meta[i] = meta
                 flat.extend(_expand_descriptor(value, meta))
             else:  # a tensor as its address: the launcher then skips data_ptr() and the
-                flat.append(_address(value))  # driver's pointer check (self.args keeps it alive)
+                flat.append(_address(value))  # driver's pointer check (self.args keeps the
+                # bound ones alive; every call replaces the ``vary`` ones)
         self._flat = flat
         # per varying argument: (first flat slot, width, None or what converts a base tensor
         # into the launcher's arguments of the descriptor over it, its per-address cache)
@@ -147,7 +169,7 @@ class BoundKernel:
             if pos in desc_meta:
                 width = len(_expand_descriptor(values[pos], desc_meta[pos]))
 
-                def make(base, template=values[pos], meta=desc_meta[pos]):
+                def make(base, template=_layout(values[pos]), meta=desc_meta[pos]):
                     return _expand_descriptor(_over(template, base), meta)
 
                 self._slots.append((slot_of[pos], width, make, OrderedDict()))
@@ -175,6 +197,9 @@ class BoundKernel:
             with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
                 return self._slow(values)
         flat = self._flat
+        if len(values) != len(self._slots):  # a slot left out would keep a dropped address
+            raise TypeError(f"{self.name}: launch takes {len(self._slots)} values ({self.vary}), "
+                            f"got {len(values)}")
         if values:
             flat = list(flat)
             for (slot, width, make, cache), value in zip(self._slots, values):
@@ -186,11 +211,13 @@ class BoundKernel:
         raw(gx, gy, gz, stream, self._function, *self._head, *flat)
 
     def _slow(self, values) -> None:
+        if len(values) != len(self.vary):
+            raise TypeError(f"{self.name}: launch takes {len(self.vary)} values ({self.vary}), "
+                            f"got {len(values)}")
         args, kwargs = list(self.args), dict(self.kwargs)
         for name, pos, value in zip(self.vary, self._vary_pos, values):
-            if pos in self._templates:
-                value = _cached(self._desc_caches[pos], value,
-                                lambda base, t=self._templates[pos]: _over(t, base))
+            if pos in self._templates:  # made per call, not cached: a cached descriptor
+                value = _over(self._templates[pos], value)  # would keep its base alive
             if pos < len(args):
                 args[pos] = value
             else:
@@ -198,13 +225,34 @@ class BoundKernel:
         self.fn[self.grid](*args, **kwargs)
 
 
+_UNUSED: dict = {}
+
+
+def unused_pointer(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A pointer argument the kernel never reads (its branch is off by a constexpr), bound in
+    a plan: the process's own small aligned tensor of ``dtype`` (so the compiled variant is the
+    one a caller's tensor of that dtype would give), never a caller's tensor, which the plan
+    would keep alive."""
+    key = (torch.device(device), dtype)
+    got = _UNUSED.get(key)
+    if got is None:
+        got = _UNUSED.setdefault(key, torch.zeros(16, dtype=dtype, device=device))
+    return got
+
+
 def _address(value):
     return value.data_ptr() if isinstance(value, torch.Tensor) else value
 
 
-def _over(template: TensorDescriptor, base: torch.Tensor) -> TensorDescriptor:
-    """``template`` (shape, strides, block) over ``base``."""
-    return TensorDescriptor(base, template.shape, template.strides, template.block_shape)
+def _layout(desc: TensorDescriptor) -> tuple:
+    """A descriptor's ``(shape, strides, block)``, without its base tensor (not kept alive)."""
+    return tuple(desc.shape), tuple(desc.strides), tuple(desc.block_shape)
+
+
+def _over(layout: tuple, base: torch.Tensor) -> TensorDescriptor:
+    """A descriptor of ``layout`` (``_layout``) over ``base``."""
+    shape, strides, block = layout
+    return TensorDescriptor(base, list(shape), list(strides), list(block))
 
 
 def _expand_descriptor(desc: TensorDescriptor, meta) -> list:
