@@ -26,14 +26,21 @@ def _compiled_mode():
     import torch
 
     available = torch.cuda.is_available
-    torch.cuda.is_available = lambda: True  # ditron_ops picks compiled mode once, at import
+    torch.cuda.is_available = lambda: True
     try:
-        import ditron_ops  # noqa: F401
+        from ditron_ops import _env
     finally:
         torch.cuda.is_available = available
+    # kernel modules (``language`` included) are imported on first use, each asking then:
+    # compiled mode for all of them
+    _env.use_interpreter = lambda: False
+    if "ditron_ops.language._jit" in sys.modules:
+        sys.modules["ditron_ops.language._jit"].use_interpreter = _env.use_interpreter
+    from ditron_ops.runtime.launcher import BoundKernel
     from ditron_ops.testing.sm90 import use_sm90_stand_in_driver
 
     use_sm90_stand_in_driver()
+    BoundKernel._forget_examples = lambda self: None  # compiled below from the bound arguments
 
 
 def _ptxas(kernel, cubin=None) -> str:
