@@ -42,13 +42,21 @@ def tile_matmul(a_desc, b_desc, acc, off_m, off_n, K, B_KN: tl.constexpr, BLOCK_
     ``PROMOTE`` (fp8 operands): products summed in the tensor core's reduced precision before
     an fp32 add (``tl.dot``'s ``max_num_imprecise_acc``; Triton's sm_90 default never adds)."""
     for ki in range(tl.cdiv(K, BLOCK_K)):
-        a = a_desc.load([off_m, ki * BLOCK_K])
-        if B_KN:
-            b = b_desc.load([ki * BLOCK_K, off_n])
-        else:
-            b = b_desc.load([off_n, ki * BLOCK_K]).T
+        a, b = _k_step(a_desc, b_desc, off_m, off_n, ki, B_KN, BLOCK_K)
         acc = tl.dot(a, b, acc, max_num_imprecise_acc=PROMOTE)
     return acc
+
+
+@dl.jit
+def _k_step(a_desc, b_desc, off_m, off_n, ki, B_KN: tl.constexpr, BLOCK_K: tl.constexpr):
+    """K step ``ki``'s tiles ``A[off_m:, ki*BLOCK_K:]`` and ``B[ki*BLOCK_K:, off_n:]`` (TMA
+    loads; B stored ``[K, N]`` when ``B_KN`` else ``[N, K]``, read transposed)."""
+    a = a_desc.load([off_m, ki * BLOCK_K])
+    if B_KN:
+        b = b_desc.load([ki * BLOCK_K, off_n])
+    else:
+        b = b_desc.load([off_n, ki * BLOCK_K]).T
+    return a, b
 
 
 @dl.jit
@@ -78,11 +86,7 @@ def tile_product(a_desc, b_desc, off_m, off_n, M, N, K, sa_ptr, sb_ptr, sa_row, 
         sa_rows = sa_ptr + rm.to(tl.int64) * sa_row
         sb_cols = sb_ptr + tl.minimum(rn, N - 1) // 128
         for ki in range(tl.cdiv(K, BLOCK_K)):
-            a = a_desc.load([off_m, ki * BLOCK_K])
-            if B_KN:
-                b = b_desc.load([ki * BLOCK_K, off_n])
-            else:
-                b = b_desc.load([off_n, ki * BLOCK_K]).T
+            a, b = _k_step(a_desc, b_desc, off_m, off_n, ki, B_KN, BLOCK_K)
             part = tl.dot(a, b)
             sa = tl.load(sa_rows + ki, mask=m_ok, other=0.0)
             sb = tl.load(sb_cols + ki * sb_row, mask=n_ok, other=0.0)

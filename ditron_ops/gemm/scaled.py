@@ -170,32 +170,11 @@ def ag_gemm_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
 def _validate(group: Group, a, b, scale_a, scale_b, bias, out_dtype, impl, shard_sizes):
     """The call's checks (typed errors naming the argument); the shard sizes."""
     op = "ag_gemm_scaled"
-    check_tensor(op, "a", a, group, (FP8,), min_dim=2)
-    check_tensor(op, "b", b, group, (FP8,), min_dim=2)
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"ditron.{op}: a and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"ditron.{op}: a is [M_r, K] = {tuple(a.shape)} but b is [K, N] = "
-                         f"{tuple(b.shape)} (K must match)")
-    if a.shape[1] and a.stride(1) != 1:
-        raise ValueError(f"ditron.{op}: a must have unit column stride, got strides {a.stride()}")
-    if b.shape[0] > 1 and b.shape[1] > 1 and b.stride(0) != 1:
-        raise ValueError(f"ditron.{op}: b must be column-major [K, N] (w.t() of a row-major "
-                         f"[N, K] weight), as torch._scaled_mm takes it; got strides {b.stride()}")
-    for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
-        check_tensor(op, name, s, group, (torch.float32,))
-        if not s.is_contiguous():
-            raise ValueError(f"ditron.{op}: {name} must be contiguous, got strides {s.stride()}")
-    mode = scale_mode(op, a, b, scale_a, scale_b)
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"ditron.{op}: out_dtype must be torch.bfloat16 or torch.float16, got "
-                        f"{out_dtype}")
+    mode = _check_operands(op, group, a, b, scale_a, scale_b, out_dtype, impl, "K")
     if bias is not None:
         check_tensor(op, "bias", bias, group, (out_dtype,), min_dim=1)
         if tuple(bias.shape) != (b.shape[1],):
             raise ValueError(f"ditron.{op}: bias must be [N] = [{b.shape[1]}], got {tuple(bias.shape)}")
-    if impl not in IMPLS:
-        raise ValueError(f"ditron.{op}: impl must be one of {IMPLS}, got {impl!r}")
     sizes = [a.shape[0]] * group.world_size if shard_sizes is None else check_sizes(
         op, "shard_sizes", shard_sizes, group)
     if shard_sizes is not None and sizes[group.rank] != a.shape[0]:
@@ -342,18 +321,25 @@ def _operands(a, b, scale_a, scale_b, mode: str):
 
 def _validate_reduce(op: str, group: Group, a, b, scale_a, scale_b, out_dtype, impl) -> str:
     """``gemm_rs_scaled`` / ``gemm_ar_scaled``'s per-rank checks; the scale mode."""
+    return _check_operands(op, group, a, b, scale_a, scale_b, out_dtype, impl, "K_r")
+
+
+def _check_operands(op: str, group: Group, a, b, scale_a, scale_b, out_dtype, impl,
+                    k: str) -> str:
+    """Every fp8 op's checks of ``a``, ``b``, their scales, ``out_dtype`` and ``impl`` (``k``:
+    the name of the shared dimension in messages); the scale mode."""
     check_tensor(op, "a", a, group, (FP8,), min_dim=2)
     check_tensor(op, "b", b, group, (FP8,), min_dim=2)
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"ditron.{op}: a and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"ditron.{op}: a is [M, K_r] = {tuple(a.shape)} but b is [K_r, N] = "
-                         f"{tuple(b.shape)} (K_r must match)")
-    if a.shape[1] > 1 and a.stride(1) != 1:
+        raise ValueError(f"ditron.{op}: a is [M, {k}] = {tuple(a.shape)} but b is [{k}, N] = "
+                         f"{tuple(b.shape)} ({k} must match)")
+    if a.shape[1] and a.stride(1) != 1:
         raise ValueError(f"ditron.{op}: a must have unit column stride, got strides {a.stride()}")
     if b.shape[0] > 1 and b.shape[1] > 1 and b.stride(0) != 1:
-        raise ValueError(f"ditron.{op}: b must be column-major [K_r, N] (w.t() of a row-major "
-                         f"[N, K_r] weight), as torch._scaled_mm takes it; got strides {b.stride()}")
+        raise ValueError(f"ditron.{op}: b must be column-major [{k}, N] (w.t() of a row-major "
+                         f"[N, {k}] weight), as torch._scaled_mm takes it; got strides {b.stride()}")
     for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
         check_tensor(op, name, s, group, (torch.float32,))
         if not s.is_contiguous():
