@@ -133,10 +133,15 @@ def test_a_rank_calls_its_compiled_function_while_a_peer_fx_traces():
     """Dynamo's FX-tracing check reads a process-wide flag: a rank entering a compiled function
     while a peer FX-traces (as aot_eager's and inductor's make_fx do) goes on to Dynamo instead
     of raising (H200, W=8, aot_eager: a rank raised "FX to symbolically trace a
-    dynamo-optimized function")."""
+    dynamo-optimized function"). Rank 1 calls only once rank 0's trace is under way."""
+    import threading
+
+    tracing = threading.Event()
+
     class Slow(torch.nn.Module):
         def forward(self, x):
-            time.sleep(1.0)  # FX tracing is on for a second
+            tracing.set()
+            time.sleep(1.0)  # FX tracing stays on meanwhile
             return x
 
     torch._dynamo.reset()
@@ -146,11 +151,13 @@ def test_a_rank_calls_its_compiled_function_while_a_peer_fx_traces():
         if group.rank == 0:
             torch.fx.symbolic_trace(Slow())
         else:
-            time.sleep(0.3)  # inside rank 0's trace
+            assert tracing.wait(30)
+            time.sleep(0.1)  # inside rank 0's trace
         return compiled(torch.ones(2, device=group.device)).tolist()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     assert ditron_ops.launch(body, 2, device) == [[2.0, 2.0]] * 2
+    assert not torch._dynamo.config.force_compile_during_fx_trace  # launch's patch is undone
 
 
 def _mlp_step(a, w1, w2):

@@ -487,7 +487,8 @@ class _LocalPlan:
         programs = 1 if q.device.type != "cuda" else max(1, min(sm_count(q.device), tiles))
         zeros = (0,) * 9
         args, kwargs = kernel_args(
-            q, k, v, q_desc, kv_desc, q, self.sig, out, self.sig, self.sig, self.claim,
+            q, k, v, q_desc, kv_desc, launcher.unused_pointer(q.device, q.dtype), self.sig, out,
+            self.sig, self.sig, self.claim,
             self.record, dims=(b, s, hq, k.shape[1], hq, k.shape[1], 0, 1),
             strides=(*zeros, hq * s * d, d, s * d), offsets=(0, 0, 0, 0, 0), causal=causal,
             scale=scale, merge_runs=0, pack=0, fingerprint=1, timeout_us=10**6, op_id=0, d=d,

@@ -223,7 +223,8 @@ class CoreGemm:
         head = (a_desc, b_desc, bh_desc, c_desc, out, bias if bias is not None else out, sig)
         sizes = (m, n, k, out.stride(0), out.stride(1), int(bias is not None), tail, rank, world,
                  timeout_us, op_id("ag_gemm"))
-        self._scales = scales
+        # which scales vary (not the Scales: its example tensors would outlive the call)
+        self._scales = None if scales is None else (scales.a_varies, scales.b_varies)
         if scales is None:
             sizes += (unused_pointer(out.device, out.dtype),) * 2 + (0, 0)
             scale_vary = ()
@@ -259,8 +260,8 @@ class CoreGemm:
             values.append(out)
         values += (out, bias if bias is not None else out)
         if self._scales is not None:
-            values += ([scale_a] if self._scales.a_varies else []) + (
-                [scale_b] if self._scales.b_varies else [])
+            a_varies, b_varies = self._scales
+            values += ([scale_a] if a_varies else []) + ([scale_b] if b_varies else [])
         if self._src_varies:
             values.append(src)
         self.kernel.launch(*values)

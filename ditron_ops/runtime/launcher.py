@@ -9,8 +9,8 @@ launcher's flat argument list, and per call replaces only the arguments named in
 before it calls the compiled launcher directly. Descriptors among ``vary`` are converted once
 per base address (``_DESC_CACHE`` of them per argument): a descriptor is a function of the base
 address, shape, strides and block, and a plan fixes everything but the address, so a cached one
-is correct whatever tensor now lives at that address (a converted descriptor holds the address,
-not the tensor). Once bound, a ``BoundKernel`` keeps no ``vary`` tensor alive: a plan does not
+is correct whatever tensor now lives at that address (a converted descriptor holds addresses,
+never the tensor). Once bound, a ``BoundKernel`` keeps no ``vary`` tensor alive: a plan does not
 hold its first call's inputs and output.
 
 What ``vary`` may change: tensors (the plan key must hold their 16-byte alignment, which Triton
@@ -157,7 +157,7 @@ class BoundKernel:
                 meta = metas[meta_i] if metas else None
                 meta_i += 1
                 desc_meta[i] = meta
-                flat.extend(_expand_descriptor(value, meta))
+                flat.extend(_expand_descriptor(value, meta))  # (addresses: see the helper)
             else:  # a tensor as its address: the launcher then skips data_ptr() and the
                 flat.append(_address(value))  # driver's pointer check (self.args keeps the
                 # bound ones alive; every call replaces the ``vary`` ones)
@@ -256,9 +256,11 @@ def _over(layout: tuple, base: torch.Tensor) -> TensorDescriptor:
 
 
 def _expand_descriptor(desc: TensorDescriptor, meta) -> list:
+    """The launcher's arguments for ``desc``, a tensor among them (no TMA metadata: the base)
+    as its address, so that nothing bound keeps the tensor alive."""
     from triton.backends.nvidia.driver import make_tensordesc_arg
 
-    return make_tensordesc_arg(desc, meta)
+    return [_address(x) for x in make_tensordesc_arg(desc, meta)]
 
 
 def _cached(cache: OrderedDict, base: torch.Tensor, make):

@@ -295,20 +295,44 @@ class VirtualGroup(Group):
         buf.local = buf.ptr_table = buf.peers = None
 
 
-def _peers_compile_while_one_traces(world_size: int):
-    """In a rank's thread (Dynamo's patches are per thread): a rank entering a
+def _peers_compile_while_one_traces(world_size: int) -> tuple:
+    """``(launch's context, each rank thread's context)`` under which a rank entering a
     ``torch.compile``d function goes on to Dynamo (whose compile lock serializes the ranks)
     while a peer FX-traces.
 
     Why: Dynamo refuses to run a compiled function while FX tracing is on, and that flag is
     process-wide, so a peer's make_fx (``aot_eager``, ``inductor``) made another rank's call
     raise "FX to symbolically trace a dynamo-optimized function" (H200, W=8, ``aot_eager``).
-    Only where Dynamo is imported (a compiled function exists) and has the setting."""
+    Dynamo's config patches are per thread in newer torch (each rank patches its own) and
+    process-wide in older torch (``launch`` patches once around the ranks, so no rank's exit
+    undoes it for a peer). Only where Dynamo is already imported (a compiled function exists)
+    and has the setting."""
+    none = contextlib.nullcontext
     dynamo = sys.modules.get("torch._dynamo")
     config = getattr(dynamo, "config", None)
     if world_size == 1 or not hasattr(config, "force_compile_during_fx_trace"):
-        return contextlib.nullcontext()
-    return config.patch(force_compile_during_fx_trace=True)
+        return none, none
+
+    def patch():
+        return config.patch(force_compile_during_fx_trace=True)
+    return (none, patch) if _patches_per_thread(config) else (patch, none)
+
+
+_per_thread: dict = {}
+
+
+def _patches_per_thread(config) -> bool:
+    """Whether a ``config.patch`` in one thread is invisible to others (asked once)."""
+    got = _per_thread.get("dynamo")
+    if got is None:
+        seen = []
+        with config.patch(force_compile_during_fx_trace=not config.force_compile_during_fx_trace):
+            mine = config.force_compile_during_fx_trace
+            probe = threading.Thread(target=lambda: seen.append(config.force_compile_during_fx_trace))
+            probe.start()
+            probe.join()
+        got = _per_thread["dynamo"] = seen[0] != mine
+    return got
 
 
 def _ranks(ranks: list) -> str:
@@ -373,6 +397,8 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(world.device))
 
+    launch_dynamo, rank_dynamo = _peers_compile_while_one_traces(world_size)
+
     def body(rank: int) -> None:
         group = world.groups[rank]
         register_group(group)
@@ -386,7 +412,7 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
             # every rank's backward nodes in turn, and a node that meets its peers (the launch
             # gate, a plan's allocation) would wait for ranks queued behind it.
             with stream_ctx, using_group(group), torch.autograd.set_multithreading_enabled(False), \
-                    _peers_compile_while_one_traces(world_size):
+                    rank_dynamo():
                 results[rank] = fn(group, *args)
                 if group._failure is None:  # an error fn already saw is not raised twice
                     group.synchronize()
@@ -398,10 +424,11 @@ def launch(fn: Callable[..., Any], world_size: int, device=None, *, args: tuple 
 
     threads = [threading.Thread(target=body, args=(r,), name=f"ditron-{world.name}-rank{r}", daemon=True)
                for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with launch_dynamo():
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     try:
         if world.device.type == "cuda":  # the caller's stream (and every other) after the ranks';
             torch.cuda.synchronize(world.device)  # failed ranks' kernels end by their deadline
