@@ -11,10 +11,12 @@ Rows (``case``):
   compared (the installed torch's API for it differs between versions);
 - ``fused <mode>``: ``ag_gemm_scaled`` at one rank (fused path, rows packed and gathered into
   the workspace, the consumer reading them) vs the scaled core GEMM alone: the fused op's
-  overhead with data present (target <= 3%); ``gathered_bytes`` and ``bf16_bytes`` columns.
+  overhead with data present (target <= 3%); ``gathered_bytes`` and ``bf16_bytes`` columns;
+- ``tiles <mode>`` (``--only tiles``, GPU): the scaled core at 128x128 with 8 warps vs the
+  rule's tile (``NARROW``), to set an fp8 tile rule.
 
 Times: paired CUDA-graph replay on one GPU (``paired_graph_times``); the interpreter runs one
-tiny shape for plumbing. ``--only tensor,row,block,fused`` runs a part.
+tiny shape for plumbing. ``--only tensor,row,block,fused,tiles`` runs parts.
 """
 from __future__ import annotations
 
@@ -25,7 +27,11 @@ from ..runtime.virtual import launch
 from .gemm_sweep import models_shapes
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 
-PARTS = ("tensor", "row", "block", "fused")
+PARTS = ("tensor", "row", "block", "fused", "tiles")
+NARROW = (("block_n", 128), ("num_warps", 8), ("num_stages", 5))
+"""``tiles``: the rule's tile against 128x128 with 8 warps (fewer registers: the promoted
+product doubles the accumulator, and the rule's 128x256 spills 304-672 B on sm_90a, 16-48 B
+for this one); the stage count is cut to what fits."""
 FP8 = torch.float8_e4m3fn
 
 
@@ -40,12 +46,13 @@ def _inputs(m: int, n: int, k: int, mode: str, device):
     return a, b, sa, sb
 
 
-def _ours(a, b, sa, sb, mode: str, out: torch.Tensor):
-    """The scaled core GEMM's call (what every fp8 op runs)."""
+def _ours(a, b, sa, sb, mode: str, out: torch.Tensor, tiles: tuple = ()):
+    """The scaled core GEMM's call (what every fp8 op runs; ``tiles``: fields replacing the
+    rule's tile)."""
     sbk, sb_row = _b_scales(sb, mode)
     sa_k = sa.reshape(1) if mode == "tensor" else sa
     sa_row = 0 if mode == "tensor" else sa.shape[1]
-    return lambda: scaled_matmul(a, b, sa_k, sa_row, sbk, sb_row, MODES[mode], None, out)
+    return lambda: scaled_matmul(a, b, sa_k, sa_row, sbk, sb_row, MODES[mode], None, out, tiles)
 
 
 def _times(group, fns: dict, cfg: BenchConfig) -> dict:
@@ -60,7 +67,7 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
     shape = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model)
     gpu = dev.type == "cuda"
     for mode in ("tensor", "row", "block"):
-        if mode not in parts and "fused" not in parts:
+        if mode not in parts and "fused" not in parts and "tiles" not in parts:
             continue
         a, b, sa, sb = _inputs(m, n, k, mode, dev)
         out = torch.empty(m, n, dtype=torch.bfloat16 if gpu else torch.float16, device=dev)
@@ -79,11 +86,17 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
         if "fused" in parts:
             fns["fused"] = lambda: ag_gemm_scaled(a, b, sa, sb, group, out_dtype=out.dtype,
                                                   impl="fused")
+        if "tiles" in parts and gpu:
+            fns["narrow"] = _ours(a, b, sa, sb, mode, out, NARROW)
         t = _times(group, fns, cfg)
         tflops = lambda us: round(2 * m * n * k / us / 1e6, 1)  # noqa: E731
         if mode in parts:
             rows.append(Result("fp8", mode, 1, "e4m3", f"scaled core {mode}", t["ours"], base_name,
                                t["base"], extra={"tflops": tflops(t["ours"])}, **shape))
+        if "narrow" in fns:
+            rows.append(Result("fp8", f"tiles {mode}", 1, "e4m3", "128x128, 8 warps", t["narrow"],
+                               "the rule's tile", t["ours"], extra={"tflops": tflops(t["narrow"])},
+                               **shape))
         if "fused" in parts:
             rows.append(Result("fp8", f"fused {mode}", 1, "e4m3", f"ag_gemm_scaled {mode}",
                                t["fused"], f"scaled core {mode}", t["ours"], **shape,
@@ -96,7 +109,7 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                       "scales vs bf16 cuBLAS, ag_gemm_scaled's overhead and bytes (models set)",
           world_sizes=(1,), quick_world_sizes=(1,))
 def run(cfg: BenchConfig) -> list[Result]:
-    parts = [p for p in PARTS if p in cfg.only] or list(PARTS)
+    parts = [p for p in PARTS if p in cfg.only] or [p for p in PARTS if p != "tiles"]
     gpu = cfg.device.type == "cuda"
     # two draws per model config (about 20 shapes): every new shape compiles fp8 plans
     shapes = models_shapes(per_config=2) if gpu and not cfg.quick else {(40, 48, 160): "quick"}

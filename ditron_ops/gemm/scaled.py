@@ -250,11 +250,12 @@ _PLANS = threading.local()
 
 def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: int,
                   sb: torch.Tensor, sb_row: int, mode: int, bias: Optional[torch.Tensor],
-                  out: torch.Tensor) -> torch.Tensor:
+                  out: torch.Tensor, tiles: tuple = ()) -> torch.Tensor:
     """``out = (a8 * sa) @ (b * sb) (+ bias)`` on the portable core (no waits): ``a8 [M, K]`` fp8
     with 16-byte aligned rows, ``b`` column-major fp8, ``sa`` one scale per row (``sa_row``
     floats apart) or per 1x128 block, ``sb`` as ``_b_scales`` gives it; ``mode`` the kernel's
-    ``SCALE``. Plans cached per thread and layout."""
+    ``SCALE``. ``tiles``: ``((field, value), ...)`` replacing the rule's ``TileConfig`` fields
+    (benches comparing tiles). Plans cached per thread and layout."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from ._core import CoreGemm, Scales, _dummies, program_budget, select_config
@@ -262,13 +263,13 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
     if cache is None:
         cache = _PLANS.cache = PlanCache(None)
     key = ("scaled_matmul", mode, sa_row, sb_row, tensor_key(a8), tensor_key(b), tensor_key(sa),
-           tensor_key(sb), tensor_key(bias), tensor_key(out))
+           tensor_key(sb), tensor_key(bias), tensor_key(out), tiles)
 
     def build():
         m = a8.shape[0]
         cfg = dataclasses.replace(select_config(m, b.shape[1], program_budget(a8.device, None),
                                                 a8.device, deterministic=False),
-                                  block_k=SCALE_BLOCK)
+                                  block_k=SCALE_BLOCK, **dict(tiles))
         a_desc = TensorDescriptor(a8, list(a8.shape), list(a8.stride()), [cfg.block_m, cfg.block_k])
         sig, offsets, claim, record = _dummies(a8.device)
         return CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig, offsets=offsets,
