@@ -124,6 +124,110 @@ def _flash_decode_check(group: Group, dtype: torch.dtype) -> tuple:
 register_check("flash_decode", _flash_decode_check)
 
 
+def _paged_decode_check(group: Group, dtype: torch.dtype) -> tuple:
+    """The paged cache (pages shuffled over the cache) in deterministic mode: bitwise the
+    contiguous call over the same keys."""
+    from .attention.flash_decode import flash_decode
+
+    gpu = group.device.type == "cuda"
+    b, hq, hkv, d, s_max, page = (4, 32, 8, 128, 4096, 16) if gpu else (2, 4, 2, 64, 40, 16)
+    dev = group.device
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, hq, d, generator=gen).to(dtype=dtype, device=dev)
+    gen = torch.Generator().manual_seed(1 + group.rank)
+    per = -(-s_max // page)
+    k, v = (torch.randn(b, per * page, hkv, d, generator=gen).to(dtype=dtype, device=dev)
+            for _ in range(2))
+    order = torch.randperm(b * per, generator=gen).to(dev)
+    k_pages, v_pages = (torch.empty(b * per, page, hkv, d, dtype=dtype, device=dev)
+                        for _ in range(2))
+    k_pages[order], v_pages[order] = (x.reshape(b * per, page, hkv, d) for x in (k, v))
+    table = order.view(b, per).to(torch.int32)
+    lens = torch.tensor([(s_max - 11 * (i + group.rank)) % (s_max + 1) for i in range(b)],
+                        dtype=torch.int32, device=dev)
+    run = lambda: flash_decode(q, k_pages, v_pages, lens, group, deterministic=True,  # noqa: E731
+                               block_table=table)
+    return run(), flash_decode(q, k, v, lens, group, deterministic=True), run
+
+
+register_check("flash_decode paged", _paged_decode_check)
+
+
+def _norm_check(group: Group, dtype: torch.dtype) -> tuple:
+    """``all_reduce_rmsnorm`` (deterministic) against the fp32 reference: rank-ordered sum
+    rounded once, residual add, RMSNorm."""
+    from .collectives.all_reduce_rmsnorm import all_reduce_rmsnorm
+    from .reference.norm import all_reduce_rmsnorm as reference_norm
+
+    gpu = group.device.type == "cuda"
+    t, h = (32, 4096) if gpu else (5, 64)
+    x = make_input((t, h), dtype, group.device, 10 + group.rank)
+    residual = make_input((t, h), dtype, group.device, 3)
+    weight = make_input((h,), dtype, group.device, 4)
+    run = lambda: all_reduce_rmsnorm(x, residual, weight, group=group,  # noqa: E731
+                                     deterministic=True)[0]
+    want = reference_norm(x, residual, weight, 1e-6, group, deterministic=True)[0]
+    return run(), want, run, 2e-2 if dtype == torch.bfloat16 else 4e-3
+
+
+register_check("all_reduce_rmsnorm", _norm_check)
+
+
+def _scaled_check(op: str):
+    """fp8 e4m3 operands with row-wise scales (``out_dtype`` fp16 in the interpreter) against
+    the float64 product of the dequantized operands; ``gemm_rs_scaled`` deterministic."""
+    def check(group: Group, dtype: torch.dtype) -> tuple:
+        from .gemm.scaled import ag_gemm_scaled, gemm_rs_scaled
+        from .runtime.split import split_sizes
+        from .testing.scaled_checks import dequantized, reduce_inputs, scaled_inputs
+
+        gpu, w, r = group.device.type == "cuda", group.world_size, group.rank
+        out_dtype = torch.bfloat16 if gpu else torch.float16
+        m, n, k = (1024, 1792, 4096) if gpu else (8, 24, 48)
+        if op == "ag_gemm_scaled":
+            a_list, sa_list, b, sb = scaled_inputs([m] * w, k, n, "row", group.device)
+            run = lambda: ag_gemm_scaled(a_list[r], b, sa_list[r], sb, group,  # noqa: E731
+                                         out_dtype=out_dtype, impl="fused")
+            a64, b64 = dequantized(a_list, sa_list, b, sb, "row")
+        else:
+            parts = reduce_inputs(m * w, [k] * w, n, "row", group.device)
+            a, sa, b, sb = parts[r]
+            run = lambda: gemm_rs_scaled(a, b, sa, sb, group, out_dtype=out_dtype,  # noqa: E731
+                                         deterministic=True, impl="fused")
+            a64 = torch.cat([dequantized([p[0]], [p[1]], p[2], p[3], "row")[0] for p in parts], 1)
+            b64 = torch.cat([dequantized([p[0]], [p[1]], p[2], p[3], "row")[1] for p in parts], 0)
+            rows = split_sizes(m * w, w)
+            a64 = a64[sum(rows[:r]):sum(rows[:r + 1])]
+        return run(), (a64 @ b64).to(group.device), run, 1e-2
+    return check
+
+
+register_check("ag_gemm_scaled (e4m3)", _scaled_check("ag_gemm_scaled"))
+register_check("gemm_rs_scaled (e4m3)", _scaled_check("gemm_rs_scaled"))
+
+
+def _moe_check(group: Group, dtype: torch.dtype) -> tuple:
+    """``moe.Buffer`` dispatch (deterministic) and combine through identity experts: bitwise
+    the fp32 top-k weighted sum of each token's kept slots, rounded once. The Buffer stays open
+    for the timed calls (the world's end frees it)."""
+    from .moe import Buffer
+    from .testing.moe_checks import identity_combine, routing, tokens
+
+    gpu = group.device.type == "cuda"
+    t, h, e, k = (512, 4096, 64, 8) if gpu else (6, 128, 8, 2)
+    x = tokens(group, t, h, dtype, seed=0)
+    idx, w = routing(group, t, e, k, "random", seed=0)
+    buf = Buffer(group, num_experts=e, max_tokens_per_rank=t, hidden=h, topk=k, dtype=dtype)
+
+    def run():
+        d = buf.dispatch(x, idx, w, layout="expert_contig", deterministic=True)
+        return buf.combine(d.x, d.handle)
+    return run(), identity_combine(x, idx, w), run
+
+
+register_check("moe dispatch + combine", _moe_check)
+
+
 def _ulysses_check(group: Group, dtype: torch.dtype) -> tuple:
     from .attention.ulysses import ulysses_attention
 
