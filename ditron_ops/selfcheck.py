@@ -21,10 +21,15 @@ from .testing.checks import make_input
 
 Check = Callable[[Group, torch.dtype], tuple]
 _checks: dict[str, Check] = {}
+_needs_symmetric: set[str] = set()
 
 
-def register_check(name: str, check: Check) -> None:
+def register_check(name: str, check: Check, needs_symmetric: bool = False) -> None:
+    """Register ``check``; ``needs_symmetric``: run only on groups with symmetric memory (a
+    ``moe.Buffer``; a torch-backend group has no such path)."""
     _checks[name] = check
+    if needs_symmetric:
+        _needs_symmetric.add(name)
 
 
 def _collective_checks() -> None:
@@ -225,7 +230,7 @@ def _moe_check(group: Group, dtype: torch.dtype) -> tuple:
     return run(), identity_combine(x, idx, w), run
 
 
-register_check("moe dispatch + combine", _moe_check)
+register_check("moe dispatch + combine", _moe_check, needs_symmetric=True)
 
 
 def _ulysses_check(group: Group, dtype: torch.dtype) -> tuple:
@@ -265,9 +270,11 @@ def _time_us(group: Group, run: Callable[[], object], reps: int) -> float:
 def run_checks(group: Group, dtype: torch.dtype, reps: int) -> list[tuple[str, float, float, bool]]:
     """Per registered op: (name, max abs error, median time in µs (max over ranks), ok)."""
     rows = []
-    for i, (name, check) in enumerate(_checks.items()):
+    checks = {name: check for name, check in _checks.items()
+              if name not in _needs_symmetric or group.has_symmetric_memory}
+    for i, (name, check) in enumerate(checks.items()):
         if group.rank == 0:
-            _show_progress(i, len(_checks), name)
+            _show_progress(i, len(checks), name)
         ours, ref, run, *tol = check(group, dtype)
         if group.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
@@ -282,7 +289,7 @@ def run_checks(group: Group, dtype: torch.dtype, reps: int) -> list[tuple[str, f
         exact = all(group.all_gather_object(exact))
         rows.append((name, err, t, exact))
     if group.rank == 0:
-        _show_progress(len(_checks), len(_checks), "done")
+        _show_progress(len(checks), len(checks), "done")
     group.synchronize()
     return rows
 

@@ -40,7 +40,7 @@ def _self_checks(group):
 
 
 def test_every_op_over_gloo():
-    """Every registered self-check (ag_gemm, gemm_rs/ar, flash_decode, collectives) on the
+    """Every registered self-check but those needing symmetric memory (moe) on the
     torch backend: the paths a torchrun job without symmetric memory takes."""
     results = run_gloo(_self_checks, 2)
     for rank, rows in enumerate(results):
