@@ -89,3 +89,56 @@ def test_new_plan_during_capture_raises_and_warm_capture_replays():
         return True
 
     assert ditron_ops.launch(body, 1) == [True]
+
+
+def _call_once(group, name):
+    """One call of ``name`` on fresh tensors; returns them (inputs and output) only."""
+    dev = group.device
+    gen = torch.Generator(device="cpu").manual_seed(group.rank)
+
+    def rand(*shape, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float16):
+        return torch.randn(shape, generator=gen).to(dtype=dtype, device=dev)
+
+    if name in ("ag_gemm", "gemm_rs", "gemm_ar", "matmul"):
+        a, weight = rand(64, 256), rand(512, 256)
+        fn = {"ag_gemm": ditron_ops.ag_gemm, "gemm_rs": ditron_ops.gemm_rs,
+              "gemm_ar": ditron_ops.gemm_ar}.get(name)
+        out = ditron_ops.gemm.matmul(a, weight.t()) if fn is None else fn(a, weight.t(), impl="fused")
+        return [a, weight, out]
+    if name in ("all_reduce", "all_reduce_rmsnorm"):
+        x, res, w = rand(32, 1024), rand(32, 1024), rand(1024)
+        if name == "all_reduce":
+            return [x, ditron_ops.all_reduce(x)]
+        return [x, res, w, *ditron_ops.all_reduce_rmsnorm(x, res, w)]
+    if name in ("flash_decode", "flash_decode paged"):
+        q, k = rand(2, 8, 128), rand(2, 64, 2, 128)
+        lens = torch.tensor([64, 17], dtype=torch.int32, device=dev)
+        if name == "flash_decode":
+            return [q, k, lens, ditron_ops.flash_decode(q, k, k, lens)]
+        pages = k.reshape(8, 16, 2, 128)
+        table = torch.arange(8, dtype=torch.int32, device=dev).view(2, 4)
+        return [q, pages, lens, table, ditron_ops.flash_decode(q, pages, pages, lens, block_table=table)]
+    a = rand(64, 256).to(torch.float8_e4m3fn)  # ag_gemm_scaled: row-wise scales
+    b = rand(512, 256).to(torch.float8_e4m3fn).t()
+    sa, sb = rand(64, 1, dtype=torch.float32).abs() + 0.5, rand(1, 512, dtype=torch.float32).abs() + 0.5
+    return [a, b, sa, sb, ditron_ops.ag_gemm_scaled(a, b, sa, sb, impl="fused")]
+
+
+@pytest.mark.parametrize("name", ["ag_gemm", "gemm_rs", "gemm_ar", "matmul", "all_reduce",
+                                  "all_reduce_rmsnorm", "flash_decode", "flash_decode paged",
+                                  "ag_gemm_scaled"])
+def test_a_plan_keeps_no_call_tensor_alive(name):
+    """The compiled launch path (bound flat arguments, descriptor caches) holds addresses, never
+    a call's tensors: after the call, its inputs and outputs are freed (W = 2)."""
+    import gc
+    import weakref
+
+    def body(group):
+        tensors = _call_once(group, name)
+        group.synchronize()
+        refs = [weakref.ref(t) for t in tensors]
+        del tensors
+        gc.collect()
+        return [i for i, r in enumerate(refs) if r() is not None]
+
+    assert ditron_ops.launch(body, 2) == [[], []]
