@@ -17,7 +17,7 @@ import torch
 from . import reference
 from .collectives import all_gather, all_reduce, reduce_scatter
 from .runtime.group import Group
-from .testing.checks import make_input
+from .testing.checks import make_input, paged_cache
 
 Check = Callable[[Group, torch.dtype], tuple]
 _checks: dict[str, Check] = {}
@@ -140,14 +140,9 @@ def _paged_decode_check(group: Group, dtype: torch.dtype) -> tuple:
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(b, hq, d, generator=gen).to(dtype=dtype, device=dev)
     gen = torch.Generator().manual_seed(1 + group.rank)
-    per = -(-s_max // page)
-    k, v = (torch.randn(b, per * page, hkv, d, generator=gen).to(dtype=dtype, device=dev)
+    k, v = (torch.randn(b, s_max, hkv, d, generator=gen).to(dtype=dtype, device=dev)
             for _ in range(2))
-    order = torch.randperm(b * per, generator=gen).to(dev)
-    k_pages, v_pages = (torch.empty(b * per, page, hkv, d, dtype=dtype, device=dev)
-                        for _ in range(2))
-    k_pages[order], v_pages[order] = (x.reshape(b * per, page, hkv, d) for x in (k, v))
-    table = order.view(b, per).to(torch.int32)
+    k_pages, v_pages, table = paged_cache(k, v, page, gen)
     lens = torch.tensor([(s_max - 11 * (i + group.rank)) % (s_max + 1) for i in range(b)],
                         dtype=torch.int32, device=dev)
     run = lambda: flash_decode(q, k_pages, v_pages, lens, group, deterministic=True,  # noqa: E731
@@ -184,7 +179,8 @@ def _scaled_check(op: str):
     def check(group: Group, dtype: torch.dtype) -> tuple:
         from .gemm.scaled import ag_gemm_scaled, gemm_rs_scaled
         from .runtime.split import split_sizes
-        from .testing.scaled_checks import dequantized, reduce_inputs, scaled_inputs
+        from .testing.scaled_checks import (dequantized, reduce_inputs, reduce_operands,
+                                             scaled_inputs)
 
         gpu, w, r = group.device.type == "cuda", group.world_size, group.rank
         out_dtype = torch.bfloat16 if gpu else torch.float16
@@ -199,10 +195,8 @@ def _scaled_check(op: str):
             a, sa, b, sb = parts[r]
             run = lambda: gemm_rs_scaled(a, b, sa, sb, group, out_dtype=out_dtype,  # noqa: E731
                                          deterministic=True, impl="fused")
-            a64 = torch.cat([dequantized([p[0]], [p[1]], p[2], p[3], "row")[0] for p in parts], 1)
-            b64 = torch.cat([dequantized([p[0]], [p[1]], p[2], p[3], "row")[1] for p in parts], 0)
             rows = split_sizes(m * w, w)
-            a64 = a64[sum(rows[:r]):sum(rows[:r + 1])]
+            a64, b64 = reduce_operands(parts, "row", slice(sum(rows[:r]), sum(rows[:r + 1])))
         return run(), (a64 @ b64).to(group.device), run, 1e-2
     return check
 

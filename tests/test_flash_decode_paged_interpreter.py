@@ -402,7 +402,8 @@ def test_serving_bench_rows_quick(tmp_path):
     """``bench.serving_decode.paged_rows`` in its quick form on the CPU: one row per mode with
     the contiguous baseline and SDPA's time; ``paged_cache`` keeps every key."""
     from ditron_ops.bench.harness import BenchConfig
-    from ditron_ops.bench.serving_decode import paged_cache, paged_rows
+    from ditron_ops.bench.serving_decode import paged_rows
+    from ditron_ops.testing.checks import paged_cache
 
     k, v = torch.randn(2, 37, 2, 64), torch.randn(2, 37, 2, 64)
     kp, vp, table = paged_cache(k, v, 16)

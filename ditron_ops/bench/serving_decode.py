@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ..attention.flash_decode import flash_decode
 from ..runtime.virtual import launch
+from ..testing.checks import paged_cache
 from .harness import BenchConfig, Result, graph_time_spmd, paired_graph_times
 
 BENCH = "serving"
@@ -65,21 +66,6 @@ def _sdpa_time(group, cfg: BenchConfig, b: int, kv: int) -> float:
 def _sdpa_times(group, cfg: BenchConfig, shapes) -> dict:
     """``{(B, KV): µs}`` of SDPA (a one-rank world)."""
     return {(b, kv): _sdpa_time(group, cfg, b, kv) for b, kv in shapes}
-
-
-def paged_cache(k: torch.Tensor, v: torch.Tensor, page: int, generator=None):
-    """``(k_pages, v_pages, block_table)``: contiguous ``[B, S, Hkv, D]`` caches cut into pages of
-    ``page`` keys (the last one zero-padded) stored in a random order over the cache."""
-    b, s, hkv, d = k.shape
-    per = -(-s // page)
-    perm = torch.randperm(b * per, generator=generator).to(k.device)
-    out = []
-    for t in (k, v):
-        padded = torch.nn.functional.pad(t, (0, 0, 0, 0, 0, per * page - s))
-        pages = torch.empty(b * per, page, hkv, d, dtype=t.dtype, device=t.device)
-        pages[perm] = padded.reshape(b * per, page, hkv, d)
-        out.append(pages)
-    return out[0], out[1], perm.view(b, per).to(torch.int32)
 
 
 def _rank_body(group, cfg: BenchConfig, run_cases, sdpa: dict) -> list[Result]:

@@ -318,21 +318,21 @@ def _peers_compile_while_one_traces(world_size: int) -> tuple:
     return (none, patch) if _patches_per_thread(config) else (patch, none)
 
 
-_per_thread: dict = {}
+_PATCHES_PER_THREAD: Optional[bool] = None
 
 
 def _patches_per_thread(config) -> bool:
     """Whether a ``config.patch`` in one thread is invisible to others (asked once)."""
-    got = _per_thread.get("dynamo")
-    if got is None:
+    global _PATCHES_PER_THREAD
+    if _PATCHES_PER_THREAD is None:
         seen = []
         with config.patch(force_compile_during_fx_trace=not config.force_compile_during_fx_trace):
             mine = config.force_compile_during_fx_trace
             probe = threading.Thread(target=lambda: seen.append(config.force_compile_during_fx_trace))
             probe.start()
             probe.join()
-        got = _per_thread["dynamo"] = seen[0] != mine
-    return got
+        _PATCHES_PER_THREAD = seen[0] != mine
+    return _PATCHES_PER_THREAD
 
 
 def _ranks(ranks: list) -> str:

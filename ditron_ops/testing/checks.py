@@ -24,6 +24,21 @@ def make_input(shape: Sequence[int], dtype: torch.dtype, device, seed: int) -> t
     return torch.randn(tuple(shape), generator=gen, dtype=torch.float32).to(dtype=dtype, device=device)
 
 
+def paged_cache(k: torch.Tensor, v: torch.Tensor, page: int, generator=None):
+    """``(k_pages, v_pages, block_table)``: contiguous ``[B, S, Hkv, D]`` caches cut into pages of
+    ``page`` keys (the last one zero-padded) stored in a random order over the cache."""
+    b, s, hkv, d = k.shape
+    per = -(-s // page)
+    perm = torch.randperm(b * per, generator=generator).to(k.device)
+    out = []
+    for t in (k, v):
+        padded = torch.nn.functional.pad(t, (0, 0, 0, 0, 0, per * page - s))
+        pages = torch.empty(b * per, page, hkv, d, dtype=t.dtype, device=t.device)
+        pages[perm] = padded.reshape(b * per, page, hkv, d)
+        out.append(pages)
+    return out[0], out[1], perm.view(b, per).to(torch.int32)
+
+
 def check_collectives(group: Group, rows: int, cols: int, dtype: torch.dtype,
                       uneven: bool = True, seed: int = 0) -> dict[str, float]:
     """Run all_gather (even and uneven), reduce_scatter and both all_reduce algorithms once and

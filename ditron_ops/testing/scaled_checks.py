@@ -91,6 +91,15 @@ def reduce_inputs(m: int, k_sizes: Sequence[int], n: int, mode: str, device, see
     return out
 
 
+def reduce_operands(parts, mode: str, rows: Optional[slice] = None) -> tuple:
+    """``(A, B)`` in float64, scales applied, whose product is the sum over ranks of
+    ``reduce_inputs``' ``parts``: every rank's A side by side, B stacked (``rows``: only those
+    rows of A, a ``gemm_rs_scaled`` rank's)."""
+    a64 = torch.cat([dequantized([p[0]], [p[1]], p[2], p[3], mode)[0] for p in parts], dim=1)
+    b64 = torch.cat([dequantized([p[0]], [p[1]], p[2], p[3], mode)[1] for p in parts], dim=0)
+    return (a64 if rows is None else a64[rows]), b64
+
+
 def check_reduce_scaled(group, m: int, k_sizes: Sequence[int], n: int, mode: str, op: str,
                         out_dtype=torch.bfloat16, impl: str = "fused",
                         deterministic: bool = False, seed: int = 0, **kw) -> torch.Tensor:
@@ -102,12 +111,11 @@ def check_reduce_scaled(group, m: int, k_sizes: Sequence[int], n: int, mode: str
     fn = getattr(ditron_ops, op)
     out = fn(a, b, sa, sb, group, out_dtype=out_dtype, impl=impl, deterministic=deterministic,
              **kw)
-    a64 = torch.cat([dequantized([p[0]], [p[1]], p[2], p[3], mode)[0] for p in parts], dim=1)
-    b64 = torch.cat([dequantized([p[0]], [p[1]], p[2], p[3], mode)[1] for p in parts], dim=0)
+    rows = None
     if op == "gemm_rs_scaled":
-        rows = kw.get("shard_sizes") or ditron_ops.split_sizes(m, group.world_size)
-        lo = sum(rows[:group.rank])
-        a64 = a64[lo:lo + rows[group.rank]]
+        sizes = kw.get("shard_sizes") or ditron_ops.split_sizes(m, group.world_size)
+        rows = slice(sum(sizes[:group.rank]), sum(sizes[:group.rank + 1]))
+    a64, b64 = reduce_operands(parts, mode, rows)
     assert out.shape == (a64.shape[0], n) and out.dtype == out_dtype
     check_close(out, a64, b64)
     return out
