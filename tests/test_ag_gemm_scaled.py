@@ -112,9 +112,10 @@ def test_compile_fullgraph():
                                                     (3, 7, [130, 0, 64], 136)])
 def test_reduce_modes_match_float64(mode, op, world_size, m, k_sizes, n):
     def body(group):
-        for impl, det in (("fused", False), ("fused", True), ("baseline", False)):
+        for impl, det, bias in (("fused", False, False), ("fused", True, True),
+                                ("baseline", False, True)):
             check_reduce_scaled(group, m, k_sizes, n, mode, op, out_dtype=torch.float16,
-                                impl=impl, deterministic=det)
+                                impl=impl, deterministic=det, bias=bias)
         return True
     assert ditron_ops.launch(body, world_size) == [True] * world_size
 
@@ -122,10 +123,11 @@ def test_reduce_modes_match_float64(mode, op, world_size, m, k_sizes, n):
 def test_gemm_ar_scaled_algorithms_and_rs_shards():
     def body(group):
         for algorithm in ("one_shot", "two_shot"):
-            check_reduce_scaled(group, 10, [128, 144], 32, "row", "gemm_ar_scaled",
-                                out_dtype=torch.float16, algorithm=algorithm)
+            for bias in (False, True):
+                check_reduce_scaled(group, 10, [128, 144], 32, "row", "gemm_ar_scaled",
+                                    out_dtype=torch.float16, algorithm=algorithm, bias=bias)
         check_reduce_scaled(group, 10, [128, 144], 32, "block", "gemm_rs_scaled",
-                            out_dtype=torch.float16, shard_sizes=[7, 3])
+                            out_dtype=torch.float16, shard_sizes=[7, 3], bias=True)
         return True
     assert ditron_ops.launch(body, 2) == [True, True]
 
@@ -144,11 +146,31 @@ def test_reduce_opcheck():
         parts = reduce_inputs(6, [160], 24, "row", group.device)
         a, sa, b, sb = parts[0]
         utils = ("test_faketensor", "test_aot_dispatch_dynamic")
+        bias = torch.randn(24).to(torch.float16)
         torch.library.opcheck(torch.ops.ditron.gemm_rs_scaled.default,
-                              (a, b, sa, sb, group.group_name, [6], torch.float16, True, "fused"),
-                              test_utils=utils)
+                              (a, b, sa, sb, bias, group.group_name, [6], torch.float16, True,
+                               "fused"), test_utils=utils)
         torch.library.opcheck(torch.ops.ditron.gemm_ar_scaled.default,
-                              (a, b, sa, sb, group.group_name, torch.float16, False, "fused",
+                              (a, b, sa, sb, None, group.group_name, torch.float16, False, "fused",
                                "auto"), test_utils=utils)
         return True
     assert ditron_ops.launch(body, 1) == [True]
+
+
+@pytest.mark.parametrize("op", ["gemm_rs_scaled", "gemm_ar_scaled"])
+def test_reduce_bias_errors(op):
+    """A bias of the wrong size or dtype is a typed error; ranks that disagree on passing one get
+    ``DitronMismatchError`` on every rank; nothing runs first."""
+    def body(group):
+        a, sa, b, sb = reduce_inputs(4, [256], 64, "row", group.device)[0]
+        fn = getattr(ditron_ops, op)
+        for bias, exc in ((torch.zeros(63, dtype=torch.bfloat16), ValueError),
+                          (torch.zeros(64, dtype=torch.float16), TypeError)):
+            with pytest.raises(exc, match="bias"):
+                fn(a, b, sa, sb, group, bias=bias)
+        mine = torch.zeros(64, dtype=torch.bfloat16) if group.rank == 0 else None
+        with pytest.raises(ditron_ops.DitronMismatchError, match="bias"):
+            fn(a, b, sa, sb, group, bias=mine)
+        assert group._workspaces == {}
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]

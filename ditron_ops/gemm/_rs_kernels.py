@@ -81,13 +81,13 @@ def _multiple_of_16(x, ALIGNED: tl.constexpr):
 
 @dl.jit(do_not_specialize=("M", "N", "K", "slot_rows", "rank", "world_size", "sa_row", "sb_row"))
 def gemm_broadcast_kernel(a_desc, b_desc, buf_ptr, buf_table, M, N, K, slot_rows, rank, world_size,
-                          sa_ptr, sb_ptr, sa_row, sb_row,
+                          sa_ptr, sb_ptr, sa_row, sb_row, bias_ptr,
                           B_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ALIGNED: tl.constexpr,
-                          SCALE: tl.constexpr = 0):
-    """``a [M, K] @ b [K, N]`` in fp32 tiles (fp8 scales: ``tile_product``'s ``SCALE``), each
-    stored into slot ``rank`` of every rank. ``ALIGNED``: N is a multiple of 16 (vector
-    stores)."""
+                          SCALE: tl.constexpr = 0, HAS_BIAS: tl.constexpr = False):
+    """``a [M, K] @ b [K, N]`` in fp32 tiles (fp8 scales: ``tile_product``'s ``SCALE``; ``HAS_BIAS``:
+    ``+ bias``, see ``_plus_bias``), each stored into slot ``rank`` of every rank. ``ALIGNED``: N
+    is a multiple of 16 (vector stores)."""
     N = _multiple_of_16(N, ALIGNED)
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -96,8 +96,20 @@ def gemm_broadcast_kernel(a_desc, b_desc, buf_ptr, buf_table, M, N, K, slot_rows
         pid_m, pid_n = _tile_coords(tile, tiles_m, GROUP_M * tiles_n, 0, GROUP_M)
         acc = tile_product(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, sa_ptr,
                            sb_ptr, sa_row, sb_row, B_KN, BLOCK_M, BLOCK_N, BLOCK_K, SCALE)
+        acc = _plus_bias(acc, bias_ptr, pid_n * BLOCK_N, N, HAS_BIAS)
         _store_halves(acc, buf_ptr, buf_table, buf_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N,
                       slot_rows, rank, world_size, True, BLOCK_M, BLOCK_N)
+
+
+@dl.jit
+def _plus_bias(acc, bias_ptr, off_n, N, HAS_BIAS: tl.constexpr):
+    """``acc + bias[off_n:]`` in fp32 with ``HAS_BIAS``, else ``acc``. The host sets ``HAS_BIAS`` on
+    rank 0 only: the bias enters the sum once, in rank 0's partial, so the reduced value is
+    ``(p_0 + bias) + p_1 + ...`` in rank order, rounded once, whatever path reduces it."""
+    if HAS_BIAS:
+        rn = off_n + tl.arange(0, acc.shape[1])
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    return acc
 
 
 @dl.jit
@@ -116,10 +128,11 @@ def _store_halves(acc, buf_ptr, buf_table, offsets_ptr, off_m, off_n, M, N, slot
 def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_table, offsets_ptr,
                    out_ptr, sig_ptr, sig_table, err_claim, err_record, M, N, K, slot_rows,
                    stride_om, lo, hi, tail_tiles, rank, world_size, timeout_us, op_id,
-                   sa_ptr, sb_ptr, sa_row, sb_row,
+                   sa_ptr, sb_ptr, sa_row, sb_row, bias_ptr,
                    B_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ALIGNED: tl.constexpr,
-                   C_TMA: tl.constexpr, SPLIT_TAIL: tl.constexpr, SCALE: tl.constexpr = 0):
+                   C_TMA: tl.constexpr, SPLIT_TAIL: tl.constexpr, SCALE: tl.constexpr = 0,
+                   HAS_BIAS: tl.constexpr = False):
     """Reduce-scatter GEMM (schedule in the module docstring): ``out = (Σ_s a_s @ b_s)[lo:hi]``
     (``lo``, ``hi``: this rank's rows, also in ``offsets_ptr``; as arguments the first tile's
     coordinates need no load).
@@ -128,7 +141,8 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
     (``BLOCK_N / 2`` wide blocks; see ``_reduce_store_tma``); boundary rows always use masked
     pointer loads and stores. ``SPLIT_TAIL``: the last ``tail_tiles`` tiles (whole own tiles; the
     host passes a partial last wave of at most half the grid, else 0) run after the main loop as
-    twice as many ``BLOCK_N / 2`` wide halves through ``bh_desc``, as in ``persistent_gemm_kernel``."""
+    twice as many ``BLOCK_N / 2`` wide halves through ``bh_desc``, as in ``persistent_gemm_kernel``.
+    ``HAS_BIAS``: every partial tile gets ``+ bias`` (``_plus_bias``)."""
     N = _multiple_of_16(N, ALIGNED)
     stride_om = _multiple_of_16(stride_om, ALIGNED)
     pid = tl.program_id(0)
@@ -164,6 +178,7 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
             off_m = ((pm + full_end) % tiles_m) * BLOCK_M
         acc = tile_product(a_desc, b_desc, off_m, pid_n * BLOCK_N, M, N, K, sa_ptr, sb_ptr,
                            sa_row, sb_row, B_KN, BLOCK_M, BLOCK_N, BLOCK_K, SCALE)
+        acc = _plus_bias(acc, bias_ptr, pid_n * BLOCK_N, N, HAS_BIAS)
         if own:
             counted, peers_in = _own_tile(
                 acc, counted, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr, sig_table,
@@ -186,6 +201,7 @@ def gemm_rs_kernel(a_desc, b_desc, bh_desc, slots_desc, c_desc, buf_ptr, buf_tab
             if off_n < N:
                 acc = tile_product(a_desc, bh_desc, off_m, off_n, M, N, K, sa_ptr, sb_ptr,
                                    sa_row, sb_row, B_KN, BLOCK_M, HALF, BLOCK_K, SCALE)
+                acc = _plus_bias(acc, bias_ptr, off_n, N, HAS_BIAS)
                 counted, peers_in = _own_tile(
                     acc, counted, peers_in, buf_ptr, out_ptr, slots_desc, c_desc, sig_ptr,
                     sig_table, err_claim, err_record, op_id, epoch, deadline, nprog, off_m, off_n,

@@ -40,7 +40,7 @@ def finish_programs(group: Group) -> int:
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows: list[int],
           *, broadcast: bool, op: str, partials: torch.dtype = torch.float32,
           deterministic: bool = True, tensor_keys: Optional[tuple] = None,
-          scales: Optional[Scales] = None) -> torch.Tensor:
+          scales: Optional[Scales] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One call: scattered partial GEMM with the reduction in its epilogue (its own start
     barrier), or start barrier + broadcast GEMM + finish (one-shot), into ``out``.
 
@@ -51,19 +51,22 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     among the batch-invariant configurations only (``select_config``). ``tensor_keys``:
     ``(a, b)``'s ``tensor_key``s when the caller has them (its validation key). Everything but
     the launches comes from the call's plan. ``scales``: fp8 operands' scales (the call's
-    tensors; ``tile_product``'s ``SCALE``), each rank's own, applied to its partial.
+    tensors; ``tile_product``'s ``SCALE``), each rank's own, applied to its partial. ``bias``:
+    ``[N]``, added once, to rank 0's partial (``_rs_kernels._plus_bias``; other ranks ignore it).
     """
     group.check()
     if tensor_keys is None:
         tensor_keys = (tensor_key(a), tensor_key(b))
     scale_key = None if scales is None else (scales.mode, scales.a_row, scales.b_row,
                                              tensor_key(scales.a), tensor_key(scales.b))
+    bias = bias if group.rank == 0 else None
     key = (op, broadcast, partials, deterministic, *tensor_keys,
-           None if broadcast else tuple(rows), scale_key, out.dtype)  # out: made by the op
+           None if broadcast else tuple(rows), scale_key, out.dtype,  # out: made by the op
+           tensor_key(bias))
     plan = group.plans.get(key, lambda previous=None: RsPlan(group, a, b, out, rows, broadcast, op,
                                                              partials, previous, deterministic,
-                                                             scales))
-    return plan.run(a, b, out, scales)
+                                                             scales, bias))
+    return plan.run(a, b, out, scales, bias)
 
 
 class RsPlan:
@@ -73,7 +76,7 @@ class RsPlan:
     def __init__(self, group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
                  rows: list[int], broadcast: bool, op: str, partials: torch.dtype,
                  previous: "RsPlan | None" = None, deterministic: bool = True,
-                 scales: Optional[Scales] = None):
+                 scales: Optional[Scales] = None, bias: Optional[torch.Tensor] = None):
         self.group, self.op, self.broadcast = group, op, broadcast
         self.ws = ws = group.workspace(PURPOSE)
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
@@ -87,6 +90,10 @@ class RsPlan:
         scale_args = ((unused_pointer(out.device, out.dtype),) * 2 + (0, 0) if scales is None
                       else (scales.a, scales.b, scales.a_row, scales.b_row))
         scale_vary = ("sa_ptr", "sb_ptr") if self.scaled else ()
+        self.has_bias = bias is not None
+        scale_args += (unused_pointer(out.device, out.dtype),)  # bias_ptr (a call's bias: vary)
+        if self.has_bias:
+            scale_vary += ("bias_ptr",)
         w, rank = group.world_size, group.rank
         slot_rows = m if broadcast else max(rows)
         self.data = data = ws.ensure_data(max(1, w * slot_rows * n * partials.itemsize))
@@ -111,6 +118,8 @@ class RsPlan:
                          ALIGNED=aligned)
         if self.scaled:
             tiles_cfg["SCALE"] = scales.mode
+        if self.has_bias:
+            tiles_cfg["HAS_BIAS"] = True
         # per call: a (unless padded), b (unless padded), out (and its descriptor)
         ab = (("a_desc",) if self.a_pad is None else ()) + (("b_desc",) if self.b_pad is None else ())
         device = a.device
@@ -149,7 +158,7 @@ class RsPlan:
         return self.ws.data is not self.data
 
     def run(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
-            scales: Optional[Scales] = None) -> torch.Tensor:
+            scales: Optional[Scales] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         group, ws = self.group, self.ws
         values = []
         if self.a_pad is None:
@@ -164,6 +173,8 @@ class RsPlan:
             self.b_pad.copy_(b)
         ws.calls += 1
         scale_values = [scales.a, scales.b] if self.scaled else []
+        if self.has_bias:
+            scale_values.append(bias)
         with group.waiting_launch(self.op, ws.calls):
             if self.broadcast:
                 self.start.launch()
@@ -231,11 +242,11 @@ def _precompile_tiles(device: torch.device, dtypes: tuple, cfg) -> None:
                 BoundKernel(gemm_rs_kernel, (1,),
                             (a_desc, b_desc, half_b_descriptor(b_desc, b_kn, cfg), slots_desc,
                              c_desc, buf, table, offsets, out, sig, sig_table, claim, record, 64,
-                             64, 64, 64, 64, 0, 64, 0, 0, 1, 10**6, 0, out, out, 0, 0),
+                             64, 64, 64, 64, 0, 64, 0, 0, 1, 10**6, 0, out, out, 0, 0, out),
                             dict(B_KN=b_kn, ALIGNED=aligned, C_TMA=c_tma,
                                  SPLIT_TAIL=cfg.split_tail, **tiles_cfg), device=device)
             BoundKernel(gemm_broadcast_kernel, (1,),
-                        (a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1, out, out, 0, 0),
+                        (a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1, out, out, 0, 0, out),
                         dict(B_KN=b_kn, ALIGNED=aligned, **tiles_cfg), device=device)
             BoundKernel(reduce_finish_kernel, (1,),
                         (buf, out, sig, sig_table, claim, record, 64, 64, 64, 64, 0, 1, 10**6, 0),

@@ -171,10 +171,7 @@ def _validate(group: Group, a, b, scale_a, scale_b, bias, out_dtype, impl, shard
     """The call's checks (typed errors naming the argument); the shard sizes."""
     op = "ag_gemm_scaled"
     mode = _check_operands(op, group, a, b, scale_a, scale_b, out_dtype, impl, "K")
-    if bias is not None:
-        check_tensor(op, "bias", bias, group, (out_dtype,), min_dim=1)
-        if tuple(bias.shape) != (b.shape[1],):
-            raise ValueError(f"ditron.{op}: bias must be [N] = [{b.shape[1]}], got {tuple(bias.shape)}")
+    _check_bias(op, group, bias, b, out_dtype)
     sizes = [a.shape[0]] * group.world_size if shard_sizes is None else check_sizes(
         op, "shard_sizes", shard_sizes, group)
     if shard_sizes is not None and sizes[group.rank] != a.shape[0]:
@@ -320,9 +317,20 @@ def _operands(a, b, scale_a, scale_b, mode: str):
     return a, b, Scales(MODES[mode], sa, sb, sa_row, sb_row)
 
 
-def _validate_reduce(op: str, group: Group, a, b, scale_a, scale_b, out_dtype, impl) -> str:
+def _check_bias(op: str, group: Group, bias, b, out_dtype) -> None:
+    """``bias`` absent, or ``[N]`` of ``out_dtype`` on ``group``'s device."""
+    if bias is not None:
+        check_tensor(op, "bias", bias, group, (out_dtype,), min_dim=1)
+        if tuple(bias.shape) != (b.shape[1],):
+            raise ValueError(f"ditron.{op}: bias must be [N] = [{b.shape[1]}], got {tuple(bias.shape)}")
+
+
+def _validate_reduce(op: str, group: Group, a, b, scale_a, scale_b, bias, out_dtype,
+                     impl) -> str:
     """``gemm_rs_scaled`` / ``gemm_ar_scaled``'s per-rank checks; the scale mode."""
-    return _check_operands(op, group, a, b, scale_a, scale_b, out_dtype, impl, "K_r")
+    mode = _check_operands(op, group, a, b, scale_a, scale_b, out_dtype, impl, "K_r")
+    _check_bias(op, group, bias, b, out_dtype)
+    return mode
 
 
 def _check_operands(op: str, group: Group, a, b, scale_a, scale_b, out_dtype, impl,
@@ -356,6 +364,7 @@ def _check_operands(op: str, group: Group, a, b, scale_a, scale_b, out_dtype, im
 
 def gemm_rs_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                    scale_b: torch.Tensor, group: Optional[Group] = None, *,
+                   bias: Optional[torch.Tensor] = None,
                    out_dtype: torch.dtype = torch.bfloat16, deterministic: Optional[bool] = None,
                    impl: str = "auto",
                    shard_sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
@@ -372,6 +381,9 @@ def gemm_rs_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
         This rank's fp32 scales, contiguous, as ``ag_gemm_scaled`` takes them with ``K_r`` for
         K: tensor-wise, row-wise (``[M, 1]``, ``[1, N]``) or block-wise (``[M, ceil(K_r/128)]``,
         ``[ceil(K_r/128), ceil(N/128)]``).
+    bias : torch.Tensor, optional
+        ``[N]`` of ``out_dtype``, the same on every rank (given on all or none), added once, in
+        fp32: rank 0's partial carries it, so a row is ``(p_0 + bias) + p_1 + ...``.
     group, deterministic, impl, shard_sizes
         As ``gemm_rs``. The partials stay fp32 and are summed in rank order, rounded once to
         ``out_dtype`` (deterministic: the same bits run to run).
@@ -385,34 +397,37 @@ def gemm_rs_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
 
     Constraints
     -----------
-    Collective, as ``gemm_rs``: the same M, N, scale mode, ``out_dtype`` and flags on every
-    rank. No bias (add it to the reduced rows) and no autograd.
+    Collective, as ``gemm_rs``: the same M, N, scale mode, ``out_dtype``, flags and presence of
+    ``bias`` on every rank. No autograd.
     """
     group, name = call_group(group)
     flag = resolve_deterministic(deterministic)
 
     def validate():
-        mode = _validate_reduce("gemm_rs_scaled", group, a, b, scale_a, scale_b, out_dtype, impl)
+        mode = _validate_reduce("gemm_rs_scaled", group, a, b, scale_a, scale_b, bias, out_dtype,
+                                impl)
         rows = split_sizes(a.shape[0], group.world_size) if shard_sizes is None else check_sizes(
             "gemm_rs_scaled", "shard_sizes", shard_sizes, group)
         if sum(rows) != a.shape[0]:
             raise ValueError(f"ditron.gemm_rs_scaled: shard_sizes {rows} must sum to M = {a.shape[0]}")
         agree(group, "gemm_rs_scaled", (("M", a.shape[0]), ("N", b.shape[1]), ("mode", mode),
                                         ("out_dtype", out_dtype), ("shard_sizes", tuple(rows)),
-                                        ("impl", impl), ("deterministic", flag)))
+                                        ("impl", impl), ("deterministic", flag),
+                                        ("bias", bias is not None)))
         return rows
-    rows = memo(group, call_key("gemm_rs_scaled", a, b, scale_a, scale_b, out_dtype, impl,
+    rows = memo(group, call_key("gemm_rs_scaled", a, b, scale_a, scale_b, bias, out_dtype, impl,
                                 shard_sizes, flag), validate)
     name = name_for_rows(name, group, rows)
-    if direct(a, b, scale_a, scale_b):
-        return _gemm_rs_scaled_impl(a, b, scale_a, scale_b, name, rows, out_dtype, flag, impl)
-    return torch.ops.ditron.gemm_rs_scaled(a, b, scale_a, scale_b, name, rows, out_dtype, flag,
-                                           impl)
+    if direct(a, b, scale_a, scale_b, bias):
+        return _gemm_rs_scaled_impl(a, b, scale_a, scale_b, bias, name, rows, out_dtype, flag,
+                                    impl)
+    return torch.ops.ditron.gemm_rs_scaled(a, b, scale_a, scale_b, bias, name, rows, out_dtype,
+                                           flag, impl)
 
 
 def gemm_ar_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                    scale_b: torch.Tensor, group: Optional[Group] = None, *,
-                   out_dtype: torch.dtype = torch.bfloat16, deterministic: Optional[bool] = None,
+                   bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16, deterministic: Optional[bool] = None,
                    impl: str = "auto", algorithm: str = "auto") -> torch.Tensor:
     """fp8 GEMM of row-parallel shards, all-reduced: ``Σ_r (a_r * scale_a_r) @ (b_r * scale_b_r)``
     on every rank, ``[M, N]`` of ``out_dtype``. Parameters as ``gemm_rs_scaled``; ``algorithm``
@@ -426,30 +441,34 @@ def gemm_ar_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
     flag = resolve_deterministic(deterministic)
 
     def validate():
-        mode = _validate_reduce("gemm_ar_scaled", group, a, b, scale_a, scale_b, out_dtype, impl)
+        mode = _validate_reduce("gemm_ar_scaled", group, a, b, scale_a, scale_b, bias, out_dtype,
+                                impl)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"ditron.gemm_ar_scaled: algorithm must be one of {ALGORITHMS}, got "
                              f"{algorithm!r}")
         agree(group, "gemm_ar_scaled", (("M", a.shape[0]), ("N", b.shape[1]), ("mode", mode),
                                         ("out_dtype", out_dtype), ("impl", impl),
-                                        ("algorithm", algorithm), ("deterministic", flag)))
+                                        ("algorithm", algorithm), ("deterministic", flag),
+                                        ("bias", bias is not None)))
         return True
-    memo(group, call_key("gemm_ar_scaled", a, b, scale_a, scale_b, out_dtype, impl, algorithm,
-                         flag), validate)
-    if direct(a, b, scale_a, scale_b):
-        return _gemm_ar_scaled_impl(a, b, scale_a, scale_b, name, out_dtype, flag, impl, algorithm)
-    return torch.ops.ditron.gemm_ar_scaled(a, b, scale_a, scale_b, name, out_dtype, flag, impl,
-                                           algorithm)
+    memo(group, call_key("gemm_ar_scaled", a, b, scale_a, scale_b, bias, out_dtype, impl,
+                         algorithm, flag), validate)
+    if direct(a, b, scale_a, scale_b, bias):
+        return _gemm_ar_scaled_impl(a, b, scale_a, scale_b, bias, name, out_dtype, flag, impl,
+                                    algorithm)
+    return torch.ops.ditron.gemm_ar_scaled(a, b, scale_a, scale_b, bias, name, out_dtype, flag,
+                                           impl, algorithm)
 
 
-def _partial_fp32(a, b, scales) -> torch.Tensor:
-    """This rank's scaled product in fp32 (the unfused paths)."""
+def _partial_fp32(a, b, scales, bias, rank: int) -> torch.Tensor:
+    """This rank's scaled product in fp32 (the unfused paths), ``+ bias`` at rank 0 only (the
+    fused kernels' rule: ``_rs_kernels._plus_bias``)."""
     out = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32, device=a.device)
-    return scaled_matmul(a, b, scales.a, scales.a_row, scales.b, scales.b_row, scales.mode, None,
-                         out)
+    return scaled_matmul(a, b, scales.a, scales.a_row, scales.b, scales.b_row, scales.mode,
+                         bias if rank == 0 else None, out)
 
 
-def _gemm_rs_scaled_impl(a, b, scale_a, scale_b, group_name, shard_sizes, out_dtype,
+def _gemm_rs_scaled_impl(a, b, scale_a, scale_b, bias, group_name, shard_sizes, out_dtype,
                          deterministic, impl):
     from . import _rs_launch
     group = resolve_group(group_name)
@@ -461,11 +480,12 @@ def _gemm_rs_scaled_impl(a, b, scale_a, scale_b, group_name, shard_sizes, out_dt
     a, b, scales = _operands(a, b, scale_a, scale_b, mode)
     if _fused_wanted(group, impl, deterministic, "gemm_rs", 2 * a.shape[0] * a.shape[1] * b.shape[1]):
         return _rs_launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs",
-                                deterministic=deterministic, scales=scales)
-    return reduce_rows(_partial_fp32(a, b, scales), group, rows, out, deterministic)
+                                deterministic=deterministic, scales=scales, bias=bias)
+    return reduce_rows(_partial_fp32(a, b, scales, bias, group.rank), group, rows, out,
+                       deterministic)
 
 
-def _gemm_ar_scaled_impl(a, b, scale_a, scale_b, group_name, out_dtype, deterministic, impl,
+def _gemm_ar_scaled_impl(a, b, scale_a, scale_b, bias, group_name, out_dtype, deterministic, impl,
                          algorithm):
     from . import _rs_launch
     group = resolve_group(group_name)
@@ -480,29 +500,32 @@ def _gemm_ar_scaled_impl(a, b, scale_a, scale_b, group_name, out_dtype, determin
             algorithm = "one_shot" if m * n * 4 <= ONE_SHOT_MAX_BYTES else "two_shot"
         if algorithm == "one_shot":
             return _rs_launch.fused(group, a, b, out, [m] * group.world_size, broadcast=True,
-                                    op="gemm_ar", deterministic=deterministic, scales=scales)
+                                    op="gemm_ar", deterministic=deterministic, scales=scales,
+                                    bias=bias)
         rows = split_sizes(m, group.world_size)
         mine = torch.empty((rows[group.rank], n), dtype=out_dtype, device=a.device)
         mine = _rs_launch.fused(group, a, b, mine, rows, broadcast=False, op="gemm_ar",
-                                deterministic=deterministic, scales=scales)
+                                deterministic=deterministic, scales=scales, bias=bias)
         return gather_rows(mine, group, rows, out=out)
-    return sum_all(_partial_fp32(a, b, scales), group, out, deterministic)
+    return sum_all(_partial_fp32(a, b, scales, bias, group.rank), group, out, deterministic)
 
 
-def _gemm_rs_scaled_fake(a, b, scale_a, scale_b, group_name, shard_sizes, out_dtype,
+def _gemm_rs_scaled_fake(a, b, scale_a, scale_b, bias, group_name, shard_sizes, out_dtype,
                          deterministic, impl):
     rank = resolve_group(group_name).rank
     return a.new_empty((shard_sizes[rank], b.shape[1]), dtype=out_dtype)
 
 
-def _gemm_ar_scaled_fake(a, b, scale_a, scale_b, group_name, out_dtype, deterministic, impl,
+def _gemm_ar_scaled_fake(a, b, scale_a, scale_b, bias, group_name, out_dtype, deterministic, impl,
                          algorithm):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
-define_op("gemm_rs_scaled(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, str group_name, "
-          "SymInt[] shard_sizes, ScalarType out_dtype, bool deterministic, str impl) -> Tensor",
+define_op("gemm_rs_scaled(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
+          "str group_name, SymInt[] shard_sizes, ScalarType out_dtype, bool deterministic, "
+          "str impl) -> Tensor",
           _gemm_rs_scaled_impl, _gemm_rs_scaled_fake)
-define_op("gemm_ar_scaled(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, str group_name, "
-          "ScalarType out_dtype, bool deterministic, str impl, str algorithm) -> Tensor",
+define_op("gemm_ar_scaled(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
+          "str group_name, ScalarType out_dtype, bool deterministic, str impl, "
+          "str algorithm) -> Tensor",
           _gemm_ar_scaled_impl, _gemm_ar_scaled_fake)

@@ -68,10 +68,7 @@ def check_ag_gemm_scaled(group, sizes, k: int, n: int, mode: str, out_dtype=torc
                          impl: str = "fused", bias: bool = False, seed: int = 0) -> bool:
     """One call on every rank of ``group`` checked against the float64 product (rank body)."""
     a_list, sa_list, b, sb = scaled_inputs(sizes, k, n, mode, group.device, seed)
-    bias_t = None
-    if bias:
-        gen = torch.Generator().manual_seed(seed + 1)
-        bias_t = torch.randn(n, generator=gen).to(out_dtype).to(group.device)
+    bias_t = _bias(n, out_dtype, group.device, seed) if bias else None
     r = group.rank
     out = ditron_ops.ag_gemm_scaled(a_list[r], b, sa_list[r], sb, group, bias=bias_t,
                                     out_dtype=out_dtype, impl=impl, shard_sizes=list(sizes))
@@ -100,22 +97,30 @@ def reduce_operands(parts, mode: str, rows: Optional[slice] = None) -> tuple:
     return (a64 if rows is None else a64[rows]), b64
 
 
+def _bias(n: int, out_dtype, device, seed: int) -> torch.Tensor:
+    """A ``[N]`` bias of ``out_dtype``, the same on every rank for one seed."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    return (torch.randn(n, generator=gen) * 64).to(out_dtype).to(device)
+
+
 def check_reduce_scaled(group, m: int, k_sizes: Sequence[int], n: int, mode: str, op: str,
                         out_dtype=torch.bfloat16, impl: str = "fused",
-                        deterministic: bool = False, seed: int = 0, **kw) -> torch.Tensor:
+                        deterministic: bool = False, seed: int = 0, bias: bool = False,
+                        **kw) -> torch.Tensor:
     """``gemm_rs_scaled`` / ``gemm_ar_scaled`` (``op``) on every rank against the float64 sum
-    over ranks of the dequantized products (this rank's rows for ``gemm_rs_scaled``); returns
-    the output."""
+    over ranks of the dequantized products (this rank's rows for ``gemm_rs_scaled``), ``+ bias``
+    with ``bias``; returns the output."""
     parts = reduce_inputs(m, k_sizes, n, mode, group.device, seed)
     a, sa, b, sb = parts[group.rank]
+    bias_t = _bias(n, out_dtype, group.device, seed) if bias else None
     fn = getattr(ditron_ops, op)
-    out = fn(a, b, sa, sb, group, out_dtype=out_dtype, impl=impl, deterministic=deterministic,
-             **kw)
+    out = fn(a, b, sa, sb, group, bias=bias_t, out_dtype=out_dtype, impl=impl,
+             deterministic=deterministic, **kw)
     rows = None
     if op == "gemm_rs_scaled":
         sizes = kw.get("shard_sizes") or ditron_ops.split_sizes(m, group.world_size)
         rows = slice(sum(sizes[:group.rank]), sum(sizes[:group.rank + 1]))
     a64, b64 = reduce_operands(parts, mode, rows)
     assert out.shape == (a64.shape[0], n) and out.dtype == out_dtype
-    check_close(out, a64, b64)
+    check_close(out, a64, b64, bias_t)
     return out

@@ -76,8 +76,9 @@ def test_reduce_scaled_modes(op, mode, world_size):
 
     def body(group):
         check_reduce_scaled(group, 1000, k_sizes, 1536, mode, op)
+        check_reduce_scaled(group, 1000, k_sizes, 1000, mode, op, bias=True)
         check_reduce_scaled(group, 64, k_sizes, 4096, mode, op, out_dtype=torch.float16,
-                            impl="baseline")
+                            impl="baseline", bias=True)
         return True
     assert ditron_ops.launch(body, world_size) == [True] * world_size
 
