@@ -338,6 +338,11 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
         local_rank, local_world = _host_layout(pg, rank, dev)
         cuda_dev = _cuda_core_device(dev.index)
         uid = _broadcast_unique_id(nvs, rank, pg, dev)
+        # Dynamo's modules are imported (compiled from source on a fresh machine) before NVSHMEM
+        # starts: a process that first imported them after init crashed in Python's compiler
+        # (source_to_code, SIGSEGV) on an H100 and an H200; with them imported first the
+        # compile-pass bench ran. ~1 s once per process.
+        import torch._dynamo  # noqa: F401, PLC0415
         try:
             nvs.init(device=cuda_dev, uid=uid, rank=rank, nranks=world, initializer_method="uid")
         except Exception as exc:  # noqa: BLE001
