@@ -231,7 +231,7 @@ def test_precompile_families_cover_every_op_and_bind_to_their_kernels(monkeypatc
     served = {op for ops in precompile_module.families().values() for op in ops}
     assert served >= {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "ag_gemm",
                       "gemm_rs", "gemm_ar", "flash_decode", "ulysses_attention", "moe_dispatch",
-                      "moe_combine"}
+                      "moe_combine", "ag_gemm_scaled", "gemm_rs_scaled", "gemm_ar_scaled"}
     made: dict[str, int] = {}
     options = {"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion"}
 
@@ -250,6 +250,67 @@ def test_precompile_families_cover_every_op_and_bind_to_their_kernels(monkeypatc
     from ditron_ops.gemm._core_configs import rule_configs
 
     configs = len(rule_configs(torch.device("cpu")))  # every tile configuration the rule can pick
-    assert made["push_combine_kernel"] == 18 and made["persistent_gemm_kernel"] == 20 * configs
+    # per configuration: 20 fp16/bf16 variants, and 8 fp8 ones per output dtype and scale mode
+    assert made["push_combine_kernel"] == 18 and made["persistent_gemm_kernel"] == 52 * configs
     assert {"gemm_rs_kernel", "split_kv_kernel", "ulysses_attention_kernel", "all_to_all_kernel",
             "dispatch_kernel", "combine_kernel", "start_barrier_kernel"} <= set(made)
+
+
+def _variant(kernel) -> tuple:
+    """What a compiled variant is keyed by, as far as the arguments a plan passes can change
+    it: the kernel, its constexprs and launch options, every tensor's dtype and 16-byte
+    alignment, every descriptor's dtype and block (integers that change from call to call are
+    ``do_not_specialize``)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def arg(v):
+        if isinstance(v, torch.Tensor):
+            return (v.dtype, v.data_ptr() % 16 == 0)
+        if isinstance(v, TensorDescriptor):
+            return ("desc", v.base.dtype, tuple(v.block_shape))
+        return None
+    kwargs = {k: v for k, v in kernel.kwargs.items() if k != "COPY_BLOCK"}  # (interpreter's own)
+    return (kernel.name, tuple(sorted(kwargs.items())), tuple(map(arg, kernel.args)))
+
+
+def test_precompile_covers_every_variant_the_fp8_ops_launch(monkeypatch):
+    """Every variant the fp8 ops' plans make (each scale mode and output dtype; fused with each
+    producer, baseline, deterministic, both all-reduce algorithms, with and without bias) is
+    among those ``precompile`` makes for fp8 (the GPU then compiles exactly these). Values are
+    the fp8 tests' business (the interpreter rounds bf16 wrongly)."""
+    from ditron_ops.gemm import _ag_launch
+    from ditron_ops.testing.scaled_checks import reduce_inputs, scaled_inputs
+
+    launched: set = set()
+    monkeypatch.setattr(compiler, "prepare", lambda k: launched.add(_variant(k)))
+
+    def body(group):
+        r = group.rank
+        for mode, out_dtype in (("tensor", torch.bfloat16), ("row", torch.float16),
+                                ("block", torch.bfloat16)):
+            bias = torch.ones(24, dtype=out_dtype)
+            a, sa, b, sb = scaled_inputs([3, 5], 144, 24, mode, group.device)
+            for impl, with_bias in (("fused", True), ("baseline", False)):
+                ditron_ops.ag_gemm_scaled(a[r], b, sa[r], sb, group, out_dtype=out_dtype,
+                                          impl=impl, shard_sizes=[3, 5],
+                                          bias=bias if with_bias else None)
+            a, sa, b, sb = reduce_inputs(6, [136, 128], 24, mode, group.device)[r]
+            for op, kw in ((ditron_ops.gemm_rs_scaled, {}),
+                           (ditron_ops.gemm_ar_scaled, dict(algorithm="one_shot")),
+                           (ditron_ops.gemm_ar_scaled, dict(algorithm="two_shot"))):
+                for impl, det, with_bias in (("fused", False, True), ("fused", True, False),
+                                             ("baseline", True, True)):
+                    op(a, b, sa, sb, group, out_dtype=out_dtype, impl=impl, deterministic=det,
+                       bias=bias if with_bias else None, **kw)
+        return True
+    for producer in ("push", "copy", "pull"):
+        monkeypatch.setattr(_ag_launch, "PRODUCER", producer)
+        assert ditron_ops.launch(body, 2) == [True, True]
+    made: set = set()
+    monkeypatch.setattr(compiler, "prepare", lambda k: made.add(_variant(k)))
+    for fn, _ in precompile_module._registry.values():
+        fn(torch.device("cpu"), (torch.float8_e4m3fn, torch.bfloat16, torch.float16, torch.float32))
+    missing = launched - made
+    assert not missing, sorted(map(str, missing))[:3]
+    assert {k[0] for k in launched} >= {"persistent_gemm_kernel", "ag_gemm_push_kernel",
+                                         "ag_pull_kernel", "gemm_rs_kernel", "gemm_broadcast_kernel"}

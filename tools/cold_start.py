@@ -52,7 +52,14 @@ def _child(case: str, world: int) -> dict:
         want = full.float() @ b.float()
         return bool(((got.float() - want).abs().max() <= 2e-2 * want.abs().max()).item())
 
-    body = {"all_reduce": all_reduce, "ag_gemm": ag_gemm}[case]
+    def fp8(group):  # fused paths only (the unfused ones add the collectives family's kernels)
+        from ditron_ops.testing.scaled_checks import check_ag_gemm_scaled, check_reduce_scaled
+
+        check_ag_gemm_scaled(group, [256] * world, 1024, 768, "row", bias=True)
+        check_reduce_scaled(group, 512, [512] * world, 768, "block", "gemm_rs_scaled", bias=True)
+        return True
+
+    body = {"all_reduce": all_reduce, "ag_gemm": ag_gemm, "fp8": fp8}[case]
     times, oks = [], []
     for _ in range(2):
         start = time.perf_counter()

@@ -294,4 +294,32 @@ def _precompile_consumer(device, cfg, dtype, sig, sig_table, claim, record, offs
                  claim=claim, record=record, m=64, programs=programs, cfg=cfg, push=push)
 
 
+def precompile_scaled(device: torch.device, out_dtype: torch.dtype, cfg, mode: int) -> None:
+    """The fp8 variants (``ag_gemm_scaled``) of one tile configuration (``BLOCK_K`` 128), output
+    dtype and scale mode (``SCALE``): the waiting consumer over packed rows (e4m3 values read
+    through a descriptor over the fp32 words, their scales from the rows) and the one-launch
+    push call, either C store; the pull producer of fp32 words."""
+    sig, sig_table, claim, record = one_rank_pad(device)
+    offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
+    programs = 2 if cfg.split_tail else 1  # split_tail: two programs on the one tile
+    words = torch.zeros(64, 64, dtype=torch.float32, device=device)  # 64 packed rows of 256 B
+    buf = torch.zeros(64 * 64, dtype=torch.float32, device=device)
+    b = torch.ones(64, 128, dtype=torch.float8_e4m3fn, device=device).t()  # K-major, as the op's
+    scale_b = torch.ones(64, device=device)
+    push = dict(kernel=ag_gemm_push_kernel, sig_table=sig_table, src=words, buf=buf,
+                buf_table=pointer_table(buf), pitch=64, src_varies=True, copy_block=_PUSH_BLOCK)
+    for rows, with_push in ((words, None), (buf.view(64, 64), push)):
+        a_desc = TensorDescriptor(rows.view(torch.float8_e4m3fn), [64, 128], [256, 1],
+                                  [cfg.block_m, cfg.block_k])
+        scales = Scales(mode, rows.reshape(-1)[32:], scale_b, 64, 1, a_varies=False)
+        for c_tma in (False, True):
+            out = torch.empty(64, 64 if c_tma else 65, dtype=out_dtype, device=device)[:, :64]
+            CoreGemm(a_desc, b, out, None, group=None, wait=True, sig=sig, offsets=offsets,
+                     claim=claim, record=record, m=64, programs=programs, cfg=cfg,
+                     push=with_push, scales=scales)
+    BoundKernel(ag_pull_kernel, (1,), (words, buf, pointer_table(buf), sig, sig_table, offsets,
+                                       claim, record, 0, 1, 64, 10**6, 0),
+                dict(BLOCK=_PULL_BLOCK, VEC=4, num_warps=_PULL_WARPS), device=device)
+
+
 register_precompile(PURPOSE, _precompile, ("ag_gemm",))

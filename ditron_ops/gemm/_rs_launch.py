@@ -222,35 +222,61 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
 
 def _precompile_tiles(device: torch.device, dtypes: tuple, cfg) -> None:
     """``_precompile``'s variants of one tile configuration."""
-    offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
-    tiles_cfg = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                     GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     variants = itertools.product((d for d in (torch.float16, torch.bfloat16) if d in dtypes),
                                  (True, False), (False, True) if LOWP_PARTIALS else (False,))
     for dtype, aligned, lowp in variants:
-        buf = torch.zeros(64 * 64, dtype=dtype if lowp else torch.float32, device=device)
-        table = pointer_table(buf)
         a = torch.ones(64, 64, dtype=dtype, device=device)
-        a_desc = TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k])
         out = torch.empty(64, 64, dtype=dtype, device=device)
-        sig, sig_table, claim, record = one_rank_pad(device)
         for b in (a.clone(), a.clone().t()):
-            b_desc, b_kn = b_descriptor(b, cfg)
-            for c_tma in (True, False):
-                c_desc, slots_desc = (_epilogue_descriptors(out, buf, 64, cfg) if c_tma
-                                      else (None, None))
-                BoundKernel(gemm_rs_kernel, (1,),
-                            (a_desc, b_desc, half_b_descriptor(b_desc, b_kn, cfg), slots_desc,
-                             c_desc, buf, table, offsets, out, sig, sig_table, claim, record, 64,
-                             64, 64, 64, 64, 0, 64, 0, 0, 1, 10**6, 0, out, out, 0, 0, out),
-                            dict(B_KN=b_kn, ALIGNED=aligned, C_TMA=c_tma,
-                                 SPLIT_TAIL=cfg.split_tail, **tiles_cfg), device=device)
-            BoundKernel(gemm_broadcast_kernel, (1,),
-                        (a_desc, b_desc, buf, table, 64, 64, 64, 64, 0, 1, out, out, 0, 0, out),
-                        dict(B_KN=b_kn, ALIGNED=aligned, **tiles_cfg), device=device)
-            BoundKernel(reduce_finish_kernel, (1,),
-                        (buf, out, sig, sig_table, claim, record, 64, 64, 64, 64, 0, 1, 10**6, 0),
-                        dict(ALIGNED=aligned, **_FINISH_BLOCK), device=device)
+            _precompile_launches(device, cfg, a, b, out, dtype if lowp else torch.float32,
+                                 aligned)
+
+
+def precompile_scaled(device: torch.device, out_dtype: torch.dtype, cfg, mode: int) -> None:
+    """The fp8 variants (``gemm_rs_scaled`` / ``gemm_ar_scaled``) of one tile configuration
+    (``BLOCK_K`` 128), output dtype and scale mode (``SCALE``): e4m3 A and the K-major B the op
+    passes, fp32 partials, with and without rank 0's bias (``HAS_BIAS``)."""
+    a = torch.ones(64, 128, dtype=torch.float8_e4m3fn, device=device)
+    b = a.clone().t()
+    out = torch.empty(64, 64, dtype=out_dtype, device=device)
+    one = torch.ones(64, device=device)
+    for aligned, bias in itertools.product((True, False), (False, True)):
+        _precompile_launches(device, cfg, a, b, out, torch.float32, aligned,
+                             dict(SCALE=mode, **({"HAS_BIAS": True} if bias else {})),
+                             (one, one, 1, 1, out))
+
+
+def _precompile_launches(device, cfg, a, b, out, partials: torch.dtype, aligned: bool,
+                         extra: Optional[dict] = None, scale_args: tuple = ()) -> None:
+    """The reduce-scatter GEMM (either epilogue), broadcast GEMM and finish of one operand
+    layout as one-rank launches (``extra``: constexprs; ``scale_args``: the scale and bias
+    arguments, default none)."""
+    offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
+    tiles_cfg = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                     GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                     **(extra or {}))
+    scale_args = scale_args or (out, out, 0, 0, out)
+    buf = torch.zeros(64 * 64, dtype=partials, device=device)
+    table = pointer_table(buf)
+    k = a.shape[1]
+    a_desc = TensorDescriptor(a, list(a.shape), [k, 1], [cfg.block_m, cfg.block_k])
+    sig, sig_table, claim, record = one_rank_pad(device)
+    b_desc, b_kn = b_descriptor(b, cfg)
+    for c_tma in (True, False):
+        c_desc, slots_desc = (_epilogue_descriptors(out, buf, 64, cfg) if c_tma
+                              else (None, None))
+        BoundKernel(gemm_rs_kernel, (1,),
+                    (a_desc, b_desc, half_b_descriptor(b_desc, b_kn, cfg), slots_desc,
+                     c_desc, buf, table, offsets, out, sig, sig_table, claim, record, 64,
+                     64, k, 64, 64, 0, 64, 0, 0, 1, 10**6, 0) + scale_args,
+                    dict(B_KN=b_kn, ALIGNED=aligned, C_TMA=c_tma,
+                         SPLIT_TAIL=cfg.split_tail, **tiles_cfg), device=device)
+    BoundKernel(gemm_broadcast_kernel, (1,),
+                (a_desc, b_desc, buf, table, 64, 64, k, 64, 0, 1) + scale_args,
+                dict(B_KN=b_kn, ALIGNED=aligned, **tiles_cfg), device=device)
+    BoundKernel(reduce_finish_kernel, (1,),
+                (buf, out, sig, sig_table, claim, record, 64, 64, 64, 64, 0, 1, 10**6, 0),
+                dict(ALIGNED=aligned, **_FINISH_BLOCK), device=device)
 
 
 register_precompile(PURPOSE, _precompile, ("gemm_rs", "gemm_ar"))

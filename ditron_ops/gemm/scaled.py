@@ -38,6 +38,7 @@ from ..deterministic import resolve_deterministic
 from ..runtime.agreement import agree
 from ..runtime.group import Group, call_group, name_for_rows, resolve_group
 from ..runtime.plan import PlanCache, call_key, tensor_key
+from ..runtime.precompile import register_precompile
 from ..runtime.split import split_sizes
 from .ag_gemm import IMPLS, use_fused
 from .gemm_rs import ALGORITHMS, ONE_SHOT_MAX_BYTES, _fused_wanted
@@ -273,6 +274,47 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
                         claim=claim, record=record, m=m, cfg=cfg, a_varies=True,
                         scales=Scales(mode, sa, sb, sa_row, sb_row))
     return cache.get(key, build).run(a8, b, out, bias, scale_a=sa, scale_b=sb)
+
+
+def _precompile(device: torch.device, dtypes: tuple) -> None:
+    """The fp8 ops' variants (``runtime.precompile``), when ``dtypes`` holds ``float8_e4m3fn``:
+    per tile configuration the rule can pick (``BLOCK_K`` 128), output dtype (the fp16 / bf16
+    among ``dtypes``, else bf16, the ops' default) and scale mode: ``scaled_matmul`` (out in
+    that dtype and in fp32, the reducing ops' unfused partials; either C store), the
+    ``ag_gemm_scaled`` consumer, push call and pull producer, the reduce-scatter / broadcast
+    GEMMs. The unfused paths' collectives are the collectives family's (fp32)."""
+    if FP8 not in dtypes:
+        return
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from . import _ag_launch, _rs_launch
+    from ._core import CoreGemm, Scales, _dummies, rule_configs
+    outs = [d for d in OUT_DTYPES if d in dtypes] or [torch.bfloat16]
+    sig, offsets, claim, record = _dummies(device)
+    a8 = torch.zeros(64, 128, dtype=FP8, device=device)
+    a_desc_of = {}
+    b = a8.clone().t()  # K-major, as k_major gives it
+    one = torch.ones(64, device=device)
+    for cfg in rule_configs(device):
+        cfg = dataclasses.replace(cfg, block_k=SCALE_BLOCK)
+        a_desc = a_desc_of.setdefault(cfg.block_m, TensorDescriptor(
+            a8, [64, 128], [128, 1], [cfg.block_m, SCALE_BLOCK]))
+        for out_dtype, mode in ((d, m) for d in outs for m in sorted(set(MODES.values()))):
+            bias = torch.zeros(64, dtype=out_dtype, device=device)  # (fp32 out: rank 0's partial)
+            for dtype, with_bias, c_tma in ((d, bi, c) for d, bi in ((out_dtype, False),
+                                                                    (torch.float32, False),
+                                                                    (torch.float32, True))
+                                            for c in (False, True)):
+                out = torch.empty(64, 64 if c_tma else 65, dtype=dtype, device=device)[:, :64]
+                CoreGemm(a_desc, b, out, bias if with_bias else None, group=None, wait=False,
+                         sig=sig, offsets=offsets, claim=claim, record=record, m=64, cfg=cfg,
+                         a_varies=True, scales=Scales(mode, one, one, 1, 1))
+            _ag_launch.precompile_scaled(device, out_dtype, cfg, mode)
+            _rs_launch.precompile_scaled(device, out_dtype, cfg, mode)
+
+
+register_precompile("gemm_scaled", _precompile,
+                    ("ag_gemm_scaled", "gemm_rs_scaled", "gemm_ar_scaled"))
 
 
 def _ag_gemm_scaled_impl(a, b, scale_a, scale_b, bias, group_name, shard_sizes, out_dtype, impl):

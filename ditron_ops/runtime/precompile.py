@@ -24,10 +24,12 @@ _registry: dict[str, tuple[Callable, tuple[str, ...]]] = {}
 FAMILY_MODULES = ("ditron_ops.collectives._launch", "ditron_ops.collectives.all_to_all",
                   "ditron_ops.collectives._norm_launch",
                   "ditron_ops.gemm._core", "ditron_ops.gemm._ag_launch", "ditron_ops.gemm._rs_launch",
+                  "ditron_ops.gemm.scaled",
                   "ditron_ops.attention.flash_decode", "ditron_ops.attention.ulysses",
                   "ditron_ops.moe._launch")
 """The modules that call ``register_precompile``, in the order their families run."""
-DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
+               "fp8": torch.float8_e4m3fn}
 
 
 def pointer_table(*tensors: torch.Tensor) -> torch.Tensor:
@@ -107,7 +109,8 @@ def precompile(ops: Optional[Iterable[str]] = None, dtypes=None, device=None,
     ops : iterable of str, optional
         Op names (``"all_reduce"``, ``"ag_gemm"``, ...) or family names; default all.
     dtypes : iterable of str or torch.dtype, optional
-        ``"fp16"``, ``"bf16"``, ``"fp32"`` (default all); a family skips dtypes it lacks.
+        ``"fp16"``, ``"bf16"``, ``"fp32"``, ``"fp8"`` (e4m3 operands: the fp8 ops, into the
+        fp16 / bf16 also named, else bf16) (default all); a family skips dtypes it lacks.
     device : torch.device, optional
         Default the current CUDA device.
     progress_after_s : float

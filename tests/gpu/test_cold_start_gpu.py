@@ -52,3 +52,20 @@ def test_precompile_then_a_first_call_compiles_from_the_cache():
         entries = len(os.listdir(cache))
         row = _first_call("all_reduce", 2, cache)
         assert row["ok"] and len(os.listdir(cache)) == entries, row  # nothing new on disk
+
+
+def test_precompile_covers_a_first_fp8_call():
+    """``precompile --dtypes fp8 bf16`` for the fp8 ops, then a first fused ``ag_gemm_scaled``
+    (row scales, bias) and ``gemm_rs_scaled`` (block scales, rank 0's bias) at W = 2: nothing
+    new on disk."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TRITON_CACHE_DIR=cache,
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.run([sys.executable, "-m", "ditron_ops", "precompile", "--ops",
+                               "ag_gemm_scaled", "gemm_rs_scaled", "--dtypes", "fp8", "bf16"],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        print("\n" + proc.stdout.strip())
+        entries = len(os.listdir(cache))
+        row = _first_call("fp8", 2, cache)
+        assert row["ok"] and len(os.listdir(cache)) == entries, row
