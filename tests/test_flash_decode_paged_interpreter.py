@@ -335,6 +335,35 @@ def test_bad_tables_raise(lens, table_fix, arg, index, value, through_op, world_
     assert ditron_ops.launch(body, world_size) == [True] * world_size
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_bad_entry_in_a_later_block_of_small_pages_is_recorded(deterministic):
+    """Pages smaller than the key block (per-key entries, loaded one block ahead): a bad entry
+    in the second block reads page 0, is recorded with its column and value, and the result is
+    the call over the clamped table."""
+    def body(group):
+        gen = torch.Generator().manual_seed(3)
+        q = torch.randn(1, 4, 64, generator=gen)
+        k, v = (torch.randn(8, 4, 2, 64, generator=gen) for _ in range(2))
+        table = torch.tensor([[1, 3, 5, 7, 0, 99, 2, 4]], dtype=torch.int32)  # column 5 bad
+        kv_lens = torch.tensor([30], dtype=torch.int32)  # 8 columns, the last one half full
+        safe = torch.where(table < 8, table, 0)
+        want = ditron_ops.flash_decode(q, k, v, kv_lens, group, softmax_scale=0.125,
+                                       deterministic=deterministic, block_table=safe)
+        group.check = lambda: None  # no host check until synchronize (as on a GPU)
+        try:
+            got = torch.ops.ditron.flash_decode_paged(q, k, v, kv_lens, table, group.group_name,
+                                                      0.125, deterministic)
+        finally:
+            del group.check
+        assert torch.equal(got, want)
+        with pytest.raises(ditron_ops.DitronInputError) as info:
+            group.synchronize()
+        assert (info.value.argument, info.value.index, info.value.value) == (
+            "block_table.flatten()", 5, 99)
+        return True
+    assert ditron_ops.launch(body, 1) == [True]
+
+
 def test_a_bad_input_on_one_rank_is_raised_after_the_call_waits():
     """Rank 0's length is past its table (a device tensor: no host check): its split kernel
     records it, and the call's own host check comes before that launch, so rank 0 still

@@ -51,13 +51,22 @@ def _flush(o_part, lse_part, acc, m, l, pair, num_parts, part, g_ok, D: tl.const
 
 
 @dl.jit
-def _page_rows(table_row, offs_n, n_ok, n0, num_pages, bad_first, BLOCK_N: tl.constexpr,
-               PAGE: tl.constexpr):
-    """Pages of the keys ``offs_n`` (block starting at ``n0``) through the table row and their
-    slots: ``(page, slot, bad_first)``. An entry outside ``[0, num_pages)`` reads page 0 instead
-    (never past the cache) and lowers ``bad_first`` (per lane, the first bad table column seen;
-    an elementwise min, so the loop reduces nothing per block). ``PAGE >= BLOCK_N``: the block
-    lies in one page (blocks start at multiples of ``BLOCK_N``), one scalar table read."""
+def _table_entries(table_row, offs_n, hi, PAGE: tl.constexpr):
+    """The table entries of the keys ``offs_n`` (one per key; 0 at and past ``hi``)."""
+    return tl.load(table_row + offs_n // PAGE, mask=offs_n < hi, other=0)
+
+
+@dl.jit
+def _page_rows(table_row, entries, offs_n, n_ok, n0, num_pages, bad_first,
+               BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """Pages of the keys ``offs_n`` (block starting at ``n0``) and their slots: ``(page, slot,
+    bad_first)``. An entry outside ``[0, num_pages)`` reads page 0 instead (never past the
+    cache) and lowers ``bad_first`` (per lane, the first bad table column seen; an elementwise
+    min, so the loop reduces nothing per block). ``PAGE >= BLOCK_N``: the block lies in one page
+    (blocks start at multiples of ``BLOCK_N``), one scalar table read. Else ``entries``: the
+    block's per-key entries (``_table_entries``), loaded one block ahead by the caller: K/V
+    addresses that hang on a table load of the same iteration left Triton's pipeliner one
+    K/V buffer and no load in flight under the math (sm_90a TTGIR; contiguous keys get two)."""
     if PAGE >= BLOCK_N:
         entry = tl.load(table_row + n0 // PAGE)
         bad = (entry < 0) | (entry >= num_pages)
@@ -65,12 +74,10 @@ def _page_rows(table_row, offs_n, n_ok, n0, num_pages, bad_first, BLOCK_N: tl.co
         slot = n0 % PAGE + tl.arange(0, BLOCK_N)
         bad_first = tl.minimum(bad_first, tl.where(bad, n0 // PAGE, bad_first))
     else:
-        col = offs_n // PAGE
-        entry = tl.load(table_row + col, mask=n_ok, other=0)
-        bad = n_ok & ((entry < 0) | (entry >= num_pages))
-        page = tl.where(bad, 0, entry)
+        bad = n_ok & ((entries < 0) | (entries >= num_pages))
+        page = tl.where(bad, 0, entries)
         slot = offs_n % PAGE
-        bad_first = tl.minimum(bad_first, tl.where(bad, col, bad_first))
+        bad_first = tl.minimum(bad_first, tl.where(bad, offs_n // PAGE, bad_first))
     return page.to(tl.int64), slot.to(tl.int64), bad_first
 
 
@@ -125,6 +132,7 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
         table_row = table_ptr + b.to(tl.int64) * stride_tb
         no_bad = seq_len // PAGE + 1  # past every table column
         bad_first = tl.full((BLOCK_N,), 0, tl.int32) + no_bad
+        entries = _table_entries(table_row, lo + tl.arange(0, BLOCK_N), hi, PAGE)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
@@ -132,8 +140,10 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
             k = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :],
                         mask=n_ok[:, None], other=0.0)
         else:
-            page, slot, bad_first = _page_rows(table_row, offs_n, n_ok, n0, num_pages, bad_first,
-                                               BLOCK_N, PAGE)
+            page, slot, bad_first = _page_rows(table_row, entries, offs_n, n_ok, n0, num_pages,
+                                               bad_first, BLOCK_N, PAGE)
+            if PAGE < BLOCK_N:  # the next block's entries, one block ahead (``_page_rows``)
+                entries = _table_entries(table_row, offs_n + BLOCK_N, hi, PAGE)
             k = tl.load(k_base + (page * stride_kb + slot * stride_ks)[:, None] + offs_d[None, :],
                         mask=n_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * sm_scale
