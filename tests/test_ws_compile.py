@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not _gluon_api_of_triton_36(),
 
 @pytest.fixture(scope="module")
 def ws():
-    """``_ws_kernels`` (loaded as the probe loads it: no ``ditron_ops`` import) with Triton
+    """``_ws_launch`` (loaded as the probe loads it: no ``ditron_ops`` import) with Triton
     compiling for sm_90a; the process's previous driver is restored afterwards."""
     from triton.runtime.driver import driver
 

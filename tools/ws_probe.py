@@ -1,4 +1,5 @@
-"""Probe of the warp-specialized Gluon GEMM (``ditron_ops/gemm/_ws_kernels.py``) on an H200.
+"""Probe of the warp-specialized Gluon GEMM (``ditron_ops/gemm/_ws_kernels.py``, host side
+``_ws_launch.py``) on an H200.
 
 Checks every variant of ``WS_CONFIGS`` on integer-valued operands (exact against torch in fp32:
 small integers, so every product and partial sum is exact and both sides round the same fp32
@@ -118,14 +119,15 @@ def _short(dtype) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _ws_module():
-    """``_ws_kernels`` without importing ``ditron_ops`` (its import picks CPU/GPU modes)."""
+    """``_ws_launch`` (with ``_ws_kernels`` and ``_ws_configs``' names) without importing
+    ``ditron_ops`` (its import picks CPU/GPU modes)."""
     import importlib
     import types
     pkg = types.ModuleType("ditron_ws")  # a stand-in package over ditron_ops/gemm
     pkg.__path__ = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                  "ditron_ops", "gemm")]
     sys.modules["ditron_ws"] = pkg
-    return importlib.import_module("ditron_ws._ws_kernels")
+    return importlib.import_module("ditron_ws._ws_launch")
 
 
 def variant_plan(ws, name, M, N, K, in_bytes=2, out_bytes=2, sms=132):

@@ -1,0 +1,311 @@
+"""Host side of the warp-specialized sm_90 GEMM (``_ws_kernels``): the ``MODE_SPLITR`` reduce
+kernels (plain Triton), descriptors and launch arguments, scratch buffers, ``ws_matmul``.
+
+Imports nothing of ``ditron_ops`` outside ``gemm/`` (``tools/ws_probe.py`` loads the ``_ws_*``
+modules as a stand-in package) and imports on a Triton without Gluon (``ws_matmul`` then
+raises).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+from ._ws_configs import (MODE_DP, MODE_SK, MODE_SPLIT, MODE_SPLITR, PARTIALS,  # noqa: F401
+                          WS_CONFIGS, WS_DEFAULT, WsConfig, WsPlan, describe, fit_stages, plan,
+                          smem_bytes, splitr_floats, splitr_pitch)
+from ._ws_kernels import HAVE_GLUON, MAXNREG, ws_gemm_kernel
+
+if HAVE_GLUON:
+    import triton
+    import triton.language as tl
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+else:
+    triton = tl = gl = GluonDescriptor = None
+
+
+def _tl_jit(fn):
+    return triton.jit(fn, do_not_specialize=["M", "N", "stride_om"]) if HAVE_GLUON else fn
+
+
+@_tl_jit
+def ws_reduce_kernel(ws_ptr, out_ptr, bias_ptr, M, N, stride_om, SPLIT: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``out = sum_j ws[j] (+ bias)`` over the ``SPLIT`` fp32 planes of ``ws`` [SPLIT, M, N], in
+    plane order 0..SPLIT-1 (``MODE_SPLITR``'s fixed order), one rounding. Grid: tiles of C."""
+    pid = tl.program_id(0)
+    tn = tl.cdiv(N, BLOCK_N)
+    rm = (pid // tn) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = (pid % tn) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+    plane = M.to(tl.int64) * N
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    for j in tl.static_range(1, SPLIT):
+        acc += tl.load(ws_ptr + j * plane + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+REDUCE_BLOCK = (16, 256, 4)
+"""``ws_reduce_kernel``'s (BLOCK_M, BLOCK_N, num_warps)."""
+
+
+def _tl_jit_tma(fn):
+    # ld / plane stay specialized (multiples of 16: 16-byte loads); sizes do not
+    return triton.jit(fn, do_not_specialize=["N"]) if HAVE_GLUON else fn
+
+
+@_tl_jit_tma
+def ws_reduce_tma_kernel(ws_ptr, out_desc, bias_ptr, N, ld, plane, SPLIT: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``partials="tma"``'s reduce: ``out = sum_j ws[j] (+ bias)`` over ``SPLIT`` line-padded
+    fp32 planes (``plane`` floats apart, rows ``ld`` floats, both multiples of 16: 16-byte
+    loads), plane order 0..SPLIT-1, one rounding; C by TMA (``out_desc``, clipped to
+    ``[M, N]``). Blocks never leave the padded planes (``BLOCK_M`` divides the plane's rows,
+    ``BLOCK_N`` its pitch), so no load is masked; columns ``[N, ld)`` hold no data and are
+    clipped away with the store. Grid: ``cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)``."""
+    pid = tl.program_id(0)
+    tn = tl.cdiv(N, BLOCK_N)
+    m0 = (pid // tn) * BLOCK_M
+    n0 = (pid % tn) * BLOCK_N
+    rm = m0 + tl.arange(0, BLOCK_M)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    offs = rm[:, None] * ld + rn[None, :]
+    acc = tl.load(ws_ptr + offs, cache_modifier=".cg")
+    for j in tl.static_range(1, SPLIT):
+        acc += tl.load(ws_ptr + j * plane.to(tl.int64) + offs, cache_modifier=".cg")
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    out_desc.store([m0, n0], acc.to(out_desc.dtype))
+
+
+REDUCE_TMA_BLOCK = (16, 128, 4)
+"""``ws_reduce_tma_kernel``'s (BLOCK_M, BLOCK_N, num_warps): BLOCK_M divides every config's
+block_m (the plane rows), BLOCK_N divides ``SPLITR_LD_ALIGN``; 16 x 128 blocks put the
+few-tile shapes' reduce over all SMs (512 x 576: 160 programs)."""
+
+
+def ws_reduce_operands(out, bias, p: WsPlan, ws):
+    """``(grid, args, meta)`` of the ``MODE_SPLITR`` reduce launch (``ws_reduce_kernel``, or
+    ``ws_reduce_tma_kernel`` for ``partials="tma"``: ``reduce_kernel(p)`` says which)."""
+    M, N = out.shape
+    if p.partials == "tma":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        bm, bn, nw = REDUCE_TMA_BLOCK
+        rows, ld = splitr_pitch(M, N, p.cfg)
+        assert rows % bm == 0 and ld % bn == 0
+        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), )
+        out_desc = TensorDescriptor.from_tensor(out, [bm, bn])
+        args = (ws, out_desc, bias if bias is not None else out, N, ld, rows * ld)
+        return grid, args, dict(SPLIT=p.split, HAS_BIAS=bias is not None, BLOCK_M=bm,
+                                BLOCK_N=bn, num_warps=nw)
+    bm, bn, nw = REDUCE_BLOCK
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), )
+    args = (ws, out, bias if bias is not None else out, M, N, out.stride(0))
+    return grid, args, dict(SPLIT=p.split, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn,
+                            num_warps=nw)
+
+
+def reduce_kernel(p: WsPlan):
+    """The ``MODE_SPLITR`` reduce kernel of plan ``p``."""
+    return ws_reduce_tma_kernel if p.partials == "tma" else ws_reduce_kernel
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _gl_dtype(torch_dtype):
+    import torch
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
+            torch.float32: gl.float32}[torch_dtype]
+
+
+def _layout(block, torch_dtype):
+    return gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(torch_dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    import torch
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+_SCRATCH = {}
+"""Per device: (fp32 workspace, int32 counters), grown on demand. Counters are zero between
+launches (each reducer resets its tile's). Grow them outside CUDA-graph capture (a warm-up)."""
+_RETIRED = []
+"""Outgrown scratch buffers, kept alive: a captured CUDA graph may still point at them."""
+
+
+def _scratch(device, ws_floats: int, counters: int):
+    import torch
+    key = (device.type, device.index)
+    ws, cnt = _SCRATCH.get(key, (None, None))
+    if ws is None or ws.numel() < max(ws_floats, 1):
+        _RETIRED.append(ws)
+        ws = torch.empty(max(ws_floats, 1 << 16), dtype=torch.float32, device=device)
+    if cnt is None or cnt.numel() < max(counters, 1):
+        _RETIRED.append(cnt)
+        cnt = torch.zeros(max(counters, 1 << 12), dtype=torch.int32, device=device)
+    _SCRATCH[key] = (ws, cnt)
+    return ws, cnt
+
+
+def ws_operands(a, b, out, bias, p: WsPlan):
+    """Descriptors and launch arguments of ``ws_gemm_kernel`` for plan ``p`` (no launch).
+
+    Returns ``(args, meta)``: positional arguments and constexpr/launch keywords."""
+    cfg = p.cfg
+    M, K = a.shape
+    N = b.shape[1]
+    if cfg.pingpong and cfg.num_warps != 4:
+        raise ValueError("ws_matmul: a ping-pong consumer is one warpgroup (num_warps=4)")
+    if cfg.block_n % cfg.epi_n or cfg.epi_n & (cfg.epi_n - 1):
+        raise ValueError(f"ws_matmul: epi_n {cfg.epi_n} must be a power-of-two divisor of block_n")
+    b_kn = b.stride(1) == 1  # row-major [K, N]; else K-major (w.t() of a row-major [N, K])
+    if b_kn:
+        b_desc = GluonDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n],
+                                             _layout((cfg.block_k, cfg.block_n), b.dtype))
+    else:
+        w = b.t()  # [N, K], rows contiguous
+        b_desc = GluonDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k],
+                                             _layout((cfg.block_n, cfg.block_k), b.dtype))
+    a_desc = GluonDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k],
+                                         _layout((cfg.block_m, cfg.block_k), a.dtype))
+    c_desc = GluonDescriptor.from_tensor(out, [cfg.block_m, cfg.epi_n],
+                                         _layout((cfg.block_m, cfg.epi_n), out.dtype))
+    stages = p.stages or fit_stages(cfg, a.element_size(), out.element_size())
+    ws, cnt = _scratch(a.device, p.ws_tiles * cfg.block_m * cfg.block_n, p.counters)
+    tma_parts = p.partials == "tma" and p.mode != MODE_DP
+    p_desc, plane_rows = c_desc, 0
+    if tma_parts:
+        p_desc, plane_rows = _partials_desc(ws, M, N, out.element_size(), p)
+    args = (a_desc, b_desc, c_desc, bias if bias is not None else out, ws, cnt, p_desc, M, N, K,
+            p.dp_tiles, p.split, plane_rows)
+    meta = dict(HAS_BIAS=bias is not None, B_KN=b_kn, GROUP_M=cfg.group_m, STAGES=stages,
+                PINGPONG=cfg.pingpong, MODE=p.mode, TMA_PARTS=tma_parts,
+                num_warps=cfg.num_warps, maxnreg=MAXNREG)
+    return args, meta
+
+
+def _partials_desc(ws, M, N, out_bytes, p: WsPlan):
+    """``(p_desc, plane_rows)`` of ``partials="tma"``: fp32 boxes of the staging tile's bytes
+    (``[block_m, epi_n * out_bytes / 4]``) over the workspace as ``[slots * block_m, block_n]``
+    (``MODE`` 1/2) or as the line-padded planes ``[split * plane_rows, N]`` (``MODE_SPLITR``)."""
+    cfg = p.cfg
+    pn = cfg.epi_n * out_bytes // 4
+    if pn < 4 or cfg.block_n % pn:
+        raise ValueError(f"ws_matmul: partials='tma' needs epi_n * C bytes >= 16 (pn {pn})")
+    layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, pn], gl.float32)
+    if p.mode == MODE_SPLITR:
+        rows, ld = splitr_pitch(M, N, cfg)
+        assert ws.numel() >= p.split * rows * ld
+        return GluonDescriptor(ws, [p.split * rows, N], [ld, 1], [cfg.block_m, pn], layout), rows
+    slots = p.ws_tiles
+    view = ws[:slots * cfg.block_m * cfg.block_n].view(slots * cfg.block_m, cfg.block_n)
+    return GluonDescriptor.from_tensor(view, [cfg.block_m, pn], layout), 0
+
+
+def check_operands(a, b, out, bias) -> None:
+    """Raise ``ValueError`` where TMA cannot address the operands (16-byte rows and bases)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or 0 in (*a.shape, b.shape[1]):
+        raise ValueError(f"ws_matmul: shapes {tuple(a.shape)} @ {tuple(b.shape)}")
+    if a.dtype not in (_torch().bfloat16, _torch().float16) or b.dtype != a.dtype:
+        raise ValueError(f"ws_matmul: dtypes {a.dtype}, {b.dtype} (bf16 or fp16, equal)")
+    if a.stride(1) != 1 or not (b.stride(1) == 1 or b.stride(0) == 1):
+        raise ValueError("ws_matmul: A must be row-major; B row-major [K, N] or w.t()")
+    if out.stride(1) != 1 or tuple(out.shape) != (a.shape[0], b.shape[1]):
+        raise ValueError(f"ws_matmul: out {tuple(out.shape)} must be a row-major [M, N]")
+    for t in (a, b, out):
+        big = max(t.stride())
+        if t.data_ptr() % 16 or (big * t.element_size()) % 16:
+            raise ValueError("ws_matmul: TMA needs 16-byte aligned bases and row pitches")
+    if bias is not None and (bias.shape != (b.shape[1], ) or bias.stride(0) != 1):
+        raise ValueError(f"ws_matmul: bias {tuple(bias.shape)} must be a contiguous [N]")
+
+
+def _padded_copy(t):
+    """``_pad.padded_copy`` (rows onto 128-byte lines); a local copy of it where the probe
+    loads this module outside ``ditron_ops``."""
+    try:
+        from ditron_ops.gemm._pad import padded_copy
+    except ImportError:
+        rows, cols = t.shape
+        e = t.element_size()
+        buf = t.new_empty((rows, -(-cols * e // 128) * 128 // e))[:, :cols]
+        buf.copy_(t)
+        return buf
+    return padded_copy(t)
+
+
+def _lined(a, b, p: WsPlan):
+    """``a`` / ``b`` with the K-long rows the plan copies onto 128-byte lines (B's only when
+    given as ``w.t()``; a row-major ``[K, N]`` B has N-long rows)."""
+    if p.pad_a and (a.stride(0) * a.element_size()) % 128:
+        a = _padded_copy(a)
+    if p.pad_b and b.stride(0) == 1 and (b.stride(1) * b.element_size()) % 128:
+        b = _padded_copy(b.t()).t()
+    return a, b
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = None,
+              mode: Optional[int] = None, deterministic: bool = False,
+              partials: Optional[str] = None):
+    """``out = a @ b (+ bias)`` by ``ws_gemm_kernel`` on the current CUDA device (sm_90).
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``[M, K]`` row-major, bf16 or fp16.
+    b : torch.Tensor
+        ``[K, N]`` of ``a``'s dtype: row-major, or ``w.t()`` of a row-major ``[N, K]`` weight.
+    out : torch.Tensor, optional
+        ``[M, N]`` row-major, bf16, fp16 or fp32 (default: ``a``'s dtype, new).
+    bias : torch.Tensor, optional
+        ``[N]``, added in fp32 before rounding.
+    cfg : str, optional
+        Force a tile config (a ``WS_CONFIGS`` name); default: the rule's.
+    plan_ : WsPlan, optional
+        The whole launch plan (default ``_ws_configs.plan`` of the shape).
+    mode : int, optional
+        Force ``MODE_DP`` / ``MODE_SK`` / ``MODE_SPLITR``.
+    deterministic : bool
+        One fixed config, data parallel (DESIGN.md section 7).
+    partials : str, optional
+        Force how fp32 partials move, ``"reg"`` or ``"tma"`` (``_ws_configs.PARTIALS``;
+        default: the rule's, ``"reg"``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+    """
+    if not HAVE_GLUON:
+        raise RuntimeError("ws_matmul needs triton.experimental.gluon (triton >= 3.5)")
+    torch = _torch()
+    if out is None:
+        out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+    check_operands(a, b, out, bias)
+    if plan_ is None:
+        dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        plan_ = plan(a.shape[0], b.shape[1], a.shape[1], a.element_size(), out.element_size(),
+                     _sm_count(dev), deterministic=deterministic, variant=cfg, mode=mode,
+                     partials=partials)
+    if plan_.pad_a or plan_.pad_b:
+        a, b = _lined(a, b, plan_)
+    args, meta = ws_operands(a, b, out, bias, plan_)
+    ws_gemm_kernel[(plan_.grid, )](*args, **meta)
+    if plan_.mode == MODE_SPLITR:
+        grid, rargs, rmeta = ws_reduce_operands(out, bias, plan_, args[4])
+        reduce_kernel(plan_)[grid](*rargs, **rmeta)
+    return out
