@@ -18,7 +18,7 @@ from ..runtime.launcher import BoundKernel
 from ..runtime.plan import tensor_key
 from ._ag_kernels import ag_gemm_push_kernel, ag_publish_kernel, ag_pull_kernel
 from ._core import (CoreGemm, Scales, consumer_programs, program_budget, rule_configs,
-                    select_config)
+                    scaled_config, select_config)
 
 PURPOSE = "ag_gemm"
 PRODUCERS = ("copy", "pull", "push")
@@ -63,7 +63,6 @@ class ScaledRows:
     mode: int
     scale_word: int
     b_row: int
-    block_k: int = 128
 
 
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
@@ -116,8 +115,8 @@ class AgGemmPlan:
         if producer == "pull" and a.is_cuda:
             budget = max(1, group.sm_share() - pull_programs(group))
         self.cfg = cfg = select_config(m, b.shape[1], budget, a.device, deterministic=False)
-        if scaled is not None:  # fp8: one K step is one 128-wide scale block
-            self.cfg = cfg = dataclasses.replace(cfg, block_k=scaled.block_k)
+        if scaled is not None:  # fp8 (``scaled_config``)
+            self.cfg = cfg = scaled_config(cfg)
         w, rank = group.world_size, group.rank
         elem = a.element_size()
         pitch = k_pitch(k, elem)

@@ -319,6 +319,19 @@ def select(m: int, n: int, programs: int, device: torch.device, *,
                key=lambda c: predicted_time(c, m, n, programs))  # (first on a tie)
 
 
+SCALED_BLOCK_K = 128
+"""fp8 operands' K step: one scale block (``scaled.SCALE_BLOCK``; block-wise scales need a K step
+per block, ``_core_kernels.tile_product``'s ``SCALE``)."""
+
+
+def scaled_config(cfg: TileConfig) -> TileConfig:
+    """The tiles of an fp8 (scaled) product whose bf16 rule picked ``cfg``: one K step per
+    scale block. The one place the fp8 paths (plain, ag_gemm consumer, gemm_rs producer) and
+    ``precompile`` derive their tiles; the fp8 tile rule is still to be timed
+    (``bench fp8 --only tiles``)."""
+    return dataclasses.replace(cfg, block_k=SCALED_BLOCK_K)
+
+
 def select_config(m: int, n: int, programs: int, device: torch.device, *,
                   deterministic: bool) -> TileConfig:
     """The tile configuration for an ``[m, K] @ [K, n]`` product on a persistent grid of at most

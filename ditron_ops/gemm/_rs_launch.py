@@ -3,7 +3,6 @@ reduce-scatter GEMM, its own start barrier; or start barrier + broadcast GEMM + 
 one-shot)."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from typing import Optional
 
@@ -17,7 +16,7 @@ from ..runtime.plan import tensor_key
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._pad import padded_copy, tma_ok
 from ._core import (Scales, b_descriptor, consumer_programs, half_b_descriptor,
-                    program_budget, rule_configs, select_config, tail_tiles)
+                    program_budget, rule_configs, scaled_config, select_config, tail_tiles)
 from ._rs_kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
 
 PURPOSE = "gemm_reduce"
@@ -84,8 +83,8 @@ class RsPlan:
         # sees only M, N, the mode and the SM share, which all ranks agree on, never K_r.
         self.cfg = cfg = select_config(m, n, program_budget(a.device, group), a.device,
                                        deterministic=deterministic)
-        if scales is not None:  # fp8: one K step is one 128-wide scale block
-            self.cfg = cfg = dataclasses.replace(cfg, block_k=128)
+        if scales is not None:  # fp8 (``scaled_config``)
+            self.cfg = cfg = scaled_config(cfg)
         self.scaled = scales is not None
         scale_args = ((unused_pointer(out.device, out.dtype),) * 2 + (0, 0) if scales is None
                       else (scales.a, scales.b, scales.a_row, scales.b_row))

@@ -47,7 +47,7 @@ FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 SCALE_BLOCK = 128
 """K (and N, for B) elements per block scale; also the fp8 GEMM's ``BLOCK_K``: one K step is one
-scale block (``_core_kernels.tile_product``)."""
+scale block (``_core_configs.scaled_config``)."""
 MODES = {"tensor": 1, "row": 1, "block": 2}
 """The kernel's ``SCALE`` per mode (tensor-wise runs as row-wise with strides of 0)."""
 
@@ -256,7 +256,7 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
     (benches comparing tiles). Plans cached per thread and layout."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from ._core import CoreGemm, Scales, _dummies, program_budget, select_config
+    from ._core import CoreGemm, Scales, _dummies, program_budget, scaled_config, select_config
     cache = getattr(_PLANS, "cache", None)
     if cache is None:
         cache = _PLANS.cache = PlanCache(None)
@@ -265,9 +265,9 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
 
     def build():
         m = a8.shape[0]
-        cfg = dataclasses.replace(select_config(m, b.shape[1], program_budget(a8.device, None),
-                                                a8.device, deterministic=False),
-                                  block_k=SCALE_BLOCK, **dict(tiles))
+        cfg = dataclasses.replace(scaled_config(select_config(
+            m, b.shape[1], program_budget(a8.device, None), a8.device, deterministic=False)),
+            **dict(tiles))
         a_desc = TensorDescriptor(a8, list(a8.shape), list(a8.stride()), [cfg.block_m, cfg.block_k])
         sig, offsets, claim, record = _dummies(a8.device)
         return CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig, offsets=offsets,
@@ -279,7 +279,8 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
 def _precompile(device: torch.device, dtypes: tuple) -> None:
     """The fp8 ops' variants (``runtime.precompile``), when ``dtypes`` holds ``float8_e4m3fn``:
     per tile configuration the rule can pick (``BLOCK_K`` 128), output dtype (the fp16 / bf16
-    among ``dtypes``, else bf16, the ops' default) and scale mode: ``scaled_matmul`` (out in
+    among ``dtypes``, else bf16, the ops' default) and scale mode (``scaled_config`` of each):
+    ``scaled_matmul`` (out in
     that dtype and in fp32, the reducing ops' unfused partials; either C store), the
     ``ag_gemm_scaled`` consumer, push call and pull producer, the reduce-scatter / broadcast
     GEMMs. The unfused paths' collectives are the collectives family's (fp32)."""
@@ -288,15 +289,14 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from . import _ag_launch, _rs_launch
-    from ._core import CoreGemm, Scales, _dummies, rule_configs
+    from ._core import CoreGemm, Scales, _dummies, rule_configs, scaled_config
     outs = [d for d in OUT_DTYPES if d in dtypes] or [torch.bfloat16]
     sig, offsets, claim, record = _dummies(device)
     a8 = torch.zeros(64, 128, dtype=FP8, device=device)
     a_desc_of = {}
     b = a8.clone().t()  # K-major, as k_major gives it
     one = torch.ones(64, device=device)
-    for cfg in rule_configs(device):
-        cfg = dataclasses.replace(cfg, block_k=SCALE_BLOCK)
+    for cfg in map(scaled_config, rule_configs(device)):
         a_desc = a_desc_of.setdefault(cfg.block_m, TensorDescriptor(
             a8, [64, 128], [128, 1], [cfg.block_m, SCALE_BLOCK]))
         for out_dtype, mode in ((d, m) for d in outs for m in sorted(set(MODES.values()))):

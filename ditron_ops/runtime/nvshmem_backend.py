@@ -19,6 +19,7 @@ with ``extern_libs=nvshmem.extern_libs()``; ``init_nvshmem`` installs the hook t
 """
 from __future__ import annotations
 
+import importlib
 import socket
 import threading
 import time
@@ -342,7 +343,7 @@ def init_nvshmem(pg: Optional[dist.ProcessGroup] = None, device=None,
         # starts: a process that first imported them after init crashed in Python's compiler
         # (source_to_code, SIGSEGV) on an H100 and an H200; with them imported first the
         # compile-pass bench ran. ~1 s once per process.
-        import torch._dynamo  # noqa: F401, PLC0415
+        importlib.import_module("torch._dynamo")  # (an import statement would make torch local)
         try:
             nvs.init(device=cuda_dev, uid=uid, rank=rank, nranks=world, initializer_method="uid")
         except Exception as exc:  # noqa: BLE001
