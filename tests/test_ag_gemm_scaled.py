@@ -106,6 +106,27 @@ def test_compile_fullgraph():
     assert ditron_ops.launch(_compiled, 1) == [True]
 
 
+def test_reduce_ops_compile_fullgraph_with_bias():
+    """gemm_rs_scaled and gemm_ar_scaled with a bias inside one fullgraph-compiled function at
+    W = 2: the same bits as eager (deterministic)."""
+    def body(group):
+        a, sa, b, sb = reduce_inputs(6, [136, 128], 24, "block", group.device)[group.rank]
+        bias = torch.randn(24, generator=torch.Generator().manual_seed(1)).to(torch.float16)
+
+        def step(x, s):
+            rs = ditron_ops.gemm_rs_scaled(x, b, s, sb, group, bias=bias, out_dtype=torch.float16,
+                                           deterministic=True)
+            ar = ditron_ops.gemm_ar_scaled(x, b, s, sb, group, bias=bias, out_dtype=torch.float16,
+                                           deterministic=True)
+            return rs.float().sum() + ar.relu()
+        if group.rank == 0:
+            torch._dynamo.reset()
+        group.barrier()
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+        return torch.equal(compiled(a, sa), step(a, sa))
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op", ["gemm_rs_scaled", "gemm_ar_scaled"])
 @pytest.mark.parametrize("world_size,m,k_sizes,n", [(1, 9, [200], 40), (2, 12, [256, 136], 24),

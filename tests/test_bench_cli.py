@@ -233,3 +233,21 @@ def test_serving_quick_runs_both_parts(tmp_path):
     rows = list(csv.DictReader(open(next(tmp_path.glob("serving-*.csv")))))
     parts = {r["case"].split()[0] for r in rows}
     assert parts == {"paged", "norm"} and all(float(r["time_us"]) > 0 for r in rows)
+
+
+def test_fp8_quick_rows_of_every_part(tmp_path):
+    """``bench fp8 --quick`` (the interpreter's one tiny shape): rows of the three modes and of
+    both fused ops' overhead (``fused``: ag_gemm_scaled, ``fused_rs``: gemm_rs_scaled), with
+    the gathered bytes; a geo-mean per case."""
+    import csv
+
+    from ditron_ops.bench.__main__ import main
+
+    assert main(["fp8", "--quick", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(next(tmp_path.glob("fp8-*.csv")))))
+    cases = {r["case"] for r in rows}
+    assert cases == {f"{p}{m}" for p in ("", "fused ", "fused_rs ")
+                     for m in ("tensor", "row", "block")}, cases
+    assert all(float(r["time_us"]) > 0 for r in rows)
+    assert all(int(r["gathered_bytes"]) > 0 for r in rows
+               if r["case"].startswith("fused ") and r["shape"] != "geo-mean")

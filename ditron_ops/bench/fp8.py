@@ -12,6 +12,8 @@ Rows (``case``):
 - ``fused <mode>``: ``ag_gemm_scaled`` at one rank (fused path, rows packed and gathered into
   the workspace, the consumer reading them) vs the scaled core GEMM alone: the fused op's
   overhead with data present (target <= 3%); ``gathered_bytes`` and ``bf16_bytes`` columns;
+  ``fused_rs <mode>``: ``gemm_rs_scaled`` at one rank (fused path: the reduce-scatter kernel
+  with nothing to exchange) vs the same;
 - ``tiles <mode>`` (``--only tiles``, GPU): the scaled core at 128x128 with 8 warps vs the
   rule's tile (``NARROW``), to set an fp8 tile rule.
 
@@ -22,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from ..gemm.scaled import MODES, _b_scales, ag_gemm_scaled, gathered_bytes, scaled_matmul
+from ..gemm.scaled import (MODES, _b_scales, ag_gemm_scaled, gathered_bytes, gemm_rs_scaled,
+                           scaled_matmul)
 from ..runtime.virtual import launch
 from .gemm_sweep import models_shapes
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
@@ -86,6 +89,8 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
         if "fused" in parts:
             fns["fused"] = lambda: ag_gemm_scaled(a, b, sa, sb, group, out_dtype=out.dtype,
                                                   impl="fused")
+            fns["fused_rs"] = lambda: gemm_rs_scaled(a, b, sa, sb, group, out_dtype=out.dtype,
+                                                     impl="fused")
         if "tiles" in parts and gpu:
             fns["narrow"] = _ours(a, b, sa, sb, mode, out, NARROW)
         t = _times(group, fns, cfg)
@@ -102,6 +107,8 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                                t["fused"], f"scaled core {mode}", t["ours"], **shape,
                                extra={"gathered_bytes": gathered_bytes([m], k, mode),
                                       "bf16_bytes": 2 * m * k}))
+            rows.append(Result("fp8", f"fused_rs {mode}", 1, "e4m3", f"gemm_rs_scaled {mode}",
+                               t["fused_rs"], f"scaled core {mode}", t["ours"], **shape))
     return rows
 
 

@@ -386,7 +386,7 @@ def _check_operands(op: str, group: Group, a, b, scale_a, scale_b, out_dtype, im
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"ditron.{op}: a is [M, {k}] = {tuple(a.shape)} but b is [{k}, N] = "
                          f"{tuple(b.shape)} ({k} must match)")
-    if a.shape[1] > (k == "K_r") and a.stride(1) != 1:  # (one column of K_r: any stride, copied)
+    if a.shape[1] > int(k == "K_r") and a.stride(1) != 1:  # (one column of K_r: any stride, copied)
         raise ValueError(f"ditron.{op}: a must have unit column stride, got strides {a.stride()}")
     if b.shape[0] > 1 and b.shape[1] > 1 and b.stride(0) != 1:
         raise ValueError(f"ditron.{op}: b must be column-major [{k}, N] (w.t() of a row-major "

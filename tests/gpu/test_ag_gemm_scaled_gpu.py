@@ -8,7 +8,7 @@ import torch
 import ditron_ops
 from ditron_ops.testing.scaled_checks import (check_ag_gemm_scaled, check_close,
                                               check_reduce_scaled, dequantized, reduce_inputs,
-                                              scaled_inputs)
+                                              reduce_operands, scaled_inputs)
 
 pytestmark = pytest.mark.gpu
 MODES = ["tensor", "row", "block"]
@@ -95,5 +95,44 @@ def test_reduce_scaled_deterministic_batch_invariant(mode):
             got = ditron_ops.gemm_ar_scaled(a[:m].contiguous(), b, sub_sa, sb, group,
                                             deterministic=True)
             assert torch.equal(got, full[:m]), f"M={m}"
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+
+
+@pytest.mark.parametrize("op", ["gemm_rs_scaled", "gemm_ar_scaled"])
+def test_reduce_scaled_graph_replay_with_bias(op):
+    """A captured call (block scales, rank 0's bias) replays over new operands and scales in
+    place: the float64 reference of the new values."""
+    k_sizes, m, n = [1024, 640], 512, 768
+
+    def body(group):
+        parts = reduce_inputs(m, k_sizes, n, "block", group.device)
+        a, sa, b, sb = (t.clone() for t in parts[group.rank])
+        bias = torch.randn(n, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        bias = bias.to(group.device)
+
+        def step():
+            return getattr(ditron_ops, op)(a, b, sa, sb, group, bias=bias, impl="fused")
+        step()
+        group.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with _CAPTURE_LOCK:
+            with torch.cuda.graph(g, stream=torch.cuda.current_stream(),
+                                  capture_error_mode="thread_local"):
+                out = step()
+        group.barrier()
+        new = reduce_inputs(m, k_sizes, n, "block", group.device, seed=5)
+        a.copy_(new[group.rank][0])
+        sa.copy_(new[group.rank][1])
+        g.replay()
+        group.synchronize()
+        rows = None
+        if op == "gemm_rs_scaled":
+            sizes = ditron_ops.split_sizes(m, group.world_size)
+            rows = slice(sum(sizes[:group.rank]), sum(sizes[:group.rank + 1]))
+        # b and its scales are the same tensors: the reference takes the new A sides only
+        ref_parts = [(new[r][0], new[r][1], parts[r][2], parts[r][3]) for r in range(2)]
+        a64, b64 = reduce_operands(ref_parts, "block", rows)
+        check_close(out, a64, b64, bias)
         return True
     assert ditron_ops.launch(body, 2) == [True, True]
