@@ -59,8 +59,10 @@ MODEL_NK = [
 MODEL_M = (512, 1000, 2048, 3000, 4096)
 FEW_TILE_SHAPES = [("few-tile", 4096, 576, 4608), ("few-tile", 3000, 1536, 4096),
                    ("few-tile", 696, 5072, 11304), ("few-tile", 512, 576, 4608),
-                   ("few-tile", 512, 1792, 12288)]
-"""Few tiles / a partial last wave (benchmarks/NOTES.md, the WS core's status)."""
+                   ("few-tile", 512, 1792, 12288), ("partial-wave", 1000, 1536, 4096),
+                   ("partial-wave", 3000, 1792, 12288), ("partial-wave", 3000, 3584, 4096)]
+"""Few tiles / a partial last wave (benchmarks/NOTES.md, the WS core's status; the last three:
+model shards at 0.80, 0.87, 0.88 in ``probes/ws_probe-bf16-cuda.csv``)."""
 PARTIALS_VARIANTS = ("auto", "auto@tma", "coop128x256:sk", "coop128x256:sk@tma", "pp128x128:split3",
                      "pp128x128:split3@tma", "pp64x128:splitr3", "pp64x128:splitr3@tma",
                      "pp64x128:splitr4", "pp64x128:splitr4@tma")

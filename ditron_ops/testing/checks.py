@@ -146,7 +146,9 @@ def run_child(script: str, *args: str, timeout_s: float = 600) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, os.path.abspath(script), *args], env=env,
+    # (-X faulthandler: a child that crashes prints its Python stack to the stderr shown below)
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", os.path.abspath(script), *args],
+                          env=env,
                           capture_output=True, text=True, timeout=timeout_s)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (f"exit code {proc.returncode}; stdout ends:\n"
