@@ -1,6 +1,7 @@
 """CPU tier: the GEMM core's tile rule (``gemm._core_configs.select_config``) as a pure function
 of inputs every rank agrees on; its use by every op's plan (selected once, while the plan is
 built); and deterministic mode's batch invariance while the interpreter's tiling changes with M."""
+import dataclasses
 import inspect
 import itertools
 import threading
@@ -309,3 +310,25 @@ def test_the_sweep_bench_can_measure_the_candidates_alone():
     assert configs_measured(("configs",)) == CANDIDATES
     assert configs_measured(("configs", "candidates")) == {c.name: c.cfg
                                                            for c in rules.GPU_CANDIDATES}
+
+
+def test_fp8_tiles_narrow_where_measured_faster():
+    """``scaled_config``: one K step per scale block always; the narrow tile (128x128, 8 warps)
+    for block scales, over the rule's 128x128 tile of 4 warps, and on one partial wave of wide
+    tiles (tensor/row scales, not in the deterministic mode); the wide tile on many waves."""
+    from ditron_ops.gemm._core_configs import (SCALED_BLOCK_K, SCALED_NARROW, TileConfig,
+                                               scaled_config)
+
+    wide = TileConfig(128, 256, 64, 8, 8, 4, split_tail=True)
+    narrow = dataclasses.replace(wide, block_k=SCALED_BLOCK_K, **SCALED_NARROW)
+    row, block = 1, 2
+    assert scaled_config(wide, row, 10752, 5120, 132) == dataclasses.replace(wide, block_k=128)
+    assert scaled_config(wide, block, 10752, 5120, 132) == narrow
+    assert scaled_config(wide, row, 753, 4096, 132) == narrow  # 96 tiles on 132 programs
+    assert scaled_config(wide, row, 753, 4096, 132, deterministic=True).block_n == 256
+    assert scaled_config(wide, block, 753, 4096, 132, deterministic=True) == narrow
+    sq = TileConfig(128, 128, 64, 8, 4, 5)
+    assert scaled_config(sq, row, 1 << 14, 1 << 14, 132) == dataclasses.replace(
+        sq, block_k=128, num_warps=8)
+    small = TileConfig(64, 128, 64, 8, 4, 6)  # (other rows: unmeasured, kept)
+    assert scaled_config(small, block, 64, 128, 132) == dataclasses.replace(small, block_k=128)

@@ -116,7 +116,7 @@ class AgGemmPlan:
             budget = max(1, group.sm_share() - pull_programs(group))
         self.cfg = cfg = select_config(m, b.shape[1], budget, a.device, deterministic=False)
         if scaled is not None:  # fp8 (``scaled_config``)
-            self.cfg = cfg = scaled_config(cfg)
+            self.cfg = cfg = scaled_config(cfg, scaled.mode, m, b.shape[1], budget)
         w, rank = group.world_size, group.rank
         elem = a.element_size()
         pitch = k_pitch(k, elem)

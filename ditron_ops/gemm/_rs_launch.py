@@ -81,10 +81,10 @@ class RsPlan:
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
         # Every rank must run the same tiles (partial tiles and slots are exchanged): the rule
         # sees only M, N, the mode and the SM share, which all ranks agree on, never K_r.
-        self.cfg = cfg = select_config(m, n, program_budget(a.device, group), a.device,
-                                       deterministic=deterministic)
+        budget = program_budget(a.device, group)
+        self.cfg = cfg = select_config(m, n, budget, a.device, deterministic=deterministic)
         if scales is not None:  # fp8 (``scaled_config``)
-            self.cfg = cfg = scaled_config(cfg)
+            self.cfg = cfg = scaled_config(cfg, scales.mode, m, n, budget, deterministic)
         self.scaled = scales is not None
         scale_args = ((unused_pointer(out.device, out.dtype),) * 2 + (0, 0) if scales is None
                       else (scales.a, scales.b, scales.a_row, scales.b_row))

@@ -265,8 +265,9 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
 
     def build():
         m = a8.shape[0]
+        budget = program_budget(a8.device, None)
         cfg = dataclasses.replace(scaled_config(select_config(
-            m, b.shape[1], program_budget(a8.device, None), a8.device, deterministic=False)),
+            m, b.shape[1], budget, a8.device, deterministic=False), mode, m, b.shape[1], budget),
             **dict(tiles))
         a_desc = TensorDescriptor(a8, list(a8.shape), list(a8.stride()), [cfg.block_m, cfg.block_k])
         sig, offsets, claim, record = _dummies(a8.device)
@@ -278,10 +279,10 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
 
 def _precompile(device: torch.device, dtypes: tuple) -> None:
     """The fp8 ops' variants (``runtime.precompile``), when ``dtypes`` holds ``float8_e4m3fn``:
-    per tile configuration the rule can pick (``BLOCK_K`` 128), output dtype (the fp16 / bf16
-    among ``dtypes``, else bf16, the ops' default) and scale mode (``scaled_config`` of each):
-    ``scaled_matmul`` (out in
-    that dtype and in fp32, the reducing ops' unfused partials; either C store), the
+    per fp8 form of each tile configuration the rule can pick and scale mode it serves
+    (``scaled_config``: the wide form tensor/row scales only, the narrow one both), output
+    dtype (the fp16 / bf16 among ``dtypes``, else bf16, the ops' default):
+    ``scaled_matmul`` (out in that dtype and in fp32, the reducing ops' unfused partials; either C store), the
     ``ag_gemm_scaled`` consumer, push call and pull producer, the reduce-scatter / broadcast
     GEMMs. The unfused paths' collectives are the collectives family's (fp32)."""
     if FP8 not in dtypes:
@@ -289,17 +290,23 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from . import _ag_launch, _rs_launch
-    from ._core import CoreGemm, Scales, _dummies, rule_configs, scaled_config
+    from ._core import CoreGemm, Scales, _dummies, rule_configs, scaled_configs
     outs = [d for d in OUT_DTYPES if d in dtypes] or [torch.bfloat16]
     sig, offsets, claim, record = _dummies(device)
     a8 = torch.zeros(64, 128, dtype=FP8, device=device)
     a_desc_of = {}
     b = a8.clone().t()  # K-major, as k_major gives it
     one = torch.ones(64, device=device)
-    for cfg in map(scaled_config, rule_configs(device)):
+    forms = {}
+    for wide, narrow in map(scaled_configs, rule_configs(device)):
+        row, block = MODES["row"], MODES["block"]
+        for cfg, mode in ((wide, row), (narrow or wide, block)) + (((narrow, row), ) if narrow
+                                                                    else ()):
+            forms[(cfg, mode)] = None
+    for cfg, mode in forms:
         a_desc = a_desc_of.setdefault(cfg.block_m, TensorDescriptor(
             a8, [64, 128], [128, 1], [cfg.block_m, SCALE_BLOCK]))
-        for out_dtype, mode in ((d, m) for d in outs for m in sorted(set(MODES.values()))):
+        for out_dtype in outs:
             bias = torch.zeros(64, dtype=out_dtype, device=device)  # (fp32 out: rank 0's partial)
             for dtype, with_bias, c_tma in ((d, bi, c) for d, bi in ((out_dtype, False),
                                                                     (torch.float32, False),
