@@ -44,7 +44,7 @@ def ws():
         driver._active = prev
 
 
-def _compile(ws, probe, name, M, N, K, out_dtype, bias, b_kn=False):
+def _compile(ws, probe, name, M, N, K, out_dtype, bias, b_kn=False, trace=False):
     import torch
     pl = probe.variant_plan(ws, name, M, N, K, 2, out_dtype.itemsize)
     a = torch.empty(M, K, dtype=torch.bfloat16)
@@ -52,7 +52,8 @@ def _compile(ws, probe, name, M, N, K, out_dtype, bias, b_kn=False):
          else torch.empty(N, K, dtype=torch.bfloat16).t())
     out = torch.empty(M, N, dtype=out_dtype)
     bias_t = torch.empty(N, dtype=torch.bfloat16) if bias else None
-    args, meta = ws.ws_operands(a, b, out, bias_t, pl)
+    stamps = torch.zeros(pl.grid, ws.TRACE_UNITS, ws.TRACE_POINTS, dtype=torch.int64) if trace else None
+    args, meta = ws.ws_operands(a, b, out, bias_t, pl, stamps)
     kernel = ws.ws_gemm_kernel.warmup(*args, **meta, grid=(pl.grid, ))
     reduce = None
     if pl.mode == ws.MODE_SPLITR:
@@ -105,3 +106,32 @@ def test_splitr_tma_compiles(ws):
     assert len(plane_loads) == 3 * 4 and set(plane_loads) == {"ld.global.cg.v4.b32"}, rops
     assert any(o.startswith("cp.async.bulk.tensor.2d.global.shared") for o in rops)  # C by TMA
     assert not any(o.startswith("st.global") for o in rops)
+
+
+@pytest.mark.parametrize("name", ["coop128x256:sk", "pp128x128:sk@tma", "pp128x128"])
+def test_traced_variants_compile(ws, name):
+    """``TRACE`` adds the consumers' global-timer stamps (the probe's timeline) and nothing
+    else: the untraced binary reads no timer and the traced one spills no more."""
+    import torch
+    mod, probe = ws
+    plain = _compile(mod, probe, name, 3000, 1536, 4096, torch.bfloat16, False)[1]
+    traced = _compile(mod, probe, name, 3000, 1536, 4096, torch.bfloat16, False, trace=True)[1]
+    assert "%globaltimer" not in plain.asm["ptx"] and "%globaltimer" in traced.asm["ptx"]
+    st, st0 = probe._sass_stats(traced), probe._sass_stats(plain)
+    assert st["spills"] == st0["spills"] and st["hgmma"] == st0["hgmma"], (st, st0)
+
+
+def test_timeline_breakdown_adds_up_to_the_last_programs_span(ws):
+    """``ws_probe.timeline``: the program that finished last, its mainloops, partial store,
+    fix-up, epilogue and gaps between units sum to the launch's span (stamps in ns)."""
+    import torch
+    _, probe = ws
+    st = torch.zeros(2, 64, 4, dtype=torch.int64)
+    st[0, 0] = torch.tensor([1000, 11000, 0, 12000])  # data-parallel unit: epilogue 1 us
+    st[0, 1] = torch.tensor([12500, 20000, 23000, 26000])  # partial: store 3, fix-up 3
+    st[1, 0] = torch.tensor([2000, 9000, 0, 10000])
+    t = probe.timeline(st, 2)
+    assert t == {"span": 25.0, "units": 2, "start": 0.0, "main": 17.5, "store": 3.0,
+                 "fixup": 3.0, "epilogue": 1.0, "gaps": 0.5}, t
+    parts = sum(t[k] for k in ("start", "main", "store", "fixup", "epilogue", "gaps"))
+    assert parts == t["span"]

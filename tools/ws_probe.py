@@ -10,6 +10,8 @@ value), then times it against cuBLAS (``torch.matmul``) by paired CUDA-graph rep
                                                 # report registers, spills, HGMMA, shared memory
     python tools/ws_probe.py --partials         # GPU: fp32 partial traffic, "reg" vs "tma"
                                                 # (reduce step alone, then the few-tile GEMMs)
+    python tools/ws_probe.py --timeline         # GPU: where each schedule's time goes on the
+                                                # few-tile shapes (consumers' timer stamps)
 
 Options: ``--variants a,b`` (default all), ``--no-tl`` (skip the portable ``tl`` core column),
 ``--rounds N``, ``--quick`` (fewer shapes). A variant name ending in ``@tma`` forces
@@ -653,6 +655,73 @@ def run_partials(args, variants) -> int:
     return 1 if bad or any(fails.get(n) for n in tma_names) else 0
 
 
+TIMELINE_VARIANTS = ("auto", "coop128x256:sk", "coop128x256:sk@tma", "pp128x128:sk@tma",
+                     "pp128x128")
+"""``--timeline``: the rule's plan, stream-K on the cooperative and the ping-pong consumers
+(ping-pong: one consumer's fix-up under the other's mainloop), and data parallel."""
+
+
+def timeline(stamps, units: int) -> dict:
+    """Summary of one traced launch (``stamps`` int64 ``[grid, TRACE_UNITS, 4]`` ns, zero where
+    a point was not reached): ``span`` (first mainloop start to last unit done), and for the
+    program that finished last its ``main`` (mainloops), ``store`` (partial store and arrival),
+    ``fixup`` and ``gaps`` (between its units: waiting on the ring), all in us."""
+    import torch
+    st = stamps.to(torch.float64) / 1e3
+    t0, t1, t2, t3 = (st[:, :units, j] for j in range(4))
+    done = torch.where(t3 > 0, t3, torch.where(t2 > 0, t2, t1))
+    begin = t0[t0 > 0].min()
+    last = int(done.max(dim=1).values.argmax())
+    seen = t0[last] > 0
+    a0, a1, a2, a3 = (x[last][seen] for x in (t0, t1, t2, t3))
+    has2 = a2 > 0
+    store = (a2 - a1)[has2].sum()
+    fix = torch.where(has2 & (a3 > 0), a3 - a2, torch.zeros_like(a3)).sum()
+    end = torch.where(a3 > 0, a3, torch.where(has2, a2, a1))
+    return {"span": float(done.max() - begin), "units": int(seen.sum()),
+            "start": float(a0.min() - begin), "main": float((a1 - a0).sum()),
+            "store": float(store), "fixup": float(fix),
+            "epilogue": float(torch.where(~has2 & (a3 > 0), a3 - a1, torch.zeros_like(a3)).sum()),
+            "gaps": float((a0[1:] - end[:-1]).clamp(min=0).sum())}
+
+
+def run_timeline(args, variants) -> int:
+    """``--timeline``: each variant on ``FEW_TILE_SHAPES`` once traced (after a warm call), the
+    last program's breakdown against the launch's span."""
+    import torch
+    ws = _ws_module()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    _start_watchdog()
+    log("timeline (us; the last program to finish): span = start + main + store + fixup + "
+        "epilogue + gaps")
+    for tag, M, N, K in FEW_TILE_SHAPES:
+        a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        w = torch.randn(N, K, device="cuda").to(torch.bfloat16)
+        for name in variants:
+            p = variant_plan(ws, name, M, N, K, 2, 2, sms)
+            stamps = torch.zeros(p.grid, ws.TRACE_UNITS, ws.TRACE_POINTS, dtype=torch.int64,
+                                 device="cuda")
+            for _ in range(2):  # the first compiles and warms
+                stamps.zero_()
+                ws.ws_matmul(a, w.t(), plan_=p, trace=stamps)
+            _sync(f"timeline {name} {M}x{N}x{K}")
+            units = min(ws.TRACE_UNITS, max(1, -(-_units(ws, p, M, N, K) // p.grid)))
+            t = timeline(stamps.cpu(), units)
+            log(f"  {M}x{N}x{K} {name:<20} {ws.describe(p):<28} " + " ".join(
+                f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in t.items()))
+    return 0
+
+
+def _units(ws, p, M, N, K) -> int:
+    """Work units of plan ``p`` (tiles x slices; stream-K: its data-parallel tiles plus one
+    range per program), an upper bound for the trace rows a program fills."""
+    cfg = p.cfg
+    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
+    if p.mode == ws.MODE_SK:
+        return p.dp_tiles + 2 * p.grid * 2
+    return tiles * max(1, p.split)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -674,6 +743,8 @@ def main() -> int:
     ap.add_argument("--no-check", action="store_true", help="skip the integer checks")
     ap.add_argument("--partials", action="store_true",
                     help="partial traffic: reduce step alone + few-tile GEMMs, reg vs tma")
+    ap.add_argument("--timeline", action="store_true",
+                    help="GPU: traced launches of the few-tile shapes (where the time goes)")
     ap.add_argument("--partials-only", action="store_true",
                     help="with --partials (implied): only the reduce step alone (GB/s)")
     args = ap.parse_args()
@@ -694,6 +765,8 @@ def main() -> int:
         return compile_only(ws_names)
     if args.partials:
         return run_partials(args, ws_names)
+    if args.timeline:
+        return run_timeline(args, list(TIMELINE_VARIANTS) if not args.variants else ws_names)
     return run_gpu(args, ws_names)
 
 

@@ -68,6 +68,12 @@ LOADER_REGS = 24
 CONSUMER_REGS = 240
 """Registers of the ping-pong worker consumer (a 128-register accumulator plus addressing);
 the default partition gets what is left of ``MAXNREG`` x 3 warpgroups."""
+TRACE_UNITS = 64
+"""Work units per program a ``TRACE`` launch records (later ones overwrite the last row)."""
+TRACE_POINTS = 4
+"""Timestamps per traced unit: mainloop start and end, result stored (C, or the partial and
+its arrival), fix-up done (``_stamp``)."""
+_K_TRACE_UNITS = gl.constexpr(TRACE_UNITS) if HAVE_GLUON else TRACE_UNITS
 _K_LOADER_REGS = gl.constexpr(LOADER_REGS) if HAVE_GLUON else LOADER_REGS  # kernels read these
 _K_CONSUMER_REGS = gl.constexpr(CONSUMER_REGS) if HAVE_GLUON else CONSUMER_REGS
 
@@ -353,11 +359,23 @@ def _fixup_coalesced(ws_ptr, first, nseg, base, q, r, c_desc, c_smem, bias_ptr, 
 
 
 @_jit
+def _stamp(trace_ptr, i, POINT: gl.constexpr, TRACE: gl.constexpr):
+    """``TRACE`` only: the global timer (ns) at ``POINT`` of this program's unit ``i`` into
+    ``trace_ptr`` ``[programs, TRACE_UNITS, TRACE_POINTS]`` int64 (the probe's timeline of where
+    a schedule spends its time; one binary without it)."""
+    if TRACE:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64,
+                                      is_pure=False, pack=1)
+        row = gl.program_id(0) * _K_TRACE_UNITS + gl.minimum(i, _K_TRACE_UNITS - 1)
+        gl.store(trace_ptr + row.to(gl.int64) * 4 + POINT, t)
+
+
+@_jit
 def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr, cnt_ptr,
-                 p_desc, M, N, K, dp_tiles, split, plane_rows,
+                 p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows,
                  HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
-                 MODE: gl.constexpr, TMA_PARTS: gl.constexpr, SLOT: gl.constexpr,
-                 SLOTS: gl.constexpr, WARPS: gl.constexpr):
+                 MODE: gl.constexpr, TMA_PARTS: gl.constexpr, TRACE: gl.constexpr,
+                 SLOT: gl.constexpr, SLOTS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer partition: wgmma over the ring, then the epilogue of each owned work unit.
 
     ``SLOT`` of ``SLOTS`` consumers: this one takes the program's units ``SLOT, SLOT + SLOTS,
@@ -398,6 +416,7 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
         if i % SLOTS == SLOT:
             if SLOTS > 1:
                 mbarrier.wait(order.index(SLOT), ((i - 1) // 2) & 1, pred=i > 0)
+            _stamp(trace_ptr, i, 0, TRACE)
             prev = 0
             # Not carried over units: dead in the epilogue once its partial or C is stored.
             acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
@@ -425,6 +444,7 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
             if WARPS > 4:
                 gl.thread_barrier()
             mbarrier.arrive(empty.index(prev))
+            _stamp(trace_ptr, i, 1, TRACE)
 
             pid_m, pid_n = _tile_mn(tile, tiles_m, tiles_n, GROUP_M)
             off_m = pid_m * BLOCK_M
@@ -473,6 +493,7 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
                                      parts[c])
                     gl.thread_barrier()
                     old = gl.atomic_add(cnt_ptr + cidx, 1, sem="acq_rel", scope="gpu")
+                    _stamp(trace_ptr, i, 2, TRACE)
                     if TMA_PARTS and old == nseg - 1:
                         gl.store(cnt_ptr + cidx, 0)  # ready for the next launch
                         _fixup_coalesced(ws_ptr, first, nseg, base, q, r, c_desc, c_smem,
@@ -499,6 +520,7 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
                     for c in gl.static_range(PARTS):
                         _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, off_n, N,
                                     HAS_BIAS)
+            _stamp(trace_ptr, i, 3, TRACE)
         else:
             it += ke - kb
     tma.store_wait(0)
@@ -506,13 +528,13 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
 
 @_jit
 def _ws_consumer_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr,
-                        cnt_ptr, p_desc, M, N, K, dp_tiles, split, plane_rows,
+                        cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows,
                         HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
-                        MODE: gl.constexpr, TMA_PARTS: gl.constexpr):
+                        MODE: gl.constexpr, TMA_PARTS: gl.constexpr, TRACE: gl.constexpr):
     """The ping-pong's second consumer (a 4-warp worker partition, slot 1 of 2)."""
     _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr, cnt_ptr,
-                 p_desc, M, N, K, dp_tiles, split, plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE,
-                 TMA_PARTS, 1, 2, 4)
+                 p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows, HAS_BIAS, B_KN,
+                 GROUP_M, MODE, TMA_PARTS, TRACE, 1, 2, 4)
 
 
 def _jit_dims(fn):
@@ -522,10 +544,11 @@ def _jit_dims(fn):
 
 
 @_jit_dims
-def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, M, N, K, dp_tiles,
-                   split, plane_rows, HAS_BIAS: gl.constexpr, B_KN: gl.constexpr,
+def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K,
+                   dp_tiles, split, plane_rows, HAS_BIAS: gl.constexpr, B_KN: gl.constexpr,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                   MODE: gl.constexpr, TMA_PARTS: gl.constexpr, num_warps: gl.constexpr):
+                   MODE: gl.constexpr, TMA_PARTS: gl.constexpr, num_warps: gl.constexpr,
+                   TRACE: gl.constexpr = False):
     """Persistent warp-specialized GEMM (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` [M, K] boxes [BLOCK_M, BLOCK_K]; ``b_desc`` [K, N] boxes [BLOCK_K, BLOCK_N]
@@ -535,7 +558,8 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, M,
     ``TMA_PARTS``: partials through ``p_desc``, an fp32 descriptor over the workspace (boxes
     ``[BLOCK_M, EPI_N * C bytes / 4]``, the staging tile's bytes): ``[slots * BLOCK_M,
     BLOCK_N]`` (``MODE`` 1/2) or the split planes ``[split * plane_rows, N]`` (``MODE`` 3; row
-    pitch ``splitr_pitch``); else ``p_desc`` is unused (``c_desc`` passed again)."""
+    pitch ``splitr_pitch``); else ``p_desc`` is unused (``c_desc`` passed again).
+    ``TRACE``: consumers record timestamps in ``trace_ptr`` (``_stamp``; else unused)."""
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -556,19 +580,22 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, M,
         c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
         gl.warp_specialize([
             (_ws_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
-                            ws_ptr, cnt_ptr, p_desc, M, N, K, dp_tiles, split, plane_rows,
-                            HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, 0, 2, num_warps)),
+                            ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split,
+                            plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE, 0, 2,
+                            num_warps)),
             (_ws_consumer_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc,
-                                   bias_ptr, ws_ptr, cnt_ptr, p_desc, M, N, K, dp_tiles, split,
-                                   plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS)),
+                                   bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K,
+                                   dp_tiles, split, plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE,
+                                   TMA_PARTS, TRACE)),
             (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, split,
                           B_KN, GROUP_M, MODE)),
         ], [4, 1], [_K_CONSUMER_REGS, _K_LOADER_REGS])
     else:
         gl.warp_specialize([
             (_ws_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
-                            ws_ptr, cnt_ptr, p_desc, M, N, K, dp_tiles, split, plane_rows,
-                            HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, 0, 1, num_warps)),
+                            ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split,
+                            plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE, 0, 1,
+                            num_warps)),
             (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, split,
                           B_KN, GROUP_M, MODE)),
         ], [1], [_K_LOADER_REGS])

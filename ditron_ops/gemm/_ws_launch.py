@@ -13,7 +13,7 @@ from typing import Optional
 from ._ws_configs import (MODE_DP, MODE_SK, MODE_SPLIT, MODE_SPLITR, PARTIALS,  # noqa: F401
                           WS_CONFIGS, WS_DEFAULT, WsConfig, WsPlan, describe, fit_stages, plan,
                           smem_bytes, splitr_floats, splitr_pitch)
-from ._ws_kernels import HAVE_GLUON, MAXNREG, ws_gemm_kernel
+from ._ws_kernels import HAVE_GLUON, MAXNREG, TRACE_POINTS, TRACE_UNITS, ws_gemm_kernel  # noqa: F401
 
 if HAVE_GLUON:
     import triton
@@ -156,8 +156,10 @@ def _scratch(device, ws_floats: int, counters: int):
     return ws, cnt
 
 
-def ws_operands(a, b, out, bias, p: WsPlan):
-    """Descriptors and launch arguments of ``ws_gemm_kernel`` for plan ``p`` (no launch).
+def ws_operands(a, b, out, bias, p: WsPlan, trace=None):
+    """Descriptors and launch arguments of ``ws_gemm_kernel`` for plan ``p`` (no launch);
+    ``trace``: an int64 ``[grid, TRACE_UNITS, TRACE_POINTS]`` tensor the consumers stamp (the
+    probe's timeline), else none.
 
     Returns ``(args, meta)``: positional arguments and constexpr/launch keywords."""
     cfg = p.cfg
@@ -185,11 +187,11 @@ def ws_operands(a, b, out, bias, p: WsPlan):
     p_desc, plane_rows = c_desc, 0
     if tma_parts:
         p_desc, plane_rows = _partials_desc(ws, M, N, out.element_size(), p)
-    args = (a_desc, b_desc, c_desc, bias if bias is not None else out, ws, cnt, p_desc, M, N, K,
-            p.dp_tiles, p.split, plane_rows)
+    args = (a_desc, b_desc, c_desc, bias if bias is not None else out, ws, cnt, p_desc,
+            trace if trace is not None else cnt, M, N, K, p.dp_tiles, p.split, plane_rows)
     meta = dict(HAS_BIAS=bias is not None, B_KN=b_kn, GROUP_M=cfg.group_m, STAGES=stages,
                 PINGPONG=cfg.pingpong, MODE=p.mode, TMA_PARTS=tma_parts,
-                num_warps=cfg.num_warps, maxnreg=MAXNREG)
+                num_warps=cfg.num_warps, maxnreg=MAXNREG, TRACE=trace is not None)
     return args, meta
 
 
@@ -260,7 +262,7 @@ def _torch():
 
 def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = None,
               mode: Optional[int] = None, deterministic: bool = False,
-              partials: Optional[str] = None):
+              partials: Optional[str] = None, trace=None):
     """``out = a @ b (+ bias)`` by ``ws_gemm_kernel`` on the current CUDA device (sm_90).
 
     Parameters
@@ -284,6 +286,9 @@ def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = 
     partials : str, optional
         Force how fp32 partials move, ``"reg"`` or ``"tma"`` (``_ws_configs.PARTIALS``;
         default: the rule's, ``"reg"``).
+    trace : torch.Tensor, optional
+        int64 ``[grid, TRACE_UNITS, TRACE_POINTS]``, zeroed: the consumers' timestamps
+        (``_ws_kernels._stamp``; probes only).
 
     Returns
     -------
@@ -303,7 +308,7 @@ def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = 
                      partials=partials)
     if plan_.pad_a or plan_.pad_b:
         a, b = _lined(a, b, plan_)
-    args, meta = ws_operands(a, b, out, bias, plan_)
+    args, meta = ws_operands(a, b, out, bias, plan_, trace)
     ws_gemm_kernel[(plan_.grid, )](*args, **meta)
     if plan_.mode == MODE_SPLITR:
         grid, rargs, rmeta = ws_reduce_operands(out, bias, plan_, args[4])
