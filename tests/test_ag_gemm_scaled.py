@@ -195,3 +195,26 @@ def test_reduce_bias_errors(op):
         assert group._workspaces == {}
         return True
     assert ditron_ops.launch(body, 2) == [True, True]
+
+
+@pytest.mark.parametrize("op", ["gemm_rs_scaled", "gemm_ar_scaled"])
+def test_unfused_deterministic_partials_take_the_invariant_tiles(op, monkeypatch):
+    """On groups without symmetric memory the reducing ops run unfused; in deterministic mode
+    each rank's fp32 partial (``scaled_matmul``) takes the batch-invariant tiles (the rule's
+    deterministic mode), not M's best."""
+    from ditron_ops.gemm import _core, scaled
+    from ditron_ops.testing.scaled_checks import reduce_inputs
+
+    asked = []
+    rule = _core.select_config
+    monkeypatch.setattr(_core, "select_config",
+                        lambda *a, **kw: asked.append(kw["deterministic"]) or rule(*a, **kw))
+    monkeypatch.setattr(scaled, "_fused_wanted", lambda *a: False)  # (no symmetric memory)
+
+    def body(group):
+        a, sa, b, sb = reduce_inputs(6, [128, 128], 24, "row", group.device)[group.rank]
+        getattr(ditron_ops, op)(a, b, sa, sb, group, out_dtype=torch.float16,
+                                deterministic=True)
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+    assert asked and all(asked), asked

@@ -314,8 +314,8 @@ def test_the_sweep_bench_can_measure_the_candidates_alone():
 
 def test_fp8_tiles_narrow_where_measured_faster():
     """``scaled_config``: one K step per scale block always; the narrow tile (128x128, 8 warps)
-    for block scales, over the rule's 128x128 tile of 4 warps, and on one partial wave of wide
-    tiles (tensor/row scales, not in the deterministic mode); the wide tile on many waves."""
+    for block scales, over the rule's 128x128 tile of 4 warps, and where wide tiles fill at
+    most 3/4 of the programs (tensor/row scales, not in the deterministic mode); else wide."""
     from ditron_ops.gemm._core_configs import (SCALED_BLOCK_K, SCALED_NARROW, TileConfig,
                                                scaled_config)
 
@@ -325,6 +325,7 @@ def test_fp8_tiles_narrow_where_measured_faster():
     assert scaled_config(wide, row, 10752, 5120, 132) == dataclasses.replace(wide, block_k=128)
     assert scaled_config(wide, block, 10752, 5120, 132) == narrow
     assert scaled_config(wide, row, 753, 4096, 132) == narrow  # 96 tiles on 132 programs
+    assert scaled_config(wide, row, 512, 8192, 132).block_n == 256  # 128 tiles: a full wave
     assert scaled_config(wide, row, 753, 4096, 132, deterministic=True).block_n == 256
     assert scaled_config(wide, block, 753, 4096, 132, deterministic=True) == narrow
     sq = TileConfig(128, 128, 64, 8, 4, 5)

@@ -52,7 +52,8 @@ def _compile(ws, probe, name, M, N, K, out_dtype, bias, b_kn=False, trace=False)
          else torch.empty(N, K, dtype=torch.bfloat16).t())
     out = torch.empty(M, N, dtype=out_dtype)
     bias_t = torch.empty(N, dtype=torch.bfloat16) if bias else None
-    stamps = torch.zeros(pl.grid, ws.TRACE_UNITS, ws.TRACE_POINTS, dtype=torch.int64) if trace else None
+    stamps = (torch.zeros(pl.grid, ws.TRACE_UNITS, ws.TRACE_POINTS, dtype=torch.int64) if trace
+              else None)
     args, meta = ws.ws_operands(a, b, out, bias_t, pl, stamps)
     kernel = ws.ws_gemm_kernel.warmup(*args, **meta, grid=(pl.grid, ))
     reduce = None

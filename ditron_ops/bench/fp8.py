@@ -14,13 +14,16 @@ Rows (``case``):
   overhead with data present (target <= 3%); ``gathered_bytes`` and ``bf16_bytes`` columns;
   ``fused_rs <mode>``: ``gemm_rs_scaled`` at one rank (fused path: the reduce-scatter kernel
   with nothing to exchange) vs the same;
-- ``tiles <mode>`` (``--only tiles``, GPU): the scaled core at 128x128 with 8 warps vs the
-  rule's tile (``NARROW``), to set an fp8 tile rule.
+- ``tiles <mode>`` (``--only tiles``, GPU): the scaled core's two fp8 forms of the bf16 rule's
+  tile (``_core_configs.scaled_configs``: narrow 128x128 with 8 warps vs wide), whatever the
+  fp8 rule picks: the data of that rule.
 
 Times: paired CUDA-graph replay on one GPU (``paired_graph_times``); the interpreter runs one
 tiny shape for plumbing. ``--only tensor,row,block,fused,tiles`` runs parts.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -31,10 +34,6 @@ from .gemm_sweep import models_shapes
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 
 PARTS = ("tensor", "row", "block", "fused", "tiles")
-NARROW = (("block_n", 128), ("num_warps", 8), ("num_stages", 5))
-"""``tiles``: the rule's tile against 128x128 with 8 warps (fewer registers: the promoted
-product doubles the accumulator, and the rule's 128x256 spills 304-672 B on sm_90a, 16-48 B
-for this one); the stage count is cut to what fits."""
 FP8 = torch.float8_e4m3fn
 
 
@@ -64,6 +63,17 @@ def _times(group, fns: dict, cfg: BenchConfig) -> dict:
     return {name: time_spmd(group, fn, rounds=1, max_iters=1) for name, fn in fns.items()}
 
 
+def _forms(m: int, n: int, device):
+    """``(wide, narrow)`` fields of the fp8 forms of the bf16 rule's tile for ``[m, n]`` (as
+    ``scaled_matmul``'s ``tiles``), or None where there is no narrow form."""
+    from ..gemm._core import program_budget, scaled_configs, select_config
+    cfg = select_config(m, n, program_budget(device, None), device, deterministic=False)
+    wide, narrow = scaled_configs(cfg)
+    if narrow is None:
+        return None
+    return tuple(tuple(dataclasses.asdict(c).items()) for c in (wide, narrow))
+
+
 def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: str) -> list[Result]:
     rows = []
     dev = group.device
@@ -91,8 +101,9 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                                                   impl="fused")
             fns["fused_rs"] = lambda: gemm_rs_scaled(a, b, sa, sb, group, out_dtype=out.dtype,
                                                      impl="fused")
-        if "tiles" in parts and gpu:
-            fns["narrow"] = _ours(a, b, sa, sb, mode, out, NARROW)
+        forms = _forms(m, n, dev) if "tiles" in parts and gpu else None
+        if forms is not None:
+            fns["wide"], fns["narrow"] = (_ours(a, b, sa, sb, mode, out, f) for f in forms)
         t = _times(group, fns, cfg)
         tflops = lambda us: round(2 * m * n * k / us / 1e6, 1)  # noqa: E731
         if mode in parts:
@@ -100,8 +111,8 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                                t["base"], extra={"tflops": tflops(t["ours"])}, **shape))
         if "narrow" in fns:
             rows.append(Result("fp8", f"tiles {mode}", 1, "e4m3", "128x128, 8 warps", t["narrow"],
-                               "the rule's tile", t["ours"], extra={"tflops": tflops(t["narrow"])},
-                               **shape))
+                               "the bf16 rule's tile", t["wide"],
+                               extra={"tflops": tflops(t["narrow"])}, **shape))
         if "fused" in parts:
             rows.append(Result("fp8", f"fused {mode}", 1, "e4m3", f"ag_gemm_scaled {mode}",
                                t["fused"], f"scaled core {mode}", t["ours"], **shape,

@@ -42,7 +42,8 @@ from ..runtime.precompile import register_precompile
 from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_SPLIT,  # noqa: F401
                             NARROW_CANDIDATES, SHORT_K_CANDIDATE, SKINNY_CANDIDATES,
                             SLICED_TAIL_MAIN, TileConfig,
-                            WIDE_CANDIDATES, pad_operands, rule_configs, scaled_config, scaled_configs,
+                            WIDE_CANDIDATES, pad_operands, rule_configs, scaled_config,
+                            scaled_configs,
                             select_config,
                             select_split, slices,
                             tail_tiles, tile_width)

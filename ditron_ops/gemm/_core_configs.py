@@ -329,8 +329,8 @@ SCALED_NARROW = dict(block_n=128, num_warps=8, num_stages=5)
 the bf16 rule's 128x256 tile spills 304 B (row/tensor) or 672 B (block scales) on sm_90a and
 this one 16 / 48 B. Measured against the rule's tile (``bench fp8 --only tiles``, H100, 22
 model shards): block scales 1.21x geo-mean, worst 0.994; tensor/row 1.00x: 1.24-1.26x over the
-rule's 128x128 tile of 4 warps, 1.03-1.13x where its 128x256 tiles fill under one wave, down to
-0.79x at 12 waves of short K."""
+rule's 128x128 tile of 4 warps, 1.03-1.13x where its 128x256 tiles fill 0.73 of a wave,
+0.97-0.99x at 0.97, 0.79-1.12x over more waves (short K worst)."""
 SCALE_BLOCKWISE = 2
 """``Scales.mode`` of 1x128 / 128x128 block scales."""
 
@@ -341,15 +341,17 @@ def scaled_config(cfg: TileConfig, mode: int, m: int, n: int, programs: int,
     rule picked ``cfg`` on ``programs``: one K step per scale block (``SCALED_BLOCK_K``), and
     the narrow tile (``SCALED_NARROW``) in place of a 128-row tile for block scales always,
     for tensor and row scales where ``cfg`` is 128 wide (the same tile with twice the warps)
-    or its tiles are fewer than the programs (one partial wave: twice the programs work) outside
-    the deterministic mode (whose tiles never depend on M). The one
+    or its tiles fill at most 3/4 of the programs (twice the programs then work; measured
+    1.03-1.26x at 0.68-0.82 of a wave, 0.97-0.99x at 0.97), outside the deterministic mode (it
+    adds no dependence on M there). The one
     place the fp8 paths (plain, ag_gemm consumer, gemm_rs producer) derive their tiles;
     ``precompile`` compiles both forms (``scaled_configs``)."""
     wide, narrow = scaled_configs(cfg)
     if narrow is None:
         return wide
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    if mode == SCALE_BLOCKWISE or cfg.block_n <= 128 or (not deterministic and tiles < programs):
+    if (mode == SCALE_BLOCKWISE or cfg.block_n <= 128
+            or (not deterministic and 4 * tiles <= 3 * programs)):
         return narrow
     return wide
 

@@ -71,9 +71,11 @@ the default partition gets what is left of ``MAXNREG`` x 3 warpgroups."""
 TRACE_UNITS = 64
 """Work units per program a ``TRACE`` launch records (later ones overwrite the last row)."""
 TRACE_POINTS = 4
-"""Timestamps per traced unit: mainloop start and end, result stored (C, or the partial and
-its arrival), fix-up done (``_stamp``)."""
+"""Timestamps per traced unit (``_stamp``): 0 mainloop start, 1 mainloop end, 2 a stream-K or
+split-K partial stored and its arrival counted (those modes only), 3 the unit done (C stored,
+a split plane stored, or the fix-up's C stored)."""
 _K_TRACE_UNITS = gl.constexpr(TRACE_UNITS) if HAVE_GLUON else TRACE_UNITS
+_K_TRACE_POINTS = gl.constexpr(TRACE_POINTS) if HAVE_GLUON else TRACE_POINTS
 _K_LOADER_REGS = gl.constexpr(LOADER_REGS) if HAVE_GLUON else LOADER_REGS  # kernels read these
 _K_CONSUMER_REGS = gl.constexpr(CONSUMER_REGS) if HAVE_GLUON else CONSUMER_REGS
 
@@ -367,7 +369,7 @@ def _stamp(trace_ptr, i, POINT: gl.constexpr, TRACE: gl.constexpr):
         t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64,
                                       is_pure=False, pack=1)
         row = gl.program_id(0) * _K_TRACE_UNITS + gl.minimum(i, _K_TRACE_UNITS - 1)
-        gl.store(trace_ptr + row.to(gl.int64) * 4 + POINT, t)
+        gl.store(trace_ptr + row.to(gl.int64) * _K_TRACE_POINTS + POINT, t)
 
 
 @_jit

@@ -248,12 +248,14 @@ _PLANS = threading.local()
 
 def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: int,
                   sb: torch.Tensor, sb_row: int, mode: int, bias: Optional[torch.Tensor],
-                  out: torch.Tensor, tiles: tuple = ()) -> torch.Tensor:
+                  out: torch.Tensor, tiles: tuple = (),
+                  deterministic: bool = False) -> torch.Tensor:
     """``out = (a8 * sa) @ (b * sb) (+ bias)`` on the portable core (no waits): ``a8 [M, K]`` fp8
     with 16-byte aligned rows, ``b`` column-major fp8, ``sa`` one scale per row (``sa_row``
     floats apart) or per 1x128 block, ``sb`` as ``_b_scales`` gives it; ``mode`` the kernel's
-    ``SCALE``. ``tiles``: ``((field, value), ...)`` replacing the rule's ``TileConfig`` fields
-    (benches comparing tiles). Plans cached per thread and layout."""
+    ``SCALE``. ``deterministic``: the batch-invariant tiles (the reducing ops' unfused
+    deterministic partials). ``tiles``: ``((field, value), ...)`` replacing the rule's
+    ``TileConfig`` fields (benches comparing tiles). Plans cached per thread and layout."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from ._core import CoreGemm, Scales, _dummies, program_budget, scaled_config, select_config
@@ -261,14 +263,14 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
     if cache is None:
         cache = _PLANS.cache = PlanCache(None)
     key = ("scaled_matmul", mode, sa_row, sb_row, tensor_key(a8), tensor_key(b), tensor_key(sa),
-           tensor_key(sb), tensor_key(bias), tensor_key(out), tiles)
+           tensor_key(sb), tensor_key(bias), tensor_key(out), tiles, deterministic)
 
     def build():
         m = a8.shape[0]
         budget = program_budget(a8.device, None)
-        cfg = dataclasses.replace(scaled_config(select_config(
-            m, b.shape[1], budget, a8.device, deterministic=False), mode, m, b.shape[1], budget),
-            **dict(tiles))
+        cfg = select_config(m, b.shape[1], budget, a8.device, deterministic=deterministic)
+        cfg = dataclasses.replace(scaled_config(cfg, mode, m, b.shape[1], budget, deterministic),
+                                  **dict(tiles))
         a_desc = TensorDescriptor(a8, list(a8.shape), list(a8.stride()), [cfg.block_m, cfg.block_k])
         sig, offsets, claim, record = _dummies(a8.device)
         return CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig, offsets=offsets,
@@ -282,7 +284,8 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     per fp8 form of each tile configuration the rule can pick and scale mode it serves
     (``scaled_config``: the wide form tensor/row scales only, the narrow one both), output
     dtype (the fp16 / bf16 among ``dtypes``, else bf16, the ops' default):
-    ``scaled_matmul`` (out in that dtype and in fp32, the reducing ops' unfused partials; either C store), the
+    ``scaled_matmul`` (out in that dtype and in fp32, the reducing ops' unfused partials;
+    either C store), the
     ``ag_gemm_scaled`` consumer, push call and pull producer, the reduce-scatter / broadcast
     GEMMs. The unfused paths' collectives are the collectives family's (fp32)."""
     if FP8 not in dtypes:
@@ -297,12 +300,13 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     a_desc_of = {}
     b = a8.clone().t()  # K-major, as k_major gives it
     one = torch.ones(64, device=device)
-    forms = {}
+    forms = {}  # (tiles, mode): the forms ``scaled_config`` can give (a 128-wide tile: narrow)
+    row, block = MODES["row"], MODES["block"]
     for wide, narrow in map(scaled_configs, rule_configs(device)):
-        row, block = MODES["row"], MODES["block"]
-        for cfg, mode in ((wide, row), (narrow or wide, block)) + (((narrow, row), ) if narrow
-                                                                    else ()):
-            forms[(cfg, mode)] = None
+        pairs = [(narrow or wide, block), (narrow or wide, row)]
+        if narrow is not None and wide.block_n > 128:
+            pairs.append((wide, row))
+        forms.update(dict.fromkeys(pairs))
     for cfg, mode in forms:
         a_desc = a_desc_of.setdefault(cfg.block_m, TensorDescriptor(
             a8, [64, 128], [128, 1], [cfg.block_m, SCALE_BLOCK]))
@@ -509,12 +513,13 @@ def gemm_ar_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                                            impl, algorithm)
 
 
-def _partial_fp32(a, b, scales, bias, rank: int) -> torch.Tensor:
+def _partial_fp32(a, b, scales, bias, rank: int, deterministic: bool) -> torch.Tensor:
     """This rank's scaled product in fp32 (the unfused paths), ``+ bias`` at rank 0 only (the
-    fused kernels' rule: ``_rs_kernels._plus_bias``)."""
+    fused kernels' rule: ``_rs_kernels._plus_bias``); batch-invariant tiles when
+    ``deterministic``."""
     out = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32, device=a.device)
     return scaled_matmul(a, b, scales.a, scales.a_row, scales.b, scales.b_row, scales.mode,
-                         bias if rank == 0 else None, out)
+                         bias if rank == 0 else None, out, deterministic=deterministic)
 
 
 def _gemm_rs_scaled_impl(a, b, scale_a, scale_b, bias, group_name, shard_sizes, out_dtype,
@@ -530,8 +535,8 @@ def _gemm_rs_scaled_impl(a, b, scale_a, scale_b, bias, group_name, shard_sizes, 
     if _fused_wanted(group, impl, deterministic, "gemm_rs", 2 * a.shape[0] * a.shape[1] * b.shape[1]):
         return _rs_launch.fused(group, a, b, out, rows, broadcast=False, op="gemm_rs",
                                 deterministic=deterministic, scales=scales, bias=bias)
-    return reduce_rows(_partial_fp32(a, b, scales, bias, group.rank), group, rows, out,
-                       deterministic)
+    partial = _partial_fp32(a, b, scales, bias, group.rank, deterministic)
+    return reduce_rows(partial, group, rows, out, deterministic)
 
 
 def _gemm_ar_scaled_impl(a, b, scale_a, scale_b, bias, group_name, out_dtype, deterministic, impl,
@@ -556,7 +561,8 @@ def _gemm_ar_scaled_impl(a, b, scale_a, scale_b, bias, group_name, out_dtype, de
         mine = _rs_launch.fused(group, a, b, mine, rows, broadcast=False, op="gemm_ar",
                                 deterministic=deterministic, scales=scales, bias=bias)
         return gather_rows(mine, group, rows, out=out)
-    return sum_all(_partial_fp32(a, b, scales, bias, group.rank), group, out, deterministic)
+    return sum_all(_partial_fp32(a, b, scales, bias, group.rank, deterministic), group, out,
+                   deterministic)
 
 
 def _gemm_rs_scaled_fake(a, b, scale_a, scale_b, bias, group_name, shard_sizes, out_dtype,

@@ -148,8 +148,7 @@ def run_child(script: str, *args: str, timeout_s: float = 600) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     # (-X faulthandler: a child that crashes prints its Python stack to the stderr shown below)
     proc = subprocess.run([sys.executable, "-X", "faulthandler", os.path.abspath(script), *args],
-                          env=env,
-                          capture_output=True, text=True, timeout=timeout_s)
+                          env=env, capture_output=True, text=True, timeout=timeout_s)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (f"exit code {proc.returncode}; stdout ends:\n"
                                             f"{proc.stdout[-2000:]}\nstderr ends:\n{proc.stderr[-6000:]}")

@@ -19,16 +19,7 @@ def _child(tmpdir: str) -> dict:
     from ditron_ops.testing.checks import one_pe_nvshmem
     from ditron_ops.testing.compile_checks import funcol_body
 
-    import resource
-    import threading
-
-    def limits(when):  # (the crash was in Python's compiler: is the C stack smaller after init?)
-        print(f"{when}: RLIMIT_STACK {resource.getrlimit(resource.RLIMIT_STACK)}, thread stack "
-              f"{threading.stack_size()}", file=sys.stderr, flush=True)
-
-    limits("before NVSHMEM")
     with one_pe_nvshmem(tmpdir) as group:
-        limits("after NVSHMEM")
         res = funcol_body(group, torch.bfloat16, rows=256, k=512, n=768)
         res["backend"] = group.backend
     return res
