@@ -38,6 +38,20 @@ def test_scaled_each_producer(monkeypatch, producer, mode):
         [True] * 3
 
 
+def _captured(group, step):
+    """``step`` run once, then captured in a CUDA graph (one rank at a time); returns
+    ``(graph, output)`` once every rank has captured."""
+    step()
+    group.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with _CAPTURE_LOCK:
+        with torch.cuda.graph(g, stream=torch.cuda.current_stream(),
+                              capture_error_mode="thread_local"):
+            out = step()
+    group.barrier()
+    return g, out
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_scaled_graph_replay(mode):
     sizes = [256, 256]
@@ -47,16 +61,8 @@ def test_scaled_graph_replay(mode):
         r = group.rank
         a, sa = a_list[r].clone(), sa_list[r].clone()
 
-        def step():
-            return ditron_ops.ag_gemm_scaled(a, b, sa, sb, group, impl="fused")
-        step()
-        group.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with _CAPTURE_LOCK:
-            with torch.cuda.graph(g, stream=torch.cuda.current_stream(),
-                                  capture_error_mode="thread_local"):
-                out = step()
-        group.barrier()
+        g, out = _captured(group, lambda: ditron_ops.ag_gemm_scaled(a, b, sa, sb, group,
+                                                                    impl="fused"))
         a2, sa2, _, _ = scaled_inputs(sizes, 1024, 512, mode, group.device, seed=5)
         a.copy_(a2[r])
         sa.copy_(sa2[r])
@@ -111,16 +117,8 @@ def test_reduce_scaled_graph_replay_with_bias(op):
         bias = torch.randn(n, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
         bias = bias.to(group.device)
 
-        def step():
-            return getattr(ditron_ops, op)(a, b, sa, sb, group, bias=bias, impl="fused")
-        step()
-        group.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with _CAPTURE_LOCK:
-            with torch.cuda.graph(g, stream=torch.cuda.current_stream(),
-                                  capture_error_mode="thread_local"):
-                out = step()
-        group.barrier()
+        g, out = _captured(group, lambda: getattr(ditron_ops, op)(a, b, sa, sb, group, bias=bias,
+                                                                  impl="fused"))
         new = reduce_inputs(m, k_sizes, n, "block", group.device, seed=5)
         a.copy_(new[group.rank][0])
         sa.copy_(new[group.rank][1])
