@@ -1,8 +1,9 @@
 """GPU tier: ``ditron_ops.compile`` at W = 1 with the nvshmem backend at one PE (fresh process):
 hand-written functional collectives (which stay in the graph at one rank) become
 ``ditron.ag_gemm`` / ``gemm_rs`` / ``gemm_ar`` with symmetric memory behind them, bf16, against
-eager; deterministic mode bitwise repeatable. Also the DTensor bodies on a one-rank NCCL group
-(DTensor emits no collective at one rank: checks that compiling with the pass changes nothing).
+eager; deterministic mode bitwise repeatable. DTensor bodies are not run here: at one rank
+DTensor emits no collective, so the pass has nothing to rewrite (they run on 2 and 3 gloo
+processes in the CPU tier, ``tests/test_compile_pass.py``).
 
 Virtual worlds are not covered: they have no torch process group for a compiled graph to name
 (docs/compile.md)."""
