@@ -43,7 +43,7 @@ from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_SPLIT,  # noqa: F401
                             NARROW_CANDIDATES, SHORT_K_CANDIDATE, SKINNY_CANDIDATES,
                             SLICED_TAIL_MAIN, TileConfig,
                             WIDE_CANDIDATES, pad_operands, rule_configs, scaled_config,
-                            scaled_configs,
+                            scaled_configs, scaled_forms,
                             select_config,
                             select_split, slices,
                             tail_tiles, tile_width)

@@ -325,14 +325,11 @@ per block, ``_core_kernels.tile_product``'s ``SCALE``)."""
 
 
 SCALED_NARROW = dict(block_n=128, num_warps=8, num_stages=5)
-"""The fp8 narrow tile (128 x 128, 8 warps): the promoted product doubles the accumulator, so
-the bf16 rule's 128x256 tile spills 304 B (row/tensor) or 672 B (block scales) on sm_90a and
-this one 16 / 48 B. Measured against the rule's tile (``bench fp8 --only tiles``, H100, 22
-model shards): block scales 1.21x geo-mean, worst 0.994; tensor/row 1.00x: 1.24-1.26x over the
-rule's 128x128 tile of 4 warps, 1.03-1.13x where its 128x256 tiles fill 0.73 of a wave,
-0.97-0.99x at 0.97, 0.79-1.12x over more waves (short K worst)."""
-SCALE_BLOCKWISE = 2
-"""``Scales.mode`` of 1x128 / 128x128 block scales."""
+"""The fp8 narrow tile (128 x 128, 8 warps): the promoted product doubles the accumulator, and
+the bf16 rule's 128x256 tile spills on sm_90a where this one barely does (figures and command:
+benchmarks/NOTES.md, "The fp8 tile rule")."""
+SCALE_ROWWISE, SCALE_BLOCKWISE = 1, 2
+"""``Scales.mode`` of tensor- or row-wise scales and of 1x128 / 128x128 block scales."""
 
 
 def scaled_config(cfg: TileConfig, mode: int, m: int, n: int, programs: int,
@@ -341,11 +338,10 @@ def scaled_config(cfg: TileConfig, mode: int, m: int, n: int, programs: int,
     rule picked ``cfg`` on ``programs``: one K step per scale block (``SCALED_BLOCK_K``), and
     the narrow tile (``SCALED_NARROW``) in place of a 128-row tile for block scales always,
     for tensor and row scales where ``cfg`` is 128 wide (the same tile with twice the warps)
-    or its tiles fill at most 3/4 of the programs (twice the programs then work; measured
-    1.03-1.26x at 0.68-0.82 of a wave, 0.97-0.99x at 0.97), outside the deterministic mode (it
-    adds no dependence on M there). The one
+    or its tiles fill at most 3/4 of the programs (twice the programs then work; a full wave
+    gains nothing), outside the deterministic mode (it adds no dependence on M there). The one
     place the fp8 paths (plain, ag_gemm consumer, gemm_rs producer) derive their tiles;
-    ``precompile`` compiles both forms (``scaled_configs``)."""
+    ``precompile`` compiles what it can give (``scaled_forms``)."""
     wide, narrow = scaled_configs(cfg)
     if narrow is None:
         return wide
@@ -361,6 +357,17 @@ def scaled_configs(cfg: TileConfig) -> tuple[TileConfig, Optional[TileConfig]]:
     it keeps the wide one: tiles of other than 128 rows)."""
     wide = dataclasses.replace(cfg, block_k=SCALED_BLOCK_K)
     return wide, (dataclasses.replace(wide, **SCALED_NARROW) if cfg.block_m == 128 else None)
+
+
+def scaled_forms(cfg: TileConfig) -> tuple[tuple[TileConfig, int], ...]:
+    """Every ``(tiles, scale mode)`` ``scaled_config`` can give ``cfg`` over all problems
+    (``precompile``'s list): the narrow form for both modes where there is one, the wide form
+    for tensor/row scales unless ``cfg`` is 128 wide (then always narrow)."""
+    wide, narrow = scaled_configs(cfg)
+    if narrow is None:
+        return (wide, SCALE_ROWWISE), (wide, SCALE_BLOCKWISE)
+    return ((narrow, SCALE_ROWWISE), (narrow, SCALE_BLOCKWISE)) + (
+        ((wide, SCALE_ROWWISE), ) if cfg.block_n > 128 else ())
 
 
 def select_config(m: int, n: int, programs: int, device: torch.device, *,

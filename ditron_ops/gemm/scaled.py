@@ -40,6 +40,7 @@ from ..runtime.group import Group, call_group, name_for_rows, resolve_group
 from ..runtime.plan import PlanCache, call_key, tensor_key
 from ..runtime.precompile import register_precompile
 from ..runtime.split import split_sizes
+from ._core_configs import SCALE_BLOCKWISE, SCALE_ROWWISE
 from .ag_gemm import IMPLS, use_fused
 from .gemm_rs import ALGORITHMS, ONE_SHOT_MAX_BYTES, _fused_wanted
 
@@ -48,7 +49,7 @@ OUT_DTYPES = (torch.bfloat16, torch.float16)
 SCALE_BLOCK = 128
 """K (and N, for B) elements per block scale; also the fp8 GEMM's ``BLOCK_K``: one K step is one
 scale block (``_core_configs.scaled_config``)."""
-MODES = {"tensor": 1, "row": 1, "block": 2}
+MODES = {"tensor": SCALE_ROWWISE, "row": SCALE_ROWWISE, "block": SCALE_BLOCKWISE}
 """The kernel's ``SCALE`` per mode (tensor-wise runs as row-wise with strides of 0)."""
 
 
@@ -281,33 +282,24 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
 
 def _precompile(device: torch.device, dtypes: tuple) -> None:
     """The fp8 ops' variants (``runtime.precompile``), when ``dtypes`` holds ``float8_e4m3fn``:
-    per fp8 form of each tile configuration the rule can pick and scale mode it serves
-    (``scaled_config``: the wide form tensor/row scales only, the narrow one both), output
-    dtype (the fp16 / bf16 among ``dtypes``, else bf16, the ops' default):
+    per fp8 form and scale mode of each tile configuration the rule can pick (``scaled_forms``)
+    and output dtype (the fp16 / bf16 among ``dtypes``, else bf16, the ops' default):
     ``scaled_matmul`` (out in that dtype and in fp32, the reducing ops' unfused partials;
-    either C store), the
-    ``ag_gemm_scaled`` consumer, push call and pull producer, the reduce-scatter / broadcast
-    GEMMs. The unfused paths' collectives are the collectives family's (fp32)."""
+    either C store), the ``ag_gemm_scaled`` consumer, push call and pull producer, the
+    reduce-scatter / broadcast GEMMs. The unfused paths' collectives are the collectives family's (fp32)."""
     if FP8 not in dtypes:
         return
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from . import _ag_launch, _rs_launch
-    from ._core import CoreGemm, Scales, _dummies, rule_configs, scaled_configs
+    from ._core import CoreGemm, Scales, _dummies, rule_configs, scaled_forms
     outs = [d for d in OUT_DTYPES if d in dtypes] or [torch.bfloat16]
     sig, offsets, claim, record = _dummies(device)
     a8 = torch.zeros(64, 128, dtype=FP8, device=device)
     a_desc_of = {}
     b = a8.clone().t()  # K-major, as k_major gives it
     one = torch.ones(64, device=device)
-    forms = {}  # (tiles, mode): the forms ``scaled_config`` can give (a 128-wide tile: narrow)
-    row, block = MODES["row"], MODES["block"]
-    for wide, narrow in map(scaled_configs, rule_configs(device)):
-        pairs = [(narrow or wide, block), (narrow or wide, row)]
-        if narrow is not None and wide.block_n > 128:
-            pairs.append((wide, row))
-        forms.update(dict.fromkeys(pairs))
-    for cfg, mode in forms:
+    for cfg, mode in dict.fromkeys(f for c in rule_configs(device) for f in scaled_forms(c)):
         a_desc = a_desc_of.setdefault(cfg.block_m, TensorDescriptor(
             a8, [64, 128], [128, 1], [cfg.block_m, SCALE_BLOCK]))
         for out_dtype in outs:

@@ -225,8 +225,8 @@ def funcol_body(group, dtype=torch.float32, rows=8, k=32, n=48):
         y = funcol.reduce_scatter_tensor(h @ w2, "sum", 0, pg)
         return funcol.all_reduce(y @ w3, "sum", pg)
 
-    # the eager reference in fp32 on the CPU: the group's gloo runs CPU collectives (its CUDA
-    # all_gather segfaulted in the one-PE NVSHMEM child, H100)
+    # the eager reference in fp32 on the CPU: the group is gloo, whose collectives are for CPU
+    # tensors (its all_gather of CUDA tensors crashed the one-PE NVSHMEM child)
     want = f(*(t.float().cpu() for t in (x, w1, w2, w3)))
     out = {}
     for det in (False, True):
