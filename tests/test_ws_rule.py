@@ -241,3 +241,29 @@ def test_partials_form_is_forced_only():
                                        partials="tma"))
     with pytest.raises(ValueError):
         C.plan(512, 576, 4608, partials="smem")
+
+
+def test_the_plain_matmul_refuses_rows_off_sectors_and_small_m():
+    """``operand_refusal`` (the WS core's share of ``matmul``): rows on 32-byte sectors (A's,
+    and B's given as ``w.t()``) with M above the skinny tiles' bound are taken; rows off
+    sectors, M <= 32, a column-major A or an fp32 A are refused with the reason."""
+    import torch
+
+    from ditron_ops.gemm._ws_launch import operand_refusal
+
+    def take(m, k, n, b_nk=True, dtype=torch.bfloat16):
+        a = torch.zeros(m, k, dtype=dtype)
+        b = torch.zeros(n, k, dtype=dtype).t() if b_nk else torch.zeros(k, n, dtype=dtype)
+        return operand_refusal(a, b, torch.zeros(m, n, dtype=dtype), None)
+
+    assert take(512, 4096, 1536) is None
+    assert take(512, 3696, 1536) is None  # 7392-byte rows: on sectors, off lines
+    assert take(33, 4096, 1536) is None
+    assert "sectors" in take(512, 4424, 1536)  # 8848-byte rows: 16 past a sector
+    assert "skinny" in take(32, 4096, 1536)
+    assert take(512, 4104, 1536, b_nk=False) is not None  # A's rows off sectors
+    assert take(512, 4096, 1544, b_nk=False) is None  # row-major B: N-long rows, 16-byte pitch
+    a = torch.zeros(4096, 512, dtype=torch.bfloat16).t()
+    b = torch.zeros(4096, 256, dtype=torch.bfloat16)
+    assert operand_refusal(a, b, torch.zeros(512, 256, dtype=torch.bfloat16), None) is not None
+    assert "dtypes" in take(512, 4096, 1536, dtype=torch.float32)

@@ -51,8 +51,12 @@ from ._pad import (LINE_BYTES, RowPad, off_sectors, padded_copy, read_rows, row_
                    tma_ok)
 from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
                             splitk_reduce_kernel, strip_gemm_kernel)
+from ._ws_launch import WsGemm
+from ._ws_launch import refusal as ws_refusal
 
 
+CORES = ("auto", "tl", "ws")
+"""``matmul(core=)``: the rule's core, the portable one, the warp-specialized one."""
 INTERPRETER_PROGRAMS = 1
 """Consumer programs in the interpreter (it runs a grid's programs one after the other, so a
 waiting program must not need a later one; the fused path's producer runs first there)."""
@@ -535,7 +539,9 @@ def _dummies(device: torch.device) -> tuple:
 
 
 class _MatmulPlan:
-    """``matmul`` of one key: the tile configuration and K slices (``cfg`` and ``split_k``,
+    """``matmul`` of one key: on sm_90 the warp-specialized core's plan where it takes the
+    product (``_ws_launch.refusal``: default mode, rows on sectors; ``WsGemm``), else the
+    portable core's tile configuration and K slices (``cfg`` and ``split_k``,
     else the rule's for the shapes and mode: ``select_split``), the operands' rows copied onto
     128-byte lines per call where the rule says (``pad_operands``; ``RowPad``) or where no
     descriptor reads them as they are (``padded_copy``), then the bound core (``CoreGemm``;
@@ -543,9 +549,25 @@ class _MatmulPlan:
     ``StripGemm`` / ``SkinnyGemm`` for wide / small-M tiles; ``self.split``: the whole product's
     slices, 1 unsplit)."""
 
-    def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None):
+    def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None, core="auto"):
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
         split, self.name = 1, "given"  # (the rule's candidate's name; benches print it)
+        self.ws = self.a_copy = self.a_pad = self.b_copy = self.b_ex = None
+        self.split = 1
+        if core != "tl" and cfg is None and split_k is None and not deterministic:
+            why = ws_refusal(a, b, out, bias)
+            if why is None:
+                try:
+                    self.ws = WsGemm(a, b, out, bias, program_budget(a.device, None))
+                    self.name = self.ws.name
+                    return
+                except RuntimeError:  # this Triton's Gluon differs (warned once)
+                    why = ws_refusal(a, b, out, bias)
+            if core == "ws":
+                raise ValueError(f"ditron.matmul: core='ws' refused: {why}")
+        elif core == "ws":
+            raise ValueError("ditron.matmul: core='ws' takes the rule's plan in the default "
+                             "mode only (no cfg, split_k or deterministic mode)")
         a_rows, b_rows = (a if tma_ok(a) else None), read_rows(b)  # (A has no transposed read)
         # Rows of K elements (A's; B's when given as a weight's ``w.t()``) are what
         # ``pad_operands`` weighs: a row-major [K, N] B's 512-byte box rows straddle one line
@@ -595,6 +617,8 @@ class _MatmulPlan:
                                  a_varies=a_varies)
 
     def run(self, a, b, bias, out):
+        if self.ws is not None:
+            return self.ws.run(a, b, out, bias)
         if self.a_copy is not None:
             self.a_copy(a)
             a = None
@@ -614,8 +638,9 @@ ranks (threads) must not share."""
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
            out: Optional[torch.Tensor] = None, cfg: Optional[TileConfig] = None, *,
-           deterministic: Optional[bool] = None, split_k: Optional[int] = None) -> torch.Tensor:
-    """Our persistent Triton GEMM alone (the ag_gemm consumer without waits): ``a @ b + bias``.
+           deterministic: Optional[bool] = None, split_k: Optional[int] = None,
+           core: str = "auto") -> torch.Tensor:
+    """Our persistent GEMM alone (the ag_gemm consumer without waits): ``a @ b + bias``.
 
     Parameters
     ----------
@@ -639,6 +664,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         fp32 partials of S slices summed in slice order (fewer when K has fewer ``BLOCK_K``
         steps to share). Default the rule's: a split only where the model predicts one
         clearly faster (``SPLIT_MARGIN``: fewer tiles than the SMs, long K).
+    core : str
+        ``"auto"``: the warp-specialized sm_90 core (``_ws_*``) where it takes the product
+        (``_ws_launch.refusal``; default mode, no ``cfg`` or ``split_k``), else the portable
+        ``tl`` core; ``"tl"`` / ``"ws"`` force one (benches and tests; ``"ws"`` raises
+        ``ValueError`` where it is refused).
 
     Returns
     -------
@@ -655,6 +685,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     """
     if split_k is not None and (not isinstance(split_k, int) or split_k < 1):
         raise ValueError(f"ditron.matmul: split_k must be a positive int, got {split_k!r}")
+    if core not in CORES:
+        raise ValueError(f"ditron.matmul: core must be one of {CORES}, got {core!r}")
     m = a.shape[0]
     out = a.new_empty((m, b.shape[1])) if out is None else out
     if m == 0 or b.shape[1] == 0:
@@ -669,11 +701,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         raise ValueError(f"ditron.matmul: tail_slices={cfg.tail_slices} in deterministic mode; "
                          "it never splits K (a fixed K order per element keeps rows batch "
                          "invariant)")
-    return _plan(_matmul_key(a, b, bias, out, cfg, det, split_k), a, b, bias, out, cfg, det,
-                 split_k).run(a, b, bias, out)
+    return _plan(_matmul_key(a, b, bias, out, cfg, det, split_k, core), a, b, bias, out, cfg,
+                 det, split_k, core).run(a, b, bias, out)
 
 
-def _matmul_key(a, b, bias, out, cfg, det, split_k) -> tuple:
+def _matmul_key(a, b, bias, out, cfg, det, split_k, core="auto") -> tuple:
     """A ``matmul`` plan's key: the tensors' ``tensor_key`` and where A's and B's rows start
     within a 128-byte line (``pad_operands`` and ``select_split(lined=)`` read it: views of
     one layout 16 bytes apart get plans of their own)."""
@@ -681,39 +713,40 @@ def _matmul_key(a, b, bias, out, cfg, det, split_k) -> tuple:
     b_pitch = b.stride(0) if b.stride(1) == 1 else b.stride(1)
     lines = ((a.data_ptr() | a.stride(0) * e) & (LINE_BYTES - 1),
              (b.data_ptr() | b_pitch * e) & (LINE_BYTES - 1))
-    return ("matmul", a.device, cfg, det, split_k, tensor_key(a), tensor_key(b),
+    return ("matmul", a.device, cfg, det, split_k, core, tensor_key(a), tensor_key(b),
             tensor_key(bias), tensor_key(out), lines)
 
 
-def _plan(key, a, b, bias, out, cfg, det, split_k) -> _MatmulPlan:
+def _plan(key, a, b, bias, out, cfg, det, split_k, core="auto") -> _MatmulPlan:
     """This thread's plan of ``key`` (built on a miss)."""
     cache = getattr(_MATMUL_PLANS, "cache", None)
     if cache is None:
         cache = _MATMUL_PLANS.cache = PlanCache(None)
-    return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg, det, split_k))
+    return cache.get(key, lambda: _MatmulPlan(a, b, bias, out, cfg, det, split_k, core))
 
 
-def _plan_of(a, b, out, deterministic) -> "_MatmulPlan":
+def _plan_of(a, b, out, deterministic, core="auto") -> "_MatmulPlan":
     """The plan ``matmul(a, b, out=out)`` runs (built here when missing, as the call would)."""
     out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
     det = resolve_deterministic(deterministic)
-    return _plan(_matmul_key(a, b, None, out, None, det, None), a, b, None, out, None, det, None)
+    return _plan(_matmul_key(a, b, None, out, None, det, None, core), a, b, None, out, None, det,
+                 None, core)
 
 
 def matmul_split(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
-                 deterministic: Optional[bool] = None) -> int:
+                 deterministic: Optional[bool] = None, core: str = "auto") -> int:
     """The K slices ``matmul(a, b, out=out)`` runs the whole product in (1: unsplit, also
     where only a partial last wave is sliced: the ``config`` name's ``/kt<S>``), from its plan:
     what ``bench gemm_sweep`` records as ``split_k``."""
-    return _plan_of(a, b, out, deterministic).split
+    return _plan_of(a, b, out, deterministic, core).split
 
 
 def matmul_config(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
-                  deterministic: Optional[bool] = None) -> str:
+                  deterministic: Optional[bool] = None, core: str = "auto") -> str:
     """The rule's candidate that ``matmul(a, b, out=out)`` runs, with ``+copyA`` / ``+copyB``
     where its plan copies an operand's rows onto lines (``pad_operands``): what ``bench
     gemm_sweep`` records as ``config``."""
-    plan = _plan_of(a, b, out, deterministic)
+    plan = _plan_of(a, b, out, deterministic, core)
     return plan.name + "".join(f"+copy{x}" for x, c in (("A", plan.a_copy), ("B", plan.b_copy))
                                if c is not None)
 

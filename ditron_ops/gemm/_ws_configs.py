@@ -302,10 +302,14 @@ def _cost_dp(tiles: int, k_steps: int, sms: int, variant: str, pen: float = 1.0)
 
 
 def _plan_sk(tiles: int, k_steps: int, sms: int, variant: str, pen: float = 1.0,
-             forced: bool = False):
-    """Best stream-K ``(cost, grid, dp_tiles)`` of ``variant`` (None when none applies)."""
+             forced: bool = False, dp_waves: Optional[int] = None):
+    """Best stream-K ``(cost, grid, dp_tiles)`` of ``variant`` (None when none applies);
+    ``dp_waves`` forces the data-parallel waves before the stream-K ranges (probe)."""
     step = _step(variant, pen)
-    if tiles >= 2 * sms:
+    if dp_waves is not None:
+        dp_tiles = min(dp_waves, max(0, (tiles - 1) // sms)) * sms
+        grids = [sms]
+    elif tiles >= 2 * sms:
         if tiles % sms > SK_TAIL * sms and not forced:
             return None  # measured: stream-K over 1.25+ waves of tiles lost to the fix-up
         dp_tiles = (tiles // sms - 1) * sms
@@ -357,7 +361,7 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
          deterministic: bool = False, variant: Optional[str] = None,
          mode: Optional[int] = None, split: Optional[int] = None,
          pad: Optional[str] = None, stages: Optional[int] = None,
-         partials: Optional[str] = None) -> WsPlan:
+         partials: Optional[str] = None, dp_waves: Optional[int] = None) -> WsPlan:
     """The launch plan of ``C[M, N] = A[M, K] @ B[K, N]`` on ``sms`` SMs (a pure function).
 
     A's rows and B's (a weight's ``w.t()``: ``[N, K]`` rows) are ``K * in_bytes`` long; where
@@ -366,8 +370,9 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
     ``deterministic``: one fixed config, data parallel (or ``split`` K slices, which must then
     be a function of K only): every output element's K order is independent of M.
     ``variant`` / ``mode`` / ``split`` / ``pad`` ("", "a", "b", "ab") / ``stages`` force a
-    choice (the probe compares them); ``partials`` ("reg", "tma": ``PARTIALS``) how the chosen
-    plan moves its fp32 partials (never a factor of the choice: forced only)."""
+    choice (the probe compares them), ``dp_waves`` stream-K's data-parallel waves;
+    ``partials`` ("reg", "tma": ``PARTIALS``) how the chosen plan moves its fp32 partials
+    (never a factor of the choice: forced only)."""
     if partials is not None and partials not in PARTIALS:
         raise ValueError(f"partials {partials!r} not in {PARTIALS}")
     if deterministic:
@@ -406,7 +411,8 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
             # Auto: stream-K only after full data-parallel waves, on the config whose fix-up
             # was measured worth it (few-tile shapes go to smaller tiles instead).
             if mode == MODE_SK or (mode is None and name in SK_CONFIGS and tiles >= 2 * sms):
-                sk = _plan_sk(tiles, k_steps, sms, name, pen, forced=mode == MODE_SK)
+                sk = _plan_sk(tiles, k_steps, sms, name, pen, forced=mode == MODE_SK,
+                              dp_waves=dp_waves)
                 if sk is not None:
                     cost, g, dp_tiles = sk
                     opts.append((cost, WsPlan(name, MODE_SK, g, dp_tiles=dp_tiles, stages=st,

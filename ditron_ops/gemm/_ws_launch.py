@@ -8,6 +8,8 @@ raises).
 from __future__ import annotations
 
 import functools
+import threading
+import warnings
 from typing import Optional
 
 from ._ws_configs import (MODE_DP, MODE_SK, MODE_SPLIT, MODE_SPLITR, PARTIALS,  # noqa: F401
@@ -137,7 +139,7 @@ def _sm_count(index: int) -> int:
 
 
 _SCRATCH = {}
-"""Per device: (fp32 workspace, int32 counters), grown on demand. Counters are zero between
+"""Per device and thread: (fp32 workspace, int32 counters), grown on demand. Counters are zero between
 launches (each reducer resets its tile's). Grow them outside CUDA-graph capture (a warm-up)."""
 _RETIRED = []
 """Outgrown scratch buffers, kept alive: a captured CUDA graph may still point at them."""
@@ -145,7 +147,9 @@ _RETIRED = []
 
 def _scratch(device, ws_floats: int, counters: int):
     import torch
-    key = (device.type, device.index)
+    # Per thread: virtual ranks (threads) run GEMMs at once on one device; one thread's
+    # launches are ordered on its stream, so its plans may share partials and counters.
+    key = (device.type, device.index, threading.get_ident())
     ws, cnt = _SCRATCH.get(key, (None, None))
     if ws is None or ws.numel() < max(ws_floats, 1):
         _RETIRED.append(ws)
@@ -315,3 +319,79 @@ def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = 
         grid, rargs, rmeta = ws_reduce_operands(out, bias, plan_, args[4])
         reduce_kernel(plan_)[grid](*rargs, **rmeta)
     return out
+
+
+SKINNY_M = 32
+"""At most this many rows the plain ``matmul`` keeps the portable core's skinny tiles
+(``_core_configs.skinny``: N on the MMA's 64-row side; measured 0.78-1.01x cuBLAS at M = 1,
+the WS core's smallest tile has 64 rows)."""
+SECTOR_BYTES = 32
+_STATE = {"broken": None}
+"""``broken``: why the WS core cannot run on this Triton (set once, by the first failed
+compile; the plain ``matmul`` then stays on the portable core)."""
+
+
+def refusal(a, b, out, bias) -> Optional[str]:
+    """Why the WS core does not take the plain ``out = a @ b (+ bias)`` (None: it does).
+
+    It takes default-mode bf16/fp16 products on sm_90 whose operands TMA reads as they are
+    (``check_operands``) with K-long rows on 32-byte sectors: A's rows, and B's when B is a
+    weight's ``w.t()``. Reason, measured (``tools/ws_probe.py``, H100, 90 shapes): with rows off
+    sectors the WS core ran 0.62-0.87x the portable core, which copies such rows onto lines
+    (``pad_operands``); on sectors it ran 0.75-1.29x (geo-mean 1.01; model shards 1.01). Small
+    M (``SKINNY_M``) stays on the skinny tiles."""
+    torch = _torch()
+    if not HAVE_GLUON:
+        return "triton without gluon"
+    if _STATE["broken"]:
+        return _STATE["broken"]
+    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) != (9, 0):
+        return "not sm_90"
+    return operand_refusal(a, b, out, bias)
+
+
+def operand_refusal(a, b, out, bias) -> Optional[str]:
+    """``refusal``'s part that reads only shapes, strides and addresses (any device)."""
+    if a.shape[0] <= SKINNY_M:
+        return f"M <= {SKINNY_M} (skinny tiles)"
+    try:
+        check_operands(a, b, out, bias)
+    except ValueError as exc:
+        return str(exc)
+    e = a.element_size()
+    if (a.data_ptr() | a.stride(0) * e) % SECTOR_BYTES:
+        return "A's rows off 32-byte sectors"
+    if b.stride(0) == 1 and b.stride(1) != 1 and (b.data_ptr() | b.stride(1) * e) % SECTOR_BYTES:
+        return "B's rows off 32-byte sectors"
+    return None
+
+
+class WsGemm:
+    """The plain ``matmul``'s plan on the WS core: the rule's ``WsPlan`` for the shapes, bound
+    once (scratch grown and kernels compiled here, outside any graph capture); ``run``
+    launches it with the call's tensors.
+
+    Raises ``RuntimeError`` where this Triton's Gluon cannot compile the kernel (the first time
+    only: ``refusal`` then answers for every later plan, and one warning says so)."""
+
+    def __init__(self, a, b, out, bias, sms: int):
+        m, k = a.shape
+        self.plan = plan(m, b.shape[1], k, a.element_size(), out.element_size(), sms)
+        self.name = "ws:" + describe(self.plan)
+        p = self.plan
+        _scratch(a.device, p.ws_tiles * p.cfg.block_m * p.cfg.block_n, p.counters)
+        try:
+            args, meta = ws_operands(*_lined(a, b, p), out, bias, p)
+            ws_gemm_kernel.warmup(*args, grid=(p.grid, ), **meta)
+            if p.mode == MODE_SPLITR:
+                grid, rargs, rmeta = ws_reduce_operands(out, bias, p, args[4])
+                reduce_kernel(p).warmup(*rargs, grid=grid, **rmeta)
+        except Exception as exc:  # noqa: BLE001 - a Gluon API this module does not know
+            _STATE["broken"] = f"WS core unavailable on this triton ({type(exc).__name__})"
+            warnings.warn(f"ditron_ops: the warp-specialized GEMM does not compile on triton "
+                          f"{triton.__version__} ({type(exc).__name__}: {str(exc)[:160]}); "
+                          "plain GEMMs run on the portable core", RuntimeWarning, stacklevel=2)
+            raise RuntimeError(_STATE["broken"]) from exc
+
+    def run(self, a, b, out, bias):
+        return ws_matmul(a, b, out, bias, plan_=self.plan)

@@ -36,7 +36,7 @@ def test_copies_are_the_rules_and_exact(shape):
     m, n, k = shape
     a, bias = _ints(m, k, seed=1), _ints(n, seed=3)
     for layout, with_bias, b, want in integer_cases(a, bias, k, n):
-        got = matmul(a, b, bias=bias if with_bias else None, deterministic=False)
+        got = matmul(a, b, bias=bias if with_bias else None, deterministic=False, core="tl")
         plan = _plan()
         pads = (plan.a_copy is not None, plan.b_copy is not None)
         assert pads == _rule(a, b), (shape, layout)
@@ -46,7 +46,7 @@ def test_copies_are_the_rules_and_exact(shape):
         assert torch.equal(got, want.to(torch.bfloat16)), (shape, layout, with_bias)
     a2 = _ints(m, k, seed=7)
     a.copy_(a2)
-    got = matmul(a, b, bias=bias, deterministic=False)
+    got = matmul(a, b, bias=bias, deterministic=False, core="tl")
     assert torch.equal(got, (a2.double() @ b.double() + bias.double()).to(torch.bfloat16))
 
 
@@ -59,20 +59,20 @@ def test_copies_replay_from_a_cuda_graph_and_keep_deterministic_bits():
     a = torch.randn(m, k, generator=gen).to(dtype=torch.bfloat16, device=DEV)
     b = torch.randn(n, k, generator=gen).to(dtype=torch.bfloat16, device=DEV).t()
     out = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
-    matmul(a, b, out=out, deterministic=False)
+    matmul(a, b, out=out, deterministic=False, core="tl")
     assert _plan().b_copy is not None
     ref = a.float() @ b.float()
     assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        matmul(a, b, out=out, deterministic=False)
+        matmul(a, b, out=out, deterministic=False, core="tl")
     a.copy_(torch.randn(m, k, generator=gen).to(dtype=torch.bfloat16, device=DEV))
     b.copy_(torch.randn(k, n, generator=gen).to(dtype=torch.bfloat16, device=DEV))
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, matmul(a, b, deterministic=False))
+    assert torch.equal(out, matmul(a, b, deterministic=False, core="tl"))
     det = matmul(a, b, deterministic=True)
     w = b.t()
     lined = w.new_empty(n, -(-k // 64) * 64)[:, :k].copy_(w)

@@ -39,14 +39,14 @@ def test_the_rule_slices_the_last_wave_and_is_exact():
     tiles = -(-m // 128) * 8
     a, bias = _ints(m, k, seed=1), _ints(n, seed=3)
     for layout, with_bias, b, want in integer_cases(a, bias, k, n):
-        got = matmul(a, b, bias=bias if with_bias else None, deterministic=False)
+        got = matmul(a, b, bias=bias if with_bias else None, deterministic=False, core="tl")
         core = _plan().core
         assert isinstance(core, _core.SlicedTailGemm) and core.tail is not None
         assert core.main.kernel.grid[0] == budget
         assert core.tail.parts.shape[0] == core.tail.slices * (tiles % budget) * 128
         assert torch.equal(got, want.to(torch.bfloat16)), (layout, with_bias)
         assert torch.equal(got, matmul(a, b, bias=bias if with_bias else None,
-                                       deterministic=False))
+                                       deterministic=False, core="tl"))
     det = matmul(a, b, bias=bias, deterministic=True)
     assert not isinstance(_plan().core, _core.SlicedTailGemm) and torch.equal(det, got)
 
@@ -65,12 +65,12 @@ def test_forced_slices_are_exact_on_integer_inputs(slices, main):
         for layout, with_bias, b, want in integer_cases(a, bias, k, n):
             f32 = torch.full((m, n), float("nan"), device=DEV)  # (a skipped tile stays NaN)
             got = matmul(a, b, bias=bias if with_bias else None, out=f32, cfg=cfg,
-                         deterministic=False)
+                         deterministic=False, core="tl")
             assert _plan().core.tail is not None
             assert torch.equal(got, want.float()), (m, n, slices, layout, with_bias)
             col = torch.full((n, m), float("nan"), dtype=torch.bfloat16, device=DEV).t()
             got = matmul(a, b, bias=bias if with_bias else None, out=col, cfg=cfg,
-                         deterministic=False)
+                         deterministic=False, core="tl")
             assert torch.equal(got, want.to(torch.bfloat16)), (m, n, slices, layout, with_bias)
 
 
@@ -83,16 +83,16 @@ def test_sliced_tail_replays_from_a_cuda_graph():
     a = torch.randn(m, k, generator=gen).to(dtype=torch.bfloat16, device=DEV)
     b = torch.randn(n, k, generator=gen).to(dtype=torch.bfloat16, device=DEV).t()
     out = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
-    matmul(a, b, out=out, deterministic=False)
+    matmul(a, b, out=out, deterministic=False, core="tl")
     assert isinstance(_plan().core, _core.SlicedTailGemm)
     ref = a.float() @ b.float()
     assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        matmul(a, b, out=out, deterministic=False)
+        matmul(a, b, out=out, deterministic=False, core="tl")
     a.copy_(torch.randn(m, k, generator=gen).to(dtype=torch.bfloat16, device=DEV))
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, matmul(a, b, deterministic=False))
+    assert torch.equal(out, matmul(a, b, deterministic=False, core="tl"))

@@ -37,14 +37,14 @@ def test_the_rule_splits_few_tile_long_k_shapes():
     for (m, n, k), splits in RULE_SHAPES.items():
         a, b = _normal(m, n, k)
         want = rules.select_split(m, n, k, budget, DEV, deterministic=False)[1]
-        assert matmul_split(a, b, deterministic=False) == want, (m, n, k)
+        assert matmul_split(a, b, deterministic=False, core="tl") == want, (m, n, k)
         if budget == 132:
             assert (want > 1) == splits, (m, n, k, want)
-        got = matmul(a, b, deterministic=False)
+        got = matmul(a, b, deterministic=False, core="tl")
         ref = a.float() @ b.float()
         err = ((got.float() - ref).abs().max() / ref.abs().max()).item()
         assert err < 1e-2, (m, n, k, err)
-        assert torch.equal(got, matmul(a, b, deterministic=False))
+        assert torch.equal(got, matmul(a, b, deterministic=False, core="tl"))
         assert matmul_split(a, b, deterministic=True) == 1
         torch.testing.assert_close(matmul(a, b, deterministic=True).float(), ref,
                                    rtol=2e-2, atol=2e-2 * ref.abs().max().item())
@@ -65,12 +65,12 @@ def test_forced_splits_are_exact_on_integer_inputs(name):
         want = a.double() @ b.double() + (bias.double() if with_bias else 0)
         f32 = torch.empty(m, n, device=DEV)
         got = matmul(a, b, bias=bias if with_bias else None, out=f32, cfg=cfg, split_k=split,
-                     deterministic=False)
+                     deterministic=False, core="tl")
         assert _plan().split == rules.slices(k, 64, split)[0] > 1
         assert torch.equal(got, want.float()), (name, split, layout, with_bias)
         col = torch.empty(n, m, dtype=torch.bfloat16, device=DEV).t()
         got = matmul(a, b, bias=bias if with_bias else None, out=col, cfg=cfg, split_k=split,
-                     deterministic=False)
+                     deterministic=False, core="tl")
         assert torch.equal(got, want.to(torch.bfloat16)), (name, split, layout, with_bias)
 
 
@@ -80,16 +80,16 @@ def test_split_replays_from_a_cuda_graph():
     m, n, k = 800, 768, 10760
     a, b = _normal(m, n, k, seed=4)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
-    matmul(a, b, out=out, split_k=4, deterministic=False)
+    matmul(a, b, out=out, split_k=4, deterministic=False, core="tl")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        matmul(a, b, out=out, split_k=4, deterministic=False)
+        matmul(a, b, out=out, split_k=4, deterministic=False, core="tl")
     a.copy_(_normal(m, n, k, seed=5)[0])
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, matmul(a, b, split_k=4, deterministic=False))
+    assert torch.equal(out, matmul(a, b, split_k=4, deterministic=False, core="tl"))
 
 
 def test_short_k_pairs_run_two_programs_per_sm_and_are_exact():
@@ -105,11 +105,11 @@ def test_short_k_pairs_run_two_programs_per_sm_and_are_exact():
     assert rules.select_split(m, n, k, budget, DEV, deterministic=False) == (cand, 1)
     assert rules.select_split(m, n, 1000, budget, DEV, deterministic=False)[0] != cand
     a_off, b_off = _ints(m, 1000, seed=1), _ints(n, 1000, seed=2).t()
-    assert torch.equal(matmul(a_off, b_off, cfg=cand.cfg, deterministic=False),
+    assert torch.equal(matmul(a_off, b_off, cfg=cand.cfg, deterministic=False, core="tl"),
                        (a_off.double() @ b_off.double()).to(torch.bfloat16))
     a, bias = _ints(m, k, seed=1), _ints(n, seed=3)
     for layout, with_bias, b, want in integer_cases(a, bias, k, n):
-        got = matmul(a, b, bias=bias if with_bias else None, deterministic=False)
+        got = matmul(a, b, bias=bias if with_bias else None, deterministic=False, core="tl")
         core = _plan().core
         tiles = -(-m // 128) * -(-n // 128)
         assert core.cfg.ctas_per_sm == 2 and core.kernel.grid[0] == min(tiles, 2 * budget)
@@ -120,10 +120,10 @@ def test_short_k_pairs_run_two_programs_per_sm_and_are_exact():
         f32 = matmul(a, b, out=torch.empty(m, n, device=DEV), deterministic=mode)
         assert _plan().core.cfg.ctas_per_sm == 1 and torch.equal(f32, (a.double() @ b.double()).float())
     out = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
-    matmul(a, b, out=out, deterministic=False)
+    matmul(a, b, out=out, deterministic=False, core="tl")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        matmul(a, b, out=out, deterministic=False)
+        matmul(a, b, out=out, deterministic=False, core="tl")
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()

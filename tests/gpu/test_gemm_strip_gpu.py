@@ -44,17 +44,17 @@ def test_the_rule_runs_wide_tiles_and_replays():
     b = (torch.randn(n, k, generator=gen) / k ** 0.25).to(torch.bfloat16).to(DEV).t()
     cand, _ = rules.select_split(m, n, k, program_budget(DEV, None), DEV, deterministic=False)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
-    got = matmul(a, b, out=out, deterministic=False)
+    got = matmul(a, b, out=out, deterministic=False, core="tl")
     assert _plan().core.cfg.strip == cand.cfg.strip
     ref = a.float() @ b.float()
     assert ((got.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        matmul(a, b, out=out, deterministic=False)
+        matmul(a, b, out=out, deterministic=False, core="tl")
     a.copy_((torch.randn(m, k, generator=gen) / k ** 0.25).to(torch.bfloat16))
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, matmul(a, b, deterministic=False))
+    assert torch.equal(out, matmul(a, b, deterministic=False, core="tl"))
     matmul(a, b, deterministic=True)
     assert _plan().core.cfg.strip == 0

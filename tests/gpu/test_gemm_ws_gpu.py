@@ -1,0 +1,121 @@
+"""GPU tier: the warp-specialized sm_90 core (``gemm/_ws_*``) as the plain ``matmul`` runs it.
+
+Integer-valued operands in [-4, 4] make every product and partial sum exact in fp32, so each
+result must equal the float64 product rounded once, whatever the schedule (data parallel,
+stream-K with its fix-up, split-K in the kernel or by the second reduce kernel).
+"""
+import threading
+
+import pytest
+import torch
+
+from ditron_ops.gemm import _core, _ws_configs, _ws_launch
+
+from .gemm_helpers import DEV, integer_cases, ints, last_plan
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+    or not _ws_launch.HAVE_GLUON, reason="the WS core needs sm_90 and Gluon")
+
+SHAPES = [(1000, 2560, 2560), (517, 4480, 5120), (4808, 272, 14080), (129, 136, 72),
+          (2100, 7000, 648), (3000, 1536, 4096), (512, 576, 4608), (40, 1024, 512)]
+"""Ragged M, N, K; one tile column; one short K step; several waves; few-tile shapes the rule
+gives to stream-K / split planes / narrow tiles; M just above the skinny tiles' bound."""
+
+SCHEDULES = [("coop128x256", _ws_configs.MODE_DP, None), ("coop128x256", _ws_configs.MODE_SK, None),
+             ("pp128x128", _ws_configs.MODE_DP, None), ("pp128x128", _ws_configs.MODE_SK, None),
+             ("pp64x128", _ws_configs.MODE_DP, None), ("pp64x128", _ws_configs.MODE_SPLITR, 3),
+             ("pp128x128", _ws_configs.MODE_SPLIT, 3), ("pp64x256", _ws_configs.MODE_DP, None)]
+"""Every config of the rule with the schedules it can take (and the forced in-kernel split)."""
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(DEV).multi_processor_count
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_the_rule_runs_the_ws_core_exactly(m, n, k):
+    """``matmul``'s default plan on rows on sectors is the WS core's (``ws:`` names), and its
+    result is the exact product for both B layouts, with and without bias, bf16 and fp32 C;
+    calls repeat bitwise."""
+    a, bias = ints(m, k, seed=1), ints(n, seed=3)
+    for layout, with_bias, b, want in integer_cases(a, bias, k, n):
+        for out_dtype in (torch.bfloat16, torch.float32):
+            out = torch.full((m, n), float("nan"), dtype=out_dtype, device=DEV)
+            got = _core.matmul(a, b, bias=bias if with_bias else None, out=out,
+                               deterministic=False)
+            assert last_plan().ws is not None, (m, n, k, layout)
+            assert torch.equal(got, want.to(out_dtype)), (m, n, k, layout, with_bias, out_dtype)
+            again = _core.matmul(a, b, bias=bias if with_bias else None,
+                                 out=torch.empty_like(out), deterministic=False)
+            assert torch.equal(again, got)
+
+
+@pytest.mark.parametrize("variant,mode,split", SCHEDULES, ids=lambda x: str(x))
+def test_every_schedule_is_exact(variant, mode, split):
+    """Each (config, schedule) forced on the shapes: the exact product (fix-ups included)."""
+    for m, n, k in SHAPES[:6]:
+        a, bias = ints(m, k, seed=4), ints(n, seed=5)
+        for layout, with_bias, b, want in integer_cases(a, bias, k, n):
+            p = _ws_configs.plan(m, n, k, 2, 2, _sms(), variant=variant, mode=mode, split=split)
+            got = _ws_launch.ws_matmul(a, b, bias=bias if with_bias else None, plan_=p)
+            assert torch.equal(got, want.to(torch.bfloat16)), (m, n, k, layout, with_bias,
+                                                              _ws_configs.describe(p))
+
+
+def test_refusals_take_the_portable_core():
+    """Rows off 32-byte sectors, small M, deterministic mode and forced tiles run the ``tl``
+    core; ``core="ws"`` on a refused product raises before any launch."""
+    k = 1000 + 8  # 2016-byte rows: off sectors
+    a, b = ints(512, k, seed=1), ints(256, k, seed=2).t()
+    _core.matmul(a, b, deterministic=False)
+    assert last_plan().ws is None
+    with pytest.raises(ValueError, match="sectors"):
+        _core.matmul(a, b, deterministic=False, core="ws")
+    a, b = ints(16, 512, seed=1), ints(256, 512, seed=2).t()
+    _core.matmul(a, b, deterministic=False)
+    assert last_plan().ws is None
+    a = ints(512, 512, seed=1)
+    _core.matmul(a, b, deterministic=True)
+    assert last_plan().ws is None
+    _core.matmul(a, b, deterministic=False, core="tl")
+    assert last_plan().ws is None
+
+
+def test_graph_replay_and_threads():
+    """A captured WS ``matmul`` replays with new operand values; two threads (virtual ranks)
+    running stream-K plans at once each get their exact products (per-thread partials)."""
+    m, n, k = 3000, 1536, 4096
+    a, b = ints(m, k, seed=1), ints(n, k, seed=2).t()
+    out = _core.matmul(a, b, deterministic=False)  # builds the plan outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _core.matmul(a, b, out=out, deterministic=False)
+    a.copy_(ints(m, k, seed=7))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, (a.double() @ b.double()).to(torch.bfloat16))
+
+    errors = []
+
+    def body(seed):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                x, w = ints(m, k, seed=seed), ints(n, k, seed=seed + 1).t()
+                p = _ws_configs.plan(m, n, k, 2, 2, _sms(), variant="coop128x256",
+                                     mode=_ws_configs.MODE_SK)
+                for _ in range(5):
+                    got = _ws_launch.ws_matmul(x, w, plan_=p)
+                stream.synchronize()
+                if not torch.equal(got, (x.double() @ w.double()).to(torch.bfloat16)):
+                    errors.append(seed)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=body, args=(10 * i, )) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
