@@ -267,3 +267,21 @@ def test_the_plain_matmul_refuses_rows_off_sectors_and_small_m():
     b = torch.zeros(4096, 256, dtype=torch.bfloat16)
     assert operand_refusal(a, b, torch.zeros(512, 256, dtype=torch.bfloat16), None) is not None
     assert "dtypes" in take(512, 4096, 1536, dtype=torch.float32)
+
+
+def test_two_accumulator_tiles_count_their_whole_width():
+    """``block_n2`` configs (192 columns as 128 + 64): tiles are counted ``tile_n`` wide, both
+    B boxes sit in every ring stage, and only data-parallel schedules are planned."""
+    import pytest
+
+    from ditron_ops.gemm import _ws_configs as w
+
+    cfg = w.WS_CONFIGS["coop128x192"]
+    assert cfg.tile_n == 192 and cfg.block_n + cfg.block_n2 == 192
+    st = w.fit_stages(cfg, 2, 2)
+    assert w.smem_bytes(cfg, st, 2, 2) <= w.SMEM_BYTES - w.SMEM_RESERVE
+    assert st * (128 + 192) * 64 * 2 < w.smem_bytes(cfg, st, 2, 2)
+    p = w.plan(312, 7168, 10240, variant="coop128x192")
+    assert p.mode == w.MODE_DP and p.grid == 3 * 38  # 7168 / 192 -> 38 tile columns
+    with pytest.raises(ValueError, match="data parallel"):
+        w.plan(312, 7168, 10240, variant="coop128x192", mode=w.MODE_SK)

@@ -539,9 +539,9 @@ def _dummies(device: torch.device) -> tuple:
 
 
 class _MatmulPlan:
-    """``matmul`` of one key: on sm_90 the warp-specialized core's plan where it takes the
-    product (``_ws_launch.refusal``: default mode, rows on sectors; ``WsGemm``), else the
-    portable core's tile configuration and K slices (``cfg`` and ``split_k``,
+    """``matmul`` of one key: with ``core="ws"`` the warp-specialized core's plan
+    (``WsGemm``; ``ValueError`` where ``_ws_launch.refusal`` refuses), else the portable
+    core's tile configuration and K slices (``cfg`` and ``split_k``,
     else the rule's for the shapes and mode: ``select_split``), the operands' rows copied onto
     128-byte lines per call where the rule says (``pad_operands``; ``RowPad``) or where no
     descriptor reads them as they are (``padded_copy``), then the bound core (``CoreGemm``;
@@ -554,7 +554,7 @@ class _MatmulPlan:
         split, self.name = 1, "given"  # (the rule's candidate's name; benches print it)
         self.ws = self.a_copy = self.a_pad = self.b_copy = self.b_ex = None
         self.split = 1
-        if core != "tl" and cfg is None and split_k is None and not deterministic:
+        if core == "ws" and cfg is None and split_k is None and not deterministic:
             why = ws_refusal(a, b, out, bias)
             if why is None:
                 try:
@@ -563,8 +563,7 @@ class _MatmulPlan:
                     return
                 except RuntimeError:  # this Triton's Gluon differs (warned once)
                     why = ws_refusal(a, b, out, bias)
-            if core == "ws":
-                raise ValueError(f"ditron.matmul: core='ws' refused: {why}")
+            raise ValueError(f"ditron.matmul: core='ws' refused: {why}")
         elif core == "ws":
             raise ValueError("ditron.matmul: core='ws' takes the rule's plan in the default "
                              "mode only (no cfg, split_k or deterministic mode)")
@@ -665,10 +664,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         steps to share). Default the rule's: a split only where the model predicts one
         clearly faster (``SPLIT_MARGIN``: fewer tiles than the SMs, long K).
     core : str
-        ``"auto"``: the warp-specialized sm_90 core (``_ws_*``) where it takes the product
-        (``_ws_launch.refusal``; default mode, no ``cfg`` or ``split_k``), else the portable
-        ``tl`` core; ``"tl"`` / ``"ws"`` force one (benches and tests; ``"ws"`` raises
-        ``ValueError`` where it is refused).
+        ``"auto"`` and ``"tl"``: the portable ``tl`` core; ``"ws"``: the warp-specialized sm_90
+        core (``_ws_*``; default mode, no ``cfg`` or ``split_k``; ``ValueError`` where
+        ``_ws_launch.refusal`` refuses). ``auto`` does not pick the WS core yet: folded in
+        where it takes the product, it measured no faster on the H200 (``bench gemm_sweep``
+        models 0.916x, sweep 0.843x cuBLAS) at 5-8x the host time per eager call
+        (127-205 us against 24 us; benchmarks/NOTES.md).
 
     Returns
     -------

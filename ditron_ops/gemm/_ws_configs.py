@@ -45,6 +45,9 @@ class WsConfig:
     else one consumer of ``num_warps`` warps (8: two warpgroups on one tile). ``stages``: ring
     depth (0: the most that fit beside the epilogue's staging tiles, ``fit_stages``).
     ``epi_n``: columns per TMA store of C (a power-of-two divisor of ``block_n``).
+    ``block_n2``: columns of a second accumulator right of the first (its own B box and wgmma;
+    0: none), for tile widths no power of two gives (Gluon tensors are powers of two);
+    data-parallel schedules only.
     """
     block_m: int
     block_n: int
@@ -54,10 +57,16 @@ class WsConfig:
     stages: int = 0
     group_m: int = 8
     epi_n: int = 64
+    block_n2: int = 0
 
     @property
     def consumers(self) -> int:
         return 2 if self.pingpong else 1
+
+    @property
+    def tile_n(self) -> int:
+        """Columns of one output tile (both accumulators)."""
+        return self.block_n + self.block_n2
 
 
 WS_CONFIGS = {
@@ -75,6 +84,10 @@ WS_CONFIGS = {
     "pp64x128st8": WsConfig(64, 128, 64, 4, True, stages=8),
     # BLOCK_K 32 (64-byte box rows, 64-byte swizzle), 8 stages: probe only (rows off lines).
     "coop128x256k32": WsConfig(128, 256, 32, 8, False, stages=8),
+    # 192 columns as 128 + 64 (two accumulators, two B boxes; wgmma n128 + n64 per K16):
+    # 3/4 of the 128x256 tile where 256-wide tiles leave a wave part-empty (probe only).
+    "coop128x192": WsConfig(128, 128, 64, 8, False, block_n2=64),
+    "pp64x192": WsConfig(64, 128, 64, 4, True, block_n2=64),
 }
 """The tile configs; ``plan`` picks among ``RULE_CONFIGS``."""
 WS_DEFAULT = "coop128x256"
@@ -91,10 +104,12 @@ FIXUP_STEPS = 12.0
 reducer); measured high (the reducer's loads are serialized), so stream-K only wins on long
 K with a partial last wave."""
 EPILOGUE_STEPS = {"coop128x256": 0.8, "pp128x128": 0.15, "pp64x256": 0.15, "pp64x128": 0.1,
-                  "coop128x128": 0.4, "pp64x128st8": 0.1, "coop128x256k32": 0.8}
+                  "coop128x128": 0.4, "pp64x128st8": 0.1, "coop128x256k32": 0.8,
+                  "coop128x192": 0.6, "pp64x192": 0.12}
 """Epilogue per tile not hidden under a mainloop (the cooperative schedule stores in line)."""
 STEP_COST = {"coop128x256": 1.0, "pp128x128": 0.5, "pp64x256": 0.55, "pp64x128": 0.33,
-             "coop128x128": 0.55, "pp64x128st8": 0.30, "coop128x256k32": 0.5}
+             "coop128x128": 0.55, "pp64x128st8": 0.30, "coop128x256k32": 0.5,
+             "coop128x192": 0.75, "pp64x192": 0.4}
 """Relative time of one K step of each config (128x256x64 = 1)."""
 UNALIGNED_PENALTY = {"pp128x128": 1.25, "pp64x256": 1.25, "pp64x128": 2.0,
                      "coop128x128": 1.25, "pp64x128st8": 2.0}
@@ -217,14 +232,14 @@ def fit_stages(cfg: WsConfig, in_bytes: int, out_bytes: int, max_stages: int = 6
     tiles fit in shared memory beside one ``[block_m, epi_n]`` staging tile per consumer."""
     if cfg.stages:
         return cfg.stages
-    stage = (cfg.block_m + cfg.block_n) * cfg.block_k * in_bytes
+    stage = (cfg.block_m + cfg.tile_n) * cfg.block_k * in_bytes
     staging = cfg.consumers * cfg.block_m * cfg.epi_n * out_bytes
     return max(2, min(max_stages, (SMEM_BYTES - SMEM_RESERVE - 64 - staging) // stage))
 
 
 def smem_bytes(cfg: WsConfig, stages: int, in_bytes: int, out_bytes: int) -> int:
     """Shared memory of one program of ``cfg`` with ``stages`` (ring, staging, barriers)."""
-    return (stages * (cfg.block_m + cfg.block_n) * cfg.block_k * in_bytes
+    return (stages * (cfg.block_m + cfg.tile_n) * cfg.block_k * in_bytes
             + cfg.consumers * cfg.block_m * cfg.epi_n * out_bytes + 16 * stages + 32)
 
 
@@ -395,8 +410,10 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
         pad_rank = 1.0 if not (pad_a or pad_b) else PAD_MARGIN
         for rank, name in enumerate(candidates):
             cfg = WS_CONFIGS[name]
+            if cfg.block_n2 and mode not in (None, MODE_DP):
+                raise ValueError(f"{name}: a second accumulator runs data parallel only")
             pen = penalty(name, a_cls, b_cls)
-            tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
+            tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.tile_n)
             k_steps = cdiv(K, cfg.block_k)
             st = stages or plan_stages(cfg, in_bytes, out_bytes, a_cls == 0 and b_cls == 0, tiles,
                                        sms)

@@ -180,9 +180,11 @@ def _owner(g, q, r):
 
 
 @_jit
-def _ws_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, split,
-               B_KN: gl.constexpr, GROUP_M: gl.constexpr, MODE: gl.constexpr):
-    """Producer partition: fills the ring in work-unit order, one K step per slot."""
+def _ws_loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
+               dp_tiles, split, B_KN: gl.constexpr, GROUP_M: gl.constexpr, MODE: gl.constexpr,
+               N2: gl.constexpr):
+    """Producer partition: fills the ring in work-unit order, one K step per slot (``N2``: the
+    second accumulator's columns, its B box loaded beside the first)."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -190,17 +192,21 @@ def _ws_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, 
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     else:
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    # Both boxes land in full (zero fill outside the tensor), so the byte count never varies.
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    # Every box lands in full (zero fill outside the tensor), so the byte count never varies.
+    if N2 > 0:
+        nbytes: gl.constexpr = (a_desc.block_type.nbytes + b_desc.block_type.nbytes
+                                + b2_desc.block_type.nbytes)
+    else:
+        nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
 
     tiles_m, tiles_n, k_steps, units, n_dp, s, e, t0, q, r, kps = _sched(
-        M, N, K, dp_tiles, split, MODE, BLOCK_M, BLOCK_N, BLOCK_K)
+        M, N, K, dp_tiles, split, MODE, BLOCK_M, BLOCK_N + N2, BLOCK_K)
     it = 0  # ring position, continuous over units (consumers derive theirs the same way)
     for i in range(units):
         tile, kb, ke = _unit(i, k_steps, n_dp, s, e, t0, kps, dp_tiles, split, MODE)
         pid_m, pid_n = _tile_mn(tile, tiles_m, tiles_n, GROUP_M)
         off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
+        off_n = pid_n * (BLOCK_N + N2)
         for kk in range(kb, ke):
             slot = it % STAGES
             # Parity of the previous fill's release; a fresh barrier passes parity 1 at once.
@@ -214,6 +220,13 @@ def _ws_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, 
             else:
                 tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar,
                                                 b_bufs.index(slot))
+            if N2 > 0:
+                if B_KN:
+                    tma.async_copy_global_to_shared(b2_desc, [kk * BLOCK_K, off_n + BLOCK_N],
+                                                    bar, b2_bufs.index(slot))
+                else:
+                    tma.async_copy_global_to_shared(b2_desc, [off_n + BLOCK_N, kk * BLOCK_K],
+                                                    bar, b2_bufs.index(slot))
             it += 1
 
 
@@ -373,11 +386,12 @@ def _stamp(trace_ptr, i, POINT: gl.constexpr, TRACE: gl.constexpr):
 
 
 @_jit
-def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr, cnt_ptr,
-                 p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows,
+def _ws_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr,
+                 cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows,
                  HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
                  MODE: gl.constexpr, TMA_PARTS: gl.constexpr, TRACE: gl.constexpr,
-                 SLOT: gl.constexpr, SLOTS: gl.constexpr, WARPS: gl.constexpr):
+                 N2: gl.constexpr, SLOT: gl.constexpr, SLOTS: gl.constexpr,
+                 WARPS: gl.constexpr):
     """Consumer partition: wgmma over the ring, then the epilogue of each owned work unit.
 
     ``SLOT`` of ``SLOTS`` consumers: this one takes the program's units ``SLOT, SLOT + SLOTS,
@@ -389,7 +403,10 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
 
     ``TMA_PARTS`` (``partials="tma"``): fp32 partials leave through ``p_desc`` (TMA stores from
     the staging tile reinterpreted as fp32; ``plane_rows``: rows of one split plane) and the
-    fix-up reads them coalesced (``_fixup_coalesced``)."""
+    fix-up reads them coalesced (``_fixup_coalesced``).
+
+    ``N2`` > 0: a second accumulator of ``N2`` columns right of the first (``b2_bufs``), one
+    more async wgmma per K step; ``MODE`` 0 only (the host never plans partials for it)."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
@@ -409,8 +426,13 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
         version=[3, 0], warps_per_cta=[WARPS, 1],
         instr_shape=[16, _wgmma_n(BLOCK_N), 256 // a_bufs.dtype.primitive_bitwidth])
 
+    if N2 > 0:
+        acc2_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPS, 1],
+            instr_shape=[16, N2, 256 // a_bufs.dtype.primitive_bitwidth])
+
     tiles_m, tiles_n, k_steps, units, n_dp, s, e, t0, q, r, kps = _sched(
-        M, N, K, dp_tiles, split, MODE, BLOCK_M, BLOCK_N, BLOCK_K)
+        M, N, K, dp_tiles, split, MODE, BLOCK_M, BLOCK_N + N2, BLOCK_K)
     p = gl.program_id(0)
     it = 0  # ring position (the loader's order)
     for i in range(units):
@@ -422,6 +444,8 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
             prev = 0
             # Not carried over units: dead in the epilogue once its partial or C is stored.
             acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+            if N2 > 0:
+                acc2 = gl.zeros([BLOCK_M, N2], gl.float32, acc2_layout)
             for kk in range(kb, ke):
                 slot = it % STAGES
                 mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
@@ -432,8 +456,18 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
                 # use_acc=False on the first step zeroes the accumulator for free.
                 acc = warpgroup_mma(a_bufs.index(slot), b_tile, acc, use_acc=kk > kb,
                                     is_async=True)
-                # Keep one wgmma in flight: the previous step's is done, so its slot goes back.
-                acc = warpgroup_mma_wait(1, deps=(acc, ))
+                if N2 > 0:
+                    if B_KN:
+                        b2_tile = b2_bufs.index(slot)
+                    else:
+                        b2_tile = b2_bufs.index(slot).permute((1, 0))
+                    acc2 = warpgroup_mma(a_bufs.index(slot), b2_tile, acc2, use_acc=kk > kb,
+                                         is_async=True)
+                    # This step's two in flight: the previous step's are done.
+                    acc, acc2 = warpgroup_mma_wait(2, deps=(acc, acc2))
+                else:
+                    # Keep one wgmma in flight: the previous step's is done, its slot goes back.
+                    acc = warpgroup_mma_wait(1, deps=(acc, ))
                 if WARPS > 4:
                     # Arrive is issued by one thread; the other warpgroup's wgmma must be done.
                     gl.thread_barrier()
@@ -442,7 +476,10 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
                 it += 1
             if SLOTS > 1:
                 mbarrier.arrive(order.index(1 - SLOT))  # the other consumer's next unit may go
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            if N2 > 0:
+                acc, acc2 = warpgroup_mma_wait(0, deps=(acc, acc2))
+            else:
+                acc = warpgroup_mma_wait(0, deps=(acc, ))
             if WARPS > 4:
                 gl.thread_barrier()
             mbarrier.arrive(empty.index(prev))
@@ -450,11 +487,16 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
 
             pid_m, pid_n = _tile_mn(tile, tiles_m, tiles_n, GROUP_M)
             off_m = pid_m * BLOCK_M
-            off_n = pid_n * BLOCK_N
+            off_n = pid_n * (BLOCK_N + N2)
             parts = _split_cols(acc, PARTS)
             if MODE == 0:
                 for c in gl.static_range(PARTS):
                     _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, off_n, N, HAS_BIAS)
+                if N2 > 0:
+                    parts2 = _split_cols(acc2, N2 // EPI_N)
+                    for c in gl.static_range(N2 // EPI_N):
+                        _store_part(parts2[c], PARTS + c, c_desc, c_smem, bias_ptr, off_m, off_n,
+                                    N, HAS_BIAS)
             elif MODE == 3:
                 if TMA_PARTS:
                     # rows (kb // kps) * plane_rows + off_m of the planes' [split * rows, N]
@@ -529,14 +571,15 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
 
 
 @_jit
-def _ws_consumer_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr,
-                        cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows,
+def _ws_consumer_worker(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, bias_ptr,
+                        ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows,
                         HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
-                        MODE: gl.constexpr, TMA_PARTS: gl.constexpr, TRACE: gl.constexpr):
+                        MODE: gl.constexpr, TMA_PARTS: gl.constexpr, TRACE: gl.constexpr,
+                        N2: gl.constexpr):
     """The ping-pong's second consumer (a 4-warp worker partition, slot 1 of 2)."""
-    _ws_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr, cnt_ptr,
-                 p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows, HAS_BIAS, B_KN,
-                 GROUP_M, MODE, TMA_PARTS, TRACE, 1, 2, 4)
+    _ws_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr,
+                 cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows, HAS_BIAS, B_KN,
+                 GROUP_M, MODE, TMA_PARTS, TRACE, N2, 1, 2, 4)
 
 
 def _jit_dims(fn):
@@ -546,11 +589,11 @@ def _jit_dims(fn):
 
 
 @_jit_dims
-def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K,
-                   dp_tiles, split, plane_rows, HAS_BIAS: gl.constexpr, B_KN: gl.constexpr,
-                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                   MODE: gl.constexpr, TMA_PARTS: gl.constexpr, num_warps: gl.constexpr,
-                   TRACE: gl.constexpr = False):
+def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, b2_desc,
+                   M, N, K, dp_tiles, split, plane_rows, HAS_BIAS: gl.constexpr,
+                   B_KN: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                   PINGPONG: gl.constexpr, MODE: gl.constexpr, TMA_PARTS: gl.constexpr,
+                   num_warps: gl.constexpr, TRACE: gl.constexpr = False, N2: gl.constexpr = 0):
     """Persistent warp-specialized GEMM (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` [M, K] boxes [BLOCK_M, BLOCK_K]; ``b_desc`` [K, N] boxes [BLOCK_K, BLOCK_N]
@@ -561,10 +604,17 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, tr
     ``[BLOCK_M, EPI_N * C bytes / 4]``, the staging tile's bytes): ``[slots * BLOCK_M,
     BLOCK_N]`` (``MODE`` 1/2) or the split planes ``[split * plane_rows, N]`` (``MODE`` 3; row
     pitch ``splitr_pitch``); else ``p_desc`` is unused (``c_desc`` passed again).
-    ``TRACE``: consumers record timestamps in ``trace_ptr`` (``_stamp``; else unused)."""
+    ``TRACE``: consumers record timestamps in ``trace_ptr`` (``_stamp``; else unused).
+    ``N2`` > 0: ``b2_desc`` boxes the second accumulator's ``N2`` columns of B (else unused:
+    ``b_desc`` passed again); output tiles are ``BLOCK_N + N2`` wide."""
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    if N2 > 0:
+        b2_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b2_desc.block_type.shape,
+                                            b2_desc.layout)
+    else:
+        b2_bufs = b_bufs
     # ready[s]: the loader's TMA bytes landed; empty[s]: the consumer finished reading slot s.
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -581,23 +631,23 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, tr
     if PINGPONG:
         c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
         gl.warp_specialize([
-            (_ws_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
-                            ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split,
-                            plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE, 0, 2,
-                            num_warps)),
-            (_ws_consumer_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc,
+            (_ws_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem0, c_desc,
+                            bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles,
+                            split, plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE,
+                            N2, 0, 2, num_warps)),
+            (_ws_consumer_worker, (a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem1, c_desc,
                                    bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K,
                                    dp_tiles, split, plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE,
-                                   TMA_PARTS, TRACE)),
-            (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, split,
-                          B_KN, GROUP_M, MODE)),
+                                   TMA_PARTS, TRACE, N2)),
+            (_ws_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N,
+                          K, dp_tiles, split, B_KN, GROUP_M, MODE, N2)),
         ], [4, 1], [_K_CONSUMER_REGS, _K_LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_ws_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
-                            ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split,
-                            plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE, 0, 1,
-                            num_warps)),
-            (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, dp_tiles, split,
-                          B_KN, GROUP_M, MODE)),
+            (_ws_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem0, c_desc,
+                            bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles,
+                            split, plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE,
+                            N2, 0, 1, num_warps)),
+            (_ws_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N,
+                          K, dp_tiles, split, B_KN, GROUP_M, MODE, N2)),
         ], [1], [_K_LOADER_REGS])

@@ -174,14 +174,12 @@ def ws_operands(a, b, out, bias, p: WsPlan, trace=None):
         raise ValueError("ws_matmul: a ping-pong consumer is one warpgroup (num_warps=4)")
     if cfg.block_n % cfg.epi_n or cfg.epi_n & (cfg.epi_n - 1):
         raise ValueError(f"ws_matmul: epi_n {cfg.epi_n} must be a power-of-two divisor of block_n")
+    if cfg.block_n2 % cfg.epi_n or (cfg.block_n2 and p.mode != MODE_DP):
+        raise ValueError(f"ws_matmul: block_n2 {cfg.block_n2}: a multiple of epi_n, data "
+                         "parallel only")
     b_kn = b.stride(1) == 1  # row-major [K, N]; else K-major (w.t() of a row-major [N, K])
-    if b_kn:
-        b_desc = GluonDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n],
-                                             _layout((cfg.block_k, cfg.block_n), b.dtype))
-    else:
-        w = b.t()  # [N, K], rows contiguous
-        b_desc = GluonDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k],
-                                             _layout((cfg.block_n, cfg.block_k), b.dtype))
+    b_desc = _b_desc(b, cfg.block_n, cfg.block_k, b_kn)
+    b2_desc = _b_desc(b, cfg.block_n2, cfg.block_k, b_kn) if cfg.block_n2 else b_desc
     a_desc = GluonDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k],
                                          _layout((cfg.block_m, cfg.block_k), a.dtype))
     c_desc = GluonDescriptor.from_tensor(out, [cfg.block_m, cfg.epi_n],
@@ -193,11 +191,22 @@ def ws_operands(a, b, out, bias, p: WsPlan, trace=None):
     if tma_parts:
         p_desc, plane_rows = _partials_desc(ws, M, N, out.element_size(), p)
     args = (a_desc, b_desc, c_desc, bias if bias is not None else out, ws, cnt, p_desc,
-            trace if trace is not None else cnt, M, N, K, p.dp_tiles, p.split, plane_rows)
+            trace if trace is not None else cnt, b2_desc, M, N, K, p.dp_tiles, p.split,
+            plane_rows)
     meta = dict(HAS_BIAS=bias is not None, B_KN=b_kn, GROUP_M=cfg.group_m, STAGES=stages,
                 PINGPONG=cfg.pingpong, MODE=p.mode, TMA_PARTS=tma_parts,
-                num_warps=cfg.num_warps, maxnreg=MAXNREG, TRACE=trace is not None)
+                num_warps=cfg.num_warps, maxnreg=MAXNREG, TRACE=trace is not None,
+                N2=cfg.block_n2)
     return args, meta
+
+
+def _b_desc(b, cols: int, block_k: int, b_kn: bool):
+    """A descriptor over B with boxes of ``cols`` columns: ``[block_k, cols]`` of a row-major
+    ``[K, N]`` B, or ``[cols, block_k]`` of the weight ``[N, K]`` under ``b = w.t()``."""
+    if b_kn:
+        return GluonDescriptor.from_tensor(b, [block_k, cols], _layout((block_k, cols), b.dtype))
+    w = b.t()  # [N, K], rows contiguous
+    return GluonDescriptor.from_tensor(w, [cols, block_k], _layout((cols, block_k), b.dtype))
 
 
 def _partials_desc(ws, M, N, out_bytes, p: WsPlan):

@@ -1,4 +1,4 @@
-"""GPU tier: the warp-specialized sm_90 core (``gemm/_ws_*``) as the plain ``matmul`` runs it.
+"""GPU tier: the warp-specialized sm_90 core (``gemm/_ws_*``) as ``matmul(core="ws")`` runs it.
 
 Integer-valued operands in [-4, 4] make every product and partial sum exact in fp32, so each
 result must equal the float64 product rounded once, whatever the schedule (data parallel,
@@ -11,7 +11,7 @@ import torch
 
 from ditron_ops.gemm import _core, _ws_configs, _ws_launch
 
-from .gemm_helpers import DEV, integer_cases, ints, last_plan
+from gemm_helpers import DEV, integer_cases, ints, last_plan  # (tests/gpu/)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
@@ -25,8 +25,10 @@ gives to stream-K / split planes / narrow tiles; M just above the skinny tiles' 
 SCHEDULES = [("coop128x256", _ws_configs.MODE_DP, None), ("coop128x256", _ws_configs.MODE_SK, None),
              ("pp128x128", _ws_configs.MODE_DP, None), ("pp128x128", _ws_configs.MODE_SK, None),
              ("pp64x128", _ws_configs.MODE_DP, None), ("pp64x128", _ws_configs.MODE_SPLITR, 3),
-             ("pp128x128", _ws_configs.MODE_SPLIT, 3), ("pp64x256", _ws_configs.MODE_DP, None)]
-"""Every config of the rule with the schedules it can take (and the forced in-kernel split)."""
+             ("pp128x128", _ws_configs.MODE_SPLIT, 3), ("pp64x256", _ws_configs.MODE_DP, None),
+             ("coop128x192", _ws_configs.MODE_DP, None), ("pp64x192", _ws_configs.MODE_DP, None)]
+"""Every config of the rule with the schedules it can take (and the forced in-kernel split), and
+the two-accumulator tiles (192 columns as 128 + 64)."""
 
 
 def _sms() -> int:
@@ -34,8 +36,8 @@ def _sms() -> int:
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_the_rule_runs_the_ws_core_exactly(m, n, k):
-    """``matmul``'s default plan on rows on sectors is the WS core's (``ws:`` names), and its
+def test_matmul_on_the_ws_core_is_exact(m, n, k):
+    """``matmul(core="ws")`` runs the WS rule's plan (``ws:`` names) on rows on sectors; its
     result is the exact product for both B layouts, with and without bias, bf16 and fp32 C;
     calls repeat bitwise."""
     a, bias = ints(m, k, seed=1), ints(n, seed=3)
@@ -43,11 +45,11 @@ def test_the_rule_runs_the_ws_core_exactly(m, n, k):
         for out_dtype in (torch.bfloat16, torch.float32):
             out = torch.full((m, n), float("nan"), dtype=out_dtype, device=DEV)
             got = _core.matmul(a, b, bias=bias if with_bias else None, out=out,
-                               deterministic=False)
+                               deterministic=False, core="ws")
             assert last_plan().ws is not None, (m, n, k, layout)
             assert torch.equal(got, want.to(out_dtype)), (m, n, k, layout, with_bias, out_dtype)
             again = _core.matmul(a, b, bias=bias if with_bias else None,
-                                 out=torch.empty_like(out), deterministic=False)
+                                 out=torch.empty_like(out), deterministic=False, core="ws")
             assert torch.equal(again, got)
 
 
@@ -63,22 +65,20 @@ def test_every_schedule_is_exact(variant, mode, split):
                                                               _ws_configs.describe(p))
 
 
-def test_refusals_take_the_portable_core():
-    """Rows off 32-byte sectors, small M, deterministic mode and forced tiles run the ``tl``
-    core; ``core="ws"`` on a refused product raises before any launch."""
+def test_refusals_raise_and_auto_stays_portable():
+    """``core="ws"`` raises before any launch where the WS core refuses (rows off 32-byte
+    sectors, small M, deterministic mode); ``core="auto"`` runs the ``tl`` core."""
     k = 1000 + 8  # 2016-byte rows: off sectors
     a, b = ints(512, k, seed=1), ints(256, k, seed=2).t()
-    _core.matmul(a, b, deterministic=False)
-    assert last_plan().ws is None
     with pytest.raises(ValueError, match="sectors"):
         _core.matmul(a, b, deterministic=False, core="ws")
     a, b = ints(16, 512, seed=1), ints(256, 512, seed=2).t()
-    _core.matmul(a, b, deterministic=False)
-    assert last_plan().ws is None
+    with pytest.raises(ValueError, match="skinny"):
+        _core.matmul(a, b, deterministic=False, core="ws")
     a = ints(512, 512, seed=1)
-    _core.matmul(a, b, deterministic=True)
-    assert last_plan().ws is None
-    _core.matmul(a, b, deterministic=False, core="tl")
+    with pytest.raises(ValueError, match="default mode"):
+        _core.matmul(a, b, deterministic=True, core="ws")
+    _core.matmul(a, b, deterministic=False)
     assert last_plan().ws is None
 
 
@@ -87,10 +87,10 @@ def test_graph_replay_and_threads():
     running stream-K plans at once each get their exact products (per-thread partials)."""
     m, n, k = 3000, 1536, 4096
     a, b = ints(m, k, seed=1), ints(n, k, seed=2).t()
-    out = _core.matmul(a, b, deterministic=False)  # builds the plan outside the capture
+    out = _core.matmul(a, b, deterministic=False, core="ws")  # the plan, outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        _core.matmul(a, b, out=out, deterministic=False)
+        _core.matmul(a, b, out=out, deterministic=False, core="ws")
     a.copy_(ints(m, k, seed=7))
     graph.replay()
     torch.cuda.synchronize()
