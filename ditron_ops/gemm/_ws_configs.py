@@ -93,8 +93,13 @@ WS_CONFIGS = {
 WS_DEFAULT = "coop128x256"
 DETERMINISTIC_CONFIG = "coop128x256"
 """The deterministic mode's one fixed tile config (batch invariance: never a function of M)."""
-RULE_CONFIGS = ("coop128x256", "pp128x128", "pp64x128")
-"""Configs the rule chooses between."""
+RULE_CONFIGS = ("coop128x256", "pp128x128", "pp64x128", "coop128x192")
+"""Configs the rule chooses between. ``coop128x192`` (two accumulators) at ``STEP_COST`` 0.75,
+its area: forced on 90 shapes (H100, ``ws_probe --variants auto,coop128x192``) it ran
+0.97-1.00x the 128x256 tile's speed over many waves and up to 1.29x where 192-wide tiles fill
+the waves better (4096x576x4608 0.62 -> 0.80, 2048x1536x4096 0.82 -> 0.99); the rule picks
+it on 6 of the 90 (each faster), the same 6 from 0.75 to 0.80 (at 0.70 it picks 30, 10
+slower)."""
 
 # Cost model constants, in units of one K step (block_m x block_n x block_k) of the 128x256
 # tile (about 0.78 us on an H200), fitted on H200 probes (tools/ws_probe.py, model shards +
