@@ -290,3 +290,51 @@ def test_two_accumulator_tiles_count_their_whole_width():
     assert p.mode == w.MODE_DP and p.grid == 3 * 38  # 7168 / 192 -> 38 tile columns
     with pytest.raises(ValueError, match="data parallel"):
         w.plan(312, 7168, 10240, variant="coop128x192", mode=w.MODE_SK)
+
+
+def test_auto_core_keeps_the_faster_plan(monkeypatch):
+    """``matmul(core="auto")`` times both plans once where the WS core takes the product and
+    keeps the WS one only under ``TUNE_MARGIN`` of the portable one's time; the plan is cached
+    (a repeated call times nothing); deterministic mode, a forced ``cfg`` and
+    ``DITRON_GEMM_TUNE=0`` (``TUNE_CORES``) time nothing. (Stand-ins for the GPU parts: the
+    refusal, the WS plan and the timer.)"""
+    import torch
+
+    from ditron_ops.gemm import _core
+
+    timed, times = [], {}
+
+    class StubWs:
+        name = "ws:stub"
+
+        def __init__(self, a, b, out, bias, sms):
+            pass
+
+        def run(self, a, b, out, bias):
+            return out.copy_((a.float() @ b.float()).to(out.dtype))
+
+    def fake_time(fns, device):
+        timed.append(len(fns))
+        return [times["tl"], times["ws"]]
+
+    monkeypatch.setattr(_core, "ws_refusal", lambda *args: None)
+    monkeypatch.setattr(_core, "WsGemm", StubWs)
+    monkeypatch.setattr(_core, "time_alternating", fake_time)
+    monkeypatch.setattr(_core, "TUNE_CORES", True)
+
+    def call(m, **kw):
+        a, b = torch.randn(m, 32, dtype=torch.float16), torch.randn(32, 16, dtype=torch.float16)
+        out = _core.matmul(a, b, **kw)
+        torch.testing.assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2)
+        return _core.matmul_config(a, b, **{k: v for k, v in kw.items() if k != "cfg"})
+
+    times.update(tl=1.0, ws=0.9)
+    assert call(40, deterministic=False) == "ws:stub" and timed == [2]
+    assert call(40, deterministic=False) == "ws:stub" and timed == [2]  # cached: not timed
+    times.update(tl=1.0, ws=0.98)  # within the margin: the portable plan stays
+    assert not call(41, deterministic=False).startswith("ws:") and timed == [2, 2]
+    call(42, deterministic=True)
+    assert timed == [2, 2]
+    monkeypatch.setattr(_core, "TUNE_CORES", False)
+    times.update(tl=1.0, ws=0.5)
+    assert not call(43, deterministic=False).startswith("ws:") and timed == [2, 2]

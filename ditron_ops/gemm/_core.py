@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import os
 import threading
 from typing import Optional
 
@@ -56,7 +57,40 @@ from ._ws_launch import refusal as ws_refusal
 
 
 CORES = ("auto", "tl", "ws")
-"""``matmul(core=)``: the rule's core, the portable one, the warp-specialized one."""
+"""``matmul(core=)``: the tuned choice, the portable core, the warp-specialized one."""
+TUNE_CORES = os.environ.get("DITRON_GEMM_TUNE", "1") != "0"
+"""``core="auto"`` times both cores where the WS core takes the product (``DITRON_GEMM_TUNE=0``:
+the portable core only, nothing timed)."""
+TUNE_MARGIN = 0.97
+"""The WS plan replaces the portable one only below this fraction of its time (timing noise
+of a few calls is about 1-2%: a choice on noise would flip between processes)."""
+TUNE_CALLS, TUNE_ROUNDS = 4, 3
+"""Calls per timed round and rounds (alternating the two plans) of ``time_alternating``."""
+
+
+def prefer_ws(t_tl: float, t_ws: float) -> bool:
+    """Whether ``matmul(core="auto")`` keeps the WS plan given both plans' times."""
+    return t_ws < TUNE_MARGIN * t_tl
+
+
+def time_alternating(fns, device: torch.device) -> list[float]:
+    """Per function its best round's time per call (seconds): one warm call each, then
+    ``TUNE_ROUNDS`` rounds of ``TUNE_CALLS`` calls of each in turn on the current stream
+    (CUDA events)."""
+    for fn in fns:
+        fn()
+    best = [float("inf")] * len(fns)
+    stream = torch.cuda.current_stream(device)
+    for _ in range(TUNE_ROUNDS):
+        for i, fn in enumerate(fns):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            for _ in range(TUNE_CALLS):
+                fn()
+            end.record(stream)
+            end.synchronize()
+            best[i] = min(best[i], start.elapsed_time(end) * 1e-3 / TUNE_CALLS)
+    return best
 INTERPRETER_PROGRAMS = 1
 """Consumer programs in the interpreter (it runs a grid's programs one after the other, so a
 waiting program must not need a later one; the fused path's producer runs first there)."""
@@ -540,8 +574,9 @@ def _dummies(device: torch.device) -> tuple:
 
 class _MatmulPlan:
     """``matmul`` of one key: with ``core="ws"`` the warp-specialized core's plan
-    (``WsGemm``; ``ValueError`` where ``_ws_launch.refusal`` refuses), else the portable
-    core's tile configuration and K slices (``cfg`` and ``split_k``,
+    (``WsGemm``; ``ValueError`` where ``_ws_launch.refusal`` refuses); with ``core="auto"``
+    that plan where it is timed faster (``_tune``); else the portable core's tile
+    configuration and K slices (``cfg`` and ``split_k``,
     else the rule's for the shapes and mode: ``select_split``), the operands' rows copied onto
     128-byte lines per call where the rule says (``pad_operands``; ``RowPad``) or where no
     descriptor reads them as they are (``padded_copy``), then the bound core (``CoreGemm``;
@@ -554,6 +589,7 @@ class _MatmulPlan:
         split, self.name = 1, "given"  # (the rule's candidate's name; benches print it)
         self.ws = self.a_copy = self.a_pad = self.b_copy = self.b_ex = None
         self.split = 1
+        tune = core == "auto" and cfg is None and split_k is None and not deterministic
         if core == "ws" and cfg is None and split_k is None and not deterministic:
             why = ws_refusal(a, b, out, bias)
             if why is None:
@@ -614,6 +650,23 @@ class _MatmulPlan:
             self.core = CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig,
                                  offsets=offsets, claim=claim, record=record, m=m, cfg=cfg,
                                  a_varies=a_varies)
+        if tune and TUNE_CORES and ws_refusal(a, b, out, bias) is None:
+            self._tune(a, b, bias, out)
+
+    def _tune(self, a, b, bias, out) -> None:
+        """``core="auto"`` where the WS core takes the product: time this plan (the ``tl``
+        core's) and the WS core's on the call's tensors, keep the WS plan where it is faster
+        than ``TUNE_MARGIN`` of this one (``prefer_ws``). Cached with the plan: a repeated
+        call times nothing."""
+        try:
+            ws = WsGemm(a, b, out, bias, program_budget(a.device, None))
+        except RuntimeError:  # this Triton's Gluon differs (warned once)
+            return
+        t_tl, t_ws = time_alternating([lambda: self.run(a, b, bias, out),
+                                       lambda: ws.run(a, b, out, bias)], out.device)
+        if prefer_ws(t_tl, t_ws):
+            self.ws, self.name = ws, ws.name
+            self.core = self.a_copy = self.a_pad = self.b_copy = self.b_ex = None
 
     def run(self, a, b, bias, out):
         if self.ws is not None:
@@ -664,12 +717,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         steps to share). Default the rule's: a split only where the model predicts one
         clearly faster (``SPLIT_MARGIN``: fewer tiles than the SMs, long K).
     core : str
-        ``"auto"`` and ``"tl"``: the portable ``tl`` core; ``"ws"``: the warp-specialized sm_90
-        core (``_ws_*``; default mode, no ``cfg`` or ``split_k``; ``ValueError`` where
-        ``_ws_launch.refusal`` refuses). ``auto`` does not pick the WS core yet: folded in
-        where it takes the product, it measured no faster on the H200 (``bench gemm_sweep``
-        models 0.916x, sweep 0.843x cuBLAS) at 5-8x the host time per eager call
-        (127-205 us against 24 us; benchmarks/NOTES.md).
+        ``"auto"``: where the warp-specialized sm_90 core takes the product
+        (``_ws_launch.refusal``: default mode, no ``cfg`` or ``split_k``, rows on sectors),
+        the faster of its plan and the portable core's, timed once when the plan is built
+        (``_MatmulPlan._tune``; neither core wins everywhere: benchmarks/NOTES.md), else the
+        portable ``tl`` core; ``"tl"`` / ``"ws"`` force one (``"ws"``: ``ValueError`` where it
+        is refused).
 
     Returns
     -------

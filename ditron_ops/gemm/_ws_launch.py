@@ -376,25 +376,39 @@ def operand_refusal(a, b, out, bias) -> Optional[str]:
 
 
 class WsGemm:
-    """The plain ``matmul``'s plan on the WS core: the rule's ``WsPlan`` for the shapes, bound
-    once (scratch grown and kernels compiled here, outside any graph capture); ``run``
-    launches it with the call's tensors.
+    """The plain ``matmul``'s plan on the WS core: the rule's ``WsPlan`` for the shapes, its
+    kernels bound once (``runtime.launcher.BoundKernel``: compiled here, outside any graph
+    capture; each call hands only the tensors' addresses to the compiled launcher, descriptors
+    made once per address) and its scratch grown here; ``run`` launches it.
 
     Raises ``RuntimeError`` where this Triton's Gluon cannot compile the kernel (the first time
     only: ``refusal`` then answers for every later plan, and one warning says so)."""
 
     def __init__(self, a, b, out, bias, sms: int):
+        from ..runtime.launcher import BoundKernel
         m, k = a.shape
-        self.plan = plan(m, b.shape[1], k, a.element_size(), out.element_size(), sms)
-        self.name = "ws:" + describe(self.plan)
-        p = self.plan
-        _scratch(a.device, p.ws_tiles * p.cfg.block_m * p.cfg.block_n, p.counters)
+        self.plan = p = plan(m, b.shape[1], k, a.element_size(), out.element_size(), sms)
+        self.name = "ws:" + describe(p)
+        if p.pad_a or p.pad_b:  # (the rule plans copies only for rows off sectors: refused)
+            raise RuntimeError(f"{self.name}: row copies are not bound")
+        _scratch(a.device, p.ws_tiles * p.cfg.block_m * p.cfg.tile_n, p.counters)
+        self._b_kn = b.stride(1) == 1
+        self._bias = bias is not None
+        self._tma_parts = p.partials == "tma" and p.mode != MODE_DP
         try:
-            args, meta = ws_operands(*_lined(a, b, p), out, bias, p)
-            ws_gemm_kernel.warmup(*args, grid=(p.grid, ), **meta)
+            args, meta = ws_operands(a, b, out, bias, p)
+            # per call: A, B (twice: its two boxes), C (and the partials' descriptor over C in
+            # data-parallel plans, where it is unused), bias (C again without one)
+            vary = ("a_desc", "b_desc", "c_desc", "bias_ptr", "b2_desc") + (
+                () if self._tma_parts else ("p_desc", ))
+            self.kernel = BoundKernel(ws_gemm_kernel, (p.grid, ), args, meta, vary=vary,
+                                      device=out.device)
+            self.reduce = None
             if p.mode == MODE_SPLITR:
                 grid, rargs, rmeta = ws_reduce_operands(out, bias, p, args[4])
-                reduce_kernel(p).warmup(*rargs, grid=grid, **rmeta)
+                rvary = ("out_desc" if p.partials == "tma" else "out_ptr", "bias_ptr")
+                self.reduce = BoundKernel(reduce_kernel(p), grid, rargs, rmeta, vary=rvary,
+                                          device=out.device)
         except Exception as exc:  # noqa: BLE001 - a Gluon API this module does not know
             _STATE["broken"] = f"WS core unavailable on this triton ({type(exc).__name__})"
             warnings.warn(f"ditron_ops: the warp-specialized GEMM does not compile on triton "
@@ -403,4 +417,10 @@ class WsGemm:
             raise RuntimeError(_STATE["broken"]) from exc
 
     def run(self, a, b, out, bias):
-        return ws_matmul(a, b, out, bias, plan_=self.plan)
+        w = b if self._b_kn else b.t()
+        bias_or_out = bias if bias is not None else out
+        values = (a, w, out, bias_or_out, w) + (() if self._tma_parts else (out, ))
+        self.kernel.launch(*values)
+        if self.reduce is not None:
+            self.reduce.launch(out, bias_or_out)
+        return out

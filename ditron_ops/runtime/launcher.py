@@ -86,7 +86,7 @@ class BoundKernel:
         # descriptor arguments among vary: the build-time descriptor's layout is the template per
         # call, and each base address's descriptor is made once (``_DESC_CACHE`` per argument)
         self._templates = {pos: _layout(self._value(pos, names)) for pos in self._vary_pos
-                           if isinstance(self._value(pos, names), TensorDescriptor)}
+                           if _is_descriptor(self._value(pos, names))}
         self._fast = None
         self.device = device
         self.compiles = device.type == "cuda" and not _env.use_interpreter()
@@ -244,15 +244,25 @@ def _address(value):
     return value.data_ptr() if isinstance(value, torch.Tensor) else value
 
 
-def _layout(desc: TensorDescriptor) -> tuple:
-    """A descriptor's ``(shape, strides, block)``, without its base tensor (not kept alive)."""
-    return tuple(desc.shape), tuple(desc.strides), tuple(desc.block_shape)
+def _is_descriptor(value) -> bool:
+    """A host tensor descriptor: Triton's, or Gluon's (which also carries a shared layout)."""
+    return isinstance(value, TensorDescriptor) or (
+        hasattr(value, "block_shape") and hasattr(value, "base") and hasattr(value, "layout"))
 
 
-def _over(layout: tuple, base: torch.Tensor) -> TensorDescriptor:
+def _layout(desc) -> tuple:
+    """A descriptor's ``(type, shape, strides, block, layout)``, without its base tensor (not
+    kept alive); ``layout`` is Gluon's shared layout (None for Triton's descriptors)."""
+    return (type(desc), tuple(desc.shape), tuple(desc.strides), tuple(desc.block_shape),
+            getattr(desc, "layout", None))
+
+
+def _over(layout: tuple, base: torch.Tensor):
     """A descriptor of ``layout`` (``_layout``) over ``base``."""
-    shape, strides, block = layout
-    return TensorDescriptor(base, list(shape), list(strides), list(block))
+    kind, shape, strides, block, shared = layout
+    if shared is None:
+        return kind(base, list(shape), list(strides), list(block))
+    return kind(base, list(shape), list(strides), list(block), shared)
 
 
 def _expand_descriptor(desc: TensorDescriptor, meta) -> list:
