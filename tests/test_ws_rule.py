@@ -322,8 +322,11 @@ def test_auto_core_keeps_the_faster_plan(monkeypatch):
     monkeypatch.setattr(_core, "time_alternating", fake_time)
     monkeypatch.setattr(_core, "TUNE_CORES", True)
 
-    def call(m, **kw):
-        a, b = torch.randn(m, 32, dtype=torch.float16), torch.randn(32, 16, dtype=torch.float16)
+    made = {}
+
+    def call(m, **kw):  # the same tensors per m: a plan's key holds where rows start in a line
+        a, b = made.setdefault(m, (torch.randn(m, 32, dtype=torch.float16),
+                                   torch.randn(32, 16, dtype=torch.float16)))
         out = _core.matmul(a, b, **kw)
         torch.testing.assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2)
         return _core.matmul_config(a, b, **{k: v for k, v in kw.items() if k != "cfg"})
