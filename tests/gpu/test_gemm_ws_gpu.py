@@ -68,7 +68,7 @@ def test_every_schedule_is_exact(variant, mode, split):
 def test_refusals_raise_and_auto_stays_portable():
     """``core="ws"`` raises before any launch where the WS core refuses (rows off 32-byte
     sectors, small M, deterministic mode); ``core="auto"`` runs the ``tl`` core."""
-    k = 1000 + 4  # 2008-byte rows: off 32-byte sectors
+    k = 1016  # 2032-byte rows: on 16 bytes (TMA), off 32-byte sectors
     a, b = ints(512, k, seed=1), ints(256, k, seed=2).t()
     with pytest.raises(ValueError, match="sectors"):
         _core.matmul(a, b, deterministic=False, core="ws")
