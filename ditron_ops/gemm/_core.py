@@ -64,8 +64,9 @@ the portable core only, nothing timed)."""
 TUNE_MARGIN = 0.97
 """The WS plan replaces the portable one only below this fraction of its time (timing noise
 of a few calls is about 1-2%: a choice on noise would flip between processes)."""
-TUNE_CALLS, TUNE_ROUNDS = 4, 3
-"""Calls per timed round and rounds (alternating the two plans) of ``time_alternating``."""
+TUNE_SEGMENT_S, TUNE_ROUNDS = 200e-6, 4
+"""``time_alternating``: GPU time per timed segment (its calls from a first estimate) and
+segments per plan."""
 
 
 def prefer_ws(t_tl: float, t_ws: float) -> bool:
@@ -74,23 +75,41 @@ def prefer_ws(t_tl: float, t_ws: float) -> bool:
 
 
 def time_alternating(fns, device: torch.device) -> list[float]:
-    """Per function its best round's time per call (seconds): one warm call each, then
-    ``TUNE_ROUNDS`` rounds of ``TUNE_CALLS`` calls of each in turn on the current stream
-    (CUDA events)."""
+    """Per function its best segment's GPU time per call (seconds). One warm and one timed
+    call each (the estimate), then ``TUNE_ROUNDS`` segments of each in turn, back to back on
+    the current stream with CUDA events between them and one synchronize at the end: the
+    host queues calls faster than the GPU runs them, so segments after the first see no
+    launch gaps (a sync per segment added 10-15 us per call: H100, 37064bb)."""
+    stream = torch.cuda.current_stream(device)
+
+    def event():
+        e = torch.cuda.Event(enable_timing=True)
+        e.record(stream)
+        return e
+
+    est = []
     for fn in fns:
         fn()
-    best = [float("inf")] * len(fns)
-    stream = torch.cuda.current_stream(device)
+        start = event()
+        fn()
+        end = event()
+        end.synchronize()
+        est.append(start.elapsed_time(end) * 1e-3)
+    calls = [max(2, min(64, int(TUNE_SEGMENT_S / max(t, 1e-6)) + 1)) for t in est]
+    marks = [event()]
     for _ in range(TUNE_ROUNDS):
-        for i, fn in enumerate(fns):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            for _ in range(TUNE_CALLS):
+        for fn, n in zip(fns, calls):
+            for _ in range(n):
                 fn()
-            end.record(stream)
-            end.synchronize()
-            best[i] = min(best[i], start.elapsed_time(end) * 1e-3 / TUNE_CALLS)
+            marks.append(event())
+    marks[-1].synchronize()
+    best = [float("inf")] * len(fns)
+    for seg in range(TUNE_ROUNDS * len(fns)):
+        i = seg % len(fns)
+        best[i] = min(best[i], marks[seg].elapsed_time(marks[seg + 1]) * 1e-3 / calls[i])
     return best
+
+
 INTERPRETER_PROGRAMS = 1
 """Consumer programs in the interpreter (it runs a grid's programs one after the other, so a
 waiting program must not need a later one; the fused path's producer runs first there)."""
