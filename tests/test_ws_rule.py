@@ -341,3 +341,46 @@ def test_auto_core_keeps_the_faster_plan(monkeypatch):
     monkeypatch.setattr(_core, "TUNE_CORES", False)
     times.update(tl=1.0, ws=0.5)
     assert not call(43, deterministic=False).startswith("ws:") and timed == [2, 2]
+
+
+def test_time_alternating_takes_each_plans_best_segment(monkeypatch):
+    """``time_alternating``'s bookkeeping on a fake clock (CUDA events stand-ins): per function
+    the best segment's time per call, segments of about ``TUNE_SEGMENT_S`` each, one final
+    synchronize; a slow first segment (launch gaps) does not count."""
+    import torch
+
+    from ditron_ops.gemm import _core
+
+    clock = {"t": 0.0, "syncs": 0}
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self, stream=None):
+            self.t = clock["t"]
+
+        def synchronize(self):
+            clock["syncs"] += 1
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3  # ms
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    calls = {"a": 0, "b": 0}
+
+    def fn(name, cost):
+        def call():
+            calls[name] += 1
+            first_segment = calls[name] <= 2 + 4  # warm, estimate, then the first segment
+            clock["t"] += cost * (3.0 if first_segment and calls[name] > 2 else 1.0)
+        return call
+
+    t = _core.time_alternating([fn("a", 20e-6), fn("b", 50e-6)], torch.device("cpu"))
+    assert abs(t[0] - 20e-6) < 1e-9 and abs(t[1] - 50e-6) < 1e-9
+    assert clock["syncs"] == 3  # two estimates, one at the end
+    for name, cost in (("a", 20e-6), ("b", 50e-6)):  # segments of about TUNE_SEGMENT_S
+        n, rest = divmod(calls[name] - 2, _core.TUNE_ROUNDS)
+        assert rest == 0 and round(_core.TUNE_SEGMENT_S / cost) <= n <= round(
+            _core.TUNE_SEGMENT_S / cost) + 1, (name, n)
