@@ -290,14 +290,17 @@ def test_two_accumulator_tiles_count_their_whole_width():
     assert p.mode == w.MODE_DP and p.grid == 3 * 38  # 7168 / 192 -> 38 tile columns
     with pytest.raises(ValueError, match="data parallel"):
         w.plan(312, 7168, 10240, variant="coop128x192", mode=w.MODE_SK)
+    for mode in (w.MODE_SK, w.MODE_SPLIT, w.MODE_SPLITR):  # forced schedules skip it
+        assert not w.plan(312, 7168, 10240, mode=mode, split=2).cfg.block_n2
 
 
 def test_auto_core_keeps_the_faster_plan(monkeypatch):
     """``matmul(core="auto")`` times both plans once where the WS core takes the product and
     keeps the WS one only under ``TUNE_MARGIN`` of the portable one's time; the plan is cached
-    (a repeated call times nothing); deterministic mode, a forced ``cfg`` and
-    ``DITRON_GEMM_TUNE=0`` (``TUNE_CORES``) time nothing. (Stand-ins for the GPU parts: the
-    refusal, the WS plan and the timer.)"""
+    (a repeated call times nothing); deterministic mode and ``DITRON_GEMM_TUNE=0``
+    (``TUNE_CORES``) time nothing; a WS plan that fails to build marks the core broken and the
+    portable plan stays. (Stand-ins for the GPU parts: the refusal, the WS plan and the
+    timer.)"""
     import torch
 
     from ditron_ops.gemm import _core
@@ -321,6 +324,8 @@ def test_auto_core_keeps_the_faster_plan(monkeypatch):
     monkeypatch.setattr(_core, "WsGemm", StubWs)
     monkeypatch.setattr(_core, "time_alternating", fake_time)
     monkeypatch.setattr(_core, "TUNE_CORES", True)
+    broken = []
+    monkeypatch.setattr(_core, "ws_mark_broken", broken.append)
 
     made = {}
 
@@ -329,7 +334,7 @@ def test_auto_core_keeps_the_faster_plan(monkeypatch):
                                    torch.randn(32, 16, dtype=torch.float16)))
         out = _core.matmul(a, b, **kw)
         torch.testing.assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2)
-        return _core.matmul_config(a, b, **{k: v for k, v in kw.items() if k != "cfg"})
+        return _core.matmul_config(a, b, **kw)
 
     times.update(tl=1.0, ws=0.9)
     assert call(40, deterministic=False) == "ws:stub" and timed == [2]
@@ -341,6 +346,15 @@ def test_auto_core_keeps_the_faster_plan(monkeypatch):
     monkeypatch.setattr(_core, "TUNE_CORES", False)
     times.update(tl=1.0, ws=0.5)
     assert not call(43, deterministic=False).startswith("ws:") and timed == [2, 2]
+    monkeypatch.setattr(_core, "TUNE_CORES", True)
+
+    class FailingWs(StubWs):
+        def __init__(self, *args):
+            raise NotImplementedError("a Gluon API this module does not know")
+
+    monkeypatch.setattr(_core, "WsGemm", FailingWs)
+    assert not call(44, deterministic=False).startswith("ws:") and timed == [2, 2]
+    assert [type(e) for e in broken] == [NotImplementedError]
 
 
 def test_time_alternating_takes_each_plans_best_segment(monkeypatch):
@@ -349,9 +363,9 @@ def test_time_alternating_takes_each_plans_best_segment(monkeypatch):
     synchronize; a slow first segment (launch gaps) does not count."""
     import torch
 
-    from ditron_ops.gemm import _core
+    from ditron_ops.gemm import _tune
 
-    clock = {"t": 0.0, "syncs": 0}
+    clock = {"t": 0.0, "syncs": 0, "events": 0}
 
     class Event:
         def __init__(self, enable_timing=False):
@@ -359,6 +373,7 @@ def test_time_alternating_takes_each_plans_best_segment(monkeypatch):
 
         def record(self, stream=None):
             self.t = clock["t"]
+            clock["events"] += 1
 
         def synchronize(self):
             clock["syncs"] += 1
@@ -373,14 +388,16 @@ def test_time_alternating_takes_each_plans_best_segment(monkeypatch):
     def fn(name, cost):
         def call():
             calls[name] += 1
-            first_segment = calls[name] <= 2 + 4  # warm, estimate, then the first segment
-            clock["t"] += cost * (3.0 if first_segment and calls[name] > 2 else 1.0)
+            # 4 events for the two estimates, then the first mark: "a"'s first segment runs
+            # behind launch gaps (3x its cost)
+            first_segment = name == "a" and clock["events"] == 5
+            clock["t"] += cost * (3.0 if first_segment else 1.0)
         return call
 
-    t = _core.time_alternating([fn("a", 20e-6), fn("b", 50e-6)], torch.device("cpu"))
+    t = _tune.time_alternating([fn("a", 20e-6), fn("b", 50e-6)], torch.device("cpu"))
     assert abs(t[0] - 20e-6) < 1e-9 and abs(t[1] - 50e-6) < 1e-9
     assert clock["syncs"] == 3  # two estimates, one at the end
     for name, cost in (("a", 20e-6), ("b", 50e-6)):  # segments of about TUNE_SEGMENT_S
-        n, rest = divmod(calls[name] - 2, _core.TUNE_ROUNDS)
-        assert rest == 0 and round(_core.TUNE_SEGMENT_S / cost) <= n <= round(
-            _core.TUNE_SEGMENT_S / cost) + 1, (name, n)
+        n, rest = divmod(calls[name] - 2, _tune.TUNE_ROUNDS)
+        assert rest == 0 and round(_tune.TUNE_SEGMENT_S / cost) <= n <= round(
+            _tune.TUNE_SEGMENT_S / cost) + 1, (name, n)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import os
 import threading
 from typing import Optional
 
@@ -52,62 +51,15 @@ from ._pad import (LINE_BYTES, RowPad, off_sectors, padded_copy, read_rows, row_
                    tma_ok)
 from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
                             splitk_reduce_kernel, strip_gemm_kernel)
+from ..runtime import compiler
+from ._tune import TUNE_CORES, prefer_ws, time_alternating
 from ._ws_launch import WsGemm
+from ._ws_launch import mark_broken as ws_mark_broken
 from ._ws_launch import refusal as ws_refusal
 
 
 CORES = ("auto", "tl", "ws")
 """``matmul(core=)``: the tuned choice, the portable core, the warp-specialized one."""
-TUNE_CORES = os.environ.get("DITRON_GEMM_TUNE", "1") != "0"
-"""``core="auto"`` times both cores where the WS core takes the product (``DITRON_GEMM_TUNE=0``:
-the portable core only, nothing timed)."""
-TUNE_MARGIN = 0.97
-"""The WS plan replaces the portable one only below this fraction of its time (timing noise
-of a few calls is about 1-2%: a choice on noise would flip between processes)."""
-TUNE_SEGMENT_S, TUNE_ROUNDS = 200e-6, 4
-"""``time_alternating``: GPU time per timed segment (its calls from a first estimate) and
-segments per plan."""
-
-
-def prefer_ws(t_tl: float, t_ws: float) -> bool:
-    """Whether ``matmul(core="auto")`` keeps the WS plan given both plans' times."""
-    return t_ws < TUNE_MARGIN * t_tl
-
-
-def time_alternating(fns, device: torch.device) -> list[float]:
-    """Per function its best segment's GPU time per call (seconds). One warm and one timed
-    call each (the estimate), then ``TUNE_ROUNDS`` segments of each in turn, back to back on
-    the current stream with CUDA events between them and one synchronize at the end: the
-    host queues calls faster than the GPU runs them, so segments after the first see no
-    launch gaps (a sync per segment added 10-15 us per call: H100, 37064bb)."""
-    stream = torch.cuda.current_stream(device)
-
-    def event():
-        e = torch.cuda.Event(enable_timing=True)
-        e.record(stream)
-        return e
-
-    est = []
-    for fn in fns:
-        fn()
-        start = event()
-        fn()
-        end = event()
-        end.synchronize()
-        est.append(start.elapsed_time(end) * 1e-3)
-    calls = [max(2, min(64, int(TUNE_SEGMENT_S / max(t, 1e-6)) + 1)) for t in est]
-    marks = [event()]
-    for _ in range(TUNE_ROUNDS):
-        for fn, n in zip(fns, calls):
-            for _ in range(n):
-                fn()
-            marks.append(event())
-    marks[-1].synchronize()
-    best = [float("inf")] * len(fns)
-    for seg in range(TUNE_ROUNDS * len(fns)):
-        i = seg % len(fns)
-        best[i] = min(best[i], marks[seg].elapsed_time(marks[seg + 1]) * 1e-3 / calls[i])
-    return best
 
 
 INTERPRETER_PROGRAMS = 1
@@ -604,24 +556,34 @@ class _MatmulPlan:
     slices, 1 unsplit)."""
 
     def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None, core="auto"):
-        m, k, n = a.shape[0], a.shape[1], b.shape[1]
-        split, self.name = 1, "given"  # (the rule's candidate's name; benches print it)
-        self.ws = self.a_copy = self.a_pad = self.b_copy = self.b_ex = None
-        self.split = 1
-        tune = core == "auto" and cfg is None and split_k is None and not deterministic
+        self.ws = self.core = self.a_copy = self.a_pad = self.b_copy = self.b_ex = None
+        self.split, self.name = 1, "given"  # (the rule's candidate's name; benches print it)
+        tune = (core == "auto" and cfg is None and split_k is None and not deterministic
+                and TUNE_CORES and ws_refusal(a, b, out, bias) is None)
         if core == "ws" and cfg is None and split_k is None and not deterministic:
             why = ws_refusal(a, b, out, bias)
-            if why is None:
-                try:
-                    self.ws = WsGemm(a, b, out, bias, program_budget(a.device, None))
-                    self.name = self.ws.name
-                    return
-                except RuntimeError:  # this Triton's Gluon differs (warned once)
-                    why = ws_refusal(a, b, out, bias)
-            raise ValueError(f"ditron.matmul: core='ws' refused: {why}")
+            if why is not None:
+                raise ValueError(f"ditron.matmul: core='ws' refused: {why}")
+            self.ws = WsGemm(a, b, out, bias, program_budget(a.device, None))
+            self.name = self.ws.name
+            return
         elif core == "ws":
             raise ValueError("ditron.matmul: core='ws' takes the rule's plan in the default "
                              "mode only (no cfg, split_k or deterministic mode)")
+        if not tune:
+            self._build_tl(a, b, bias, out, cfg, deterministic, split_k)
+            return
+        # Tuning times bound kernels: each core's plan binds at the end of its own batch (the
+        # plan cache's outer batch would bind them only after this build, and unbound kernels
+        # launch through Triton's run: its host time, not the GPU's, would be timed).
+        with compiler.batch("matmul"):
+            self._build_tl(a, b, bias, out, cfg, deterministic, split_k)
+        self._tune(a, b, bias, out)
+
+    def _build_tl(self, a, b, bias, out, cfg, deterministic, split_k) -> None:
+        """The portable core's plan (the class docstring)."""
+        m, k, n = a.shape[0], a.shape[1], b.shape[1]
+        split = 1
         a_rows, b_rows = (a if tma_ok(a) else None), read_rows(b)  # (A has no transposed read)
         # Rows of K elements (A's; B's when given as a weight's ``w.t()``) are what
         # ``pad_operands`` weighs: a row-major [K, N] B's 512-byte box rows straddle one line
@@ -653,7 +615,6 @@ class _MatmulPlan:
         b = b if self.b_ex is None else self.b_ex
         a_desc = TensorDescriptor(a_ex, list(a_ex.shape), list(a_ex.stride()),
                                   [cfg.block_m, cfg.block_k])
-        self.split = 1
         if cfg.swap_ab:
             self.core = SkinnyGemm(a_desc, b, out, bias, m=m, cfg=cfg, a_varies=a_varies)
         elif split > 1:
@@ -669,22 +630,24 @@ class _MatmulPlan:
             self.core = CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig,
                                  offsets=offsets, claim=claim, record=record, m=m, cfg=cfg,
                                  a_varies=a_varies)
-        if tune and TUNE_CORES and ws_refusal(a, b, out, bias) is None:
-            self._tune(a, b, bias, out)
 
     def _tune(self, a, b, bias, out) -> None:
-        """``core="auto"`` where the WS core takes the product: time this plan (the ``tl``
-        core's) and the WS core's on the call's tensors, keep the WS plan where it is faster
-        than ``TUNE_MARGIN`` of this one (``prefer_ws``). Cached with the plan: a repeated
-        call times nothing."""
+        """``core="auto"`` where the WS core takes the product: time the built ``tl`` plan and
+        the WS core's on the call's tensors (both bound), keep the WS plan where it is faster
+        than ``_tune.TUNE_MARGIN`` of the other (``prefer_ws``). Cached with the plan: a
+        repeated call times nothing."""
         try:
-            ws = WsGemm(a, b, out, bias, program_budget(a.device, None))
-        except RuntimeError:  # this Triton's Gluon differs (warned once)
+            with compiler.batch("matmul"):  # bound (and compile errors raised) at its end
+                ws = WsGemm(a, b, out, bias, program_budget(a.device, None))
+        except (torch.OutOfMemoryError, ValueError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a Gluon this module does not know
+            ws_mark_broken(exc)  # (warns once; every later plan stays portable)
             return
         t_tl, t_ws = time_alternating([lambda: self.run(a, b, bias, out),
                                        lambda: ws.run(a, b, out, bias)], out.device)
         if prefer_ws(t_tl, t_ws):
-            self.ws, self.name = ws, ws.name
+            self.ws, self.name, self.split = ws, ws.name, 1
             self.core = self.a_copy = self.a_pad = self.b_copy = self.b_ex = None
 
     def run(self, a, b, bias, out):
@@ -808,17 +771,17 @@ def _plan_of(a, b, out, deterministic, core="auto") -> "_MatmulPlan":
 
 def matmul_split(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
                  deterministic: Optional[bool] = None, core: str = "auto") -> int:
-    """The K slices ``matmul(a, b, out=out)`` runs the whole product in (1: unsplit, also
-    where only a partial last wave is sliced: the ``config`` name's ``/kt<S>``), from its plan:
-    what ``bench gemm_sweep`` records as ``split_k``."""
+    """The K slices ``matmul(a, b, out=out, core=core)`` runs the whole product in (1:
+    unsplit, also where only a partial last wave is sliced: the ``config`` name's ``/kt<S>``,
+    and a WS plan), from its plan: what ``bench gemm_sweep`` records as ``split_k``."""
     return _plan_of(a, b, out, deterministic, core).split
 
 
 def matmul_config(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
                   deterministic: Optional[bool] = None, core: str = "auto") -> str:
-    """The rule's candidate that ``matmul(a, b, out=out)`` runs, with ``+copyA`` / ``+copyB``
-    where its plan copies an operand's rows onto lines (``pad_operands``): what ``bench
-    gemm_sweep`` records as ``config``."""
+    """The candidate that ``matmul(a, b, out=out, core=core)`` runs (``ws:...`` for a WS
+    plan), with ``+copyA`` / ``+copyB`` where its plan copies an operand's rows onto lines
+    (``pad_operands``): what ``bench gemm_sweep`` records as ``config``."""
     plan = _plan_of(a, b, out, deterministic, core)
     return plan.name + "".join(f"+copy{x}" for x, c in (("A", plan.a_copy), ("B", plan.b_copy))
                                if c is not None)

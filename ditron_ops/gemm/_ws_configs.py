@@ -85,7 +85,8 @@ WS_CONFIGS = {
     # BLOCK_K 32 (64-byte box rows, 64-byte swizzle), 8 stages: probe only (rows off lines).
     "coop128x256k32": WsConfig(128, 256, 32, 8, False, stages=8),
     # 192 columns as 128 + 64 (two accumulators, two B boxes; wgmma n128 + n64 per K16):
-    # 3/4 of the 128x256 tile where 256-wide tiles leave a wave part-empty (probe only).
+    # 3/4 of the 128x256 tile where 256-wide tiles leave a wave part-empty (in the rule);
+    # its ping-pong form measured far slower (probe only).
     "coop128x192": WsConfig(128, 128, 64, 8, False, block_n2=64),
     "pp64x192": WsConfig(64, 128, 64, 4, True, block_n2=64),
 }
@@ -416,7 +417,9 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
         for rank, name in enumerate(candidates):
             cfg = WS_CONFIGS[name]
             if cfg.block_n2 and mode not in (None, MODE_DP):
-                raise ValueError(f"{name}: a second accumulator runs data parallel only")
+                if variant:
+                    raise ValueError(f"{name}: a second accumulator runs data parallel only")
+                continue  # a forced partial schedule: the one-accumulator configs
             pen = penalty(name, a_cls, b_cls)
             tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.tile_n)
             k_steps = cdiv(K, cfg.block_k)

@@ -7,7 +7,7 @@
     for each unit of this program:    for each unit this consumer owns:
       for each K step:                  for each K step:
         wait  empty[s]                    wait  ready[s]
-        TMA A, B -> ring[s]               wgmma async (ring[s]); wait <= 1 in flight
+        TMA A, B -> ring[s]               wgmma async (ring[s]); this step's in flight only
         (expect-tx on ready[s])           arrive empty[s - 1]
                                         epilogue: + bias, round, smem, TMA store (async)
 
@@ -41,8 +41,8 @@ transposed shared-memory view). TMA zero-fills every box outside ``[M, K]`` / ``
 ragged M, N, K need no masks in the mainloop, and clips the stores of C.
 
 The module imports on a Triton without Gluon; the second-kernel reduce of ``MODE_SPLITR`` and
-the host side (descriptors, scratch, ``ws_matmul``) are in ``_ws_launch``. Nothing in
-``ditron_ops`` imports either yet.
+the host side (descriptors, scratch, ``ws_matmul``, the plain ``matmul``'s ``WsGemm``) are in
+``_ws_launch``.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Host side of the warp-specialized sm_90 GEMM (``_ws_kernels``): the ``MODE_SPLITR`` reduce
 kernels (plain Triton), descriptors and launch arguments, scratch buffers, ``ws_matmul``.
 
-Imports nothing of ``ditron_ops`` outside ``gemm/`` (``tools/ws_probe.py`` loads the ``_ws_*``
-modules as a stand-in package) and imports on a Triton without Gluon (``ws_matmul`` then
-raises).
+Imports nothing of ``ditron_ops`` outside ``gemm/`` at module level (``tools/ws_probe.py`` loads
+the ``_ws_*`` modules as a stand-in package; ``WsGemm`` imports ``runtime.launcher`` when
+made) and imports on a Triton without Gluon (``ws_matmul`` then raises).
 """
 from __future__ import annotations
 
@@ -139,16 +139,19 @@ def _sm_count(index: int) -> int:
 
 
 _SCRATCH = {}
-"""Per device and thread: (fp32 workspace, int32 counters), grown on demand. Counters are zero between
-launches (each reducer resets its tile's). Grow them outside CUDA-graph capture (a warm-up)."""
+"""Per device and thread: (fp32 workspace, int32 counters), grown on demand. Counters are zero
+between launches (each reducer resets its tile's). Grow them outside CUDA-graph capture (a
+warm-up)."""
 _RETIRED = []
 """Outgrown scratch buffers, kept alive: a captured CUDA graph may still point at them."""
 
 
 def _scratch(device, ws_floats: int, counters: int):
     import torch
-    # Per thread: virtual ranks (threads) run GEMMs at once on one device; one thread's
-    # launches are ordered on its stream, so its plans may share partials and counters.
+    # Per thread: virtual ranks (threads) run GEMMs at once on one device; a thread's plans
+    # share partials and counters, so its GEMMs with partials must run in one stream order
+    # (one stream, or streams joined between them). Kept for the process (graphs point at
+    # them): up to 2 * programs * 128 KiB per thread that ran a stream-K plan.
     key = (device.type, device.index, threading.get_ident())
     ws, cnt = _SCRATCH.get(key, (None, None))
     if ws is None or ws.numel() < max(ws_floats, 1):
@@ -340,6 +343,16 @@ _STATE = {"broken": None}
 compile; the plain ``matmul`` then stays on the portable core)."""
 
 
+def mark_broken(exc: BaseException) -> None:
+    """The WS core failed to build or compile on this Triton (a Gluon API this module does not
+    know): ``refusal`` refuses every later product, and one warning says so."""
+    if _STATE["broken"] is None:
+        warnings.warn(f"ditron_ops: the warp-specialized GEMM does not compile on triton "
+                      f"{triton.__version__} ({type(exc).__name__}: {str(exc)[:160]}); "
+                      "plain GEMMs run on the portable core", RuntimeWarning, stacklevel=3)
+    _STATE["broken"] = f"WS core unavailable on this triton ({type(exc).__name__})"
+
+
 def refusal(a, b, out, bias) -> Optional[str]:
     """Why the WS core does not take the plain ``out = a @ b (+ bias)`` (None: it does).
 
@@ -381,8 +394,8 @@ class WsGemm:
     capture; each call hands only the tensors' addresses to the compiled launcher, descriptors
     made once per address) and its scratch grown here; ``run`` launches it.
 
-    Raises ``RuntimeError`` where this Triton's Gluon cannot compile the kernel (the first time
-    only: ``refusal`` then answers for every later plan, and one warning says so)."""
+    Compile errors surface where the kernels are bound (the end of the ``compiler.batch`` the
+    plan is built in); ``matmul(core="auto")`` passes them to ``mark_broken``."""
 
     def __init__(self, a, b, out, bias, sms: int):
         from ..runtime.launcher import BoundKernel
@@ -395,26 +408,19 @@ class WsGemm:
         self._b_kn = b.stride(1) == 1
         self._bias = bias is not None
         self._tma_parts = p.partials == "tma" and p.mode != MODE_DP
-        try:
-            args, meta = ws_operands(a, b, out, bias, p)
-            # per call: A, B (twice: its two boxes), C (and the partials' descriptor over C in
-            # data-parallel plans, where it is unused), bias (C again without one)
-            vary = ("a_desc", "b_desc", "c_desc", "bias_ptr", "b2_desc") + (
-                () if self._tma_parts else ("p_desc", ))
-            self.kernel = BoundKernel(ws_gemm_kernel, (p.grid, ), args, meta, vary=vary,
+        args, meta = ws_operands(a, b, out, bias, p)
+        # per call: A, B (twice: its two boxes), C (and the partials' descriptor, over C in
+        # every plan without TMA partials, where it is unused), bias (C again without one)
+        vary = ("a_desc", "b_desc", "c_desc", "bias_ptr", "b2_desc") + (
+            () if self._tma_parts else ("p_desc", ))
+        self.kernel = BoundKernel(ws_gemm_kernel, (p.grid, ), args, meta, vary=vary,
+                                  device=out.device)
+        self.reduce = None
+        if p.mode == MODE_SPLITR:
+            grid, rargs, rmeta = ws_reduce_operands(out, bias, p, args[4])
+            rvary = ("out_desc" if p.partials == "tma" else "out_ptr", "bias_ptr")
+            self.reduce = BoundKernel(reduce_kernel(p), grid, rargs, rmeta, vary=rvary,
                                       device=out.device)
-            self.reduce = None
-            if p.mode == MODE_SPLITR:
-                grid, rargs, rmeta = ws_reduce_operands(out, bias, p, args[4])
-                rvary = ("out_desc" if p.partials == "tma" else "out_ptr", "bias_ptr")
-                self.reduce = BoundKernel(reduce_kernel(p), grid, rargs, rmeta, vary=rvary,
-                                          device=out.device)
-        except Exception as exc:  # noqa: BLE001 - a Gluon API this module does not know
-            _STATE["broken"] = f"WS core unavailable on this triton ({type(exc).__name__})"
-            warnings.warn(f"ditron_ops: the warp-specialized GEMM does not compile on triton "
-                          f"{triton.__version__} ({type(exc).__name__}: {str(exc)[:160]}); "
-                          "plain GEMMs run on the portable core", RuntimeWarning, stacklevel=2)
-            raise RuntimeError(_STATE["broken"]) from exc
 
     def run(self, a, b, out, bias):
         w = b if self._b_kn else b.t()

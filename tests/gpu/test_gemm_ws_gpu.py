@@ -67,7 +67,7 @@ def test_every_schedule_is_exact(variant, mode, split):
 
 def test_refusals_raise_and_auto_stays_portable():
     """``core="ws"`` raises before any launch where the WS core refuses (rows off 32-byte
-    sectors, small M, deterministic mode); ``core="auto"`` runs the ``tl`` core."""
+    sectors, small M, deterministic mode); ``core="auto"`` runs the ``tl`` core there."""
     k = 1016  # 2032-byte rows: on 16 bytes (TMA), off 32-byte sectors
     a, b = ints(512, k, seed=1), ints(256, k, seed=2).t()
     with pytest.raises(ValueError, match="sectors"):
@@ -78,13 +78,15 @@ def test_refusals_raise_and_auto_stays_portable():
     a = ints(512, 512, seed=1)
     with pytest.raises(ValueError, match="default mode"):
         _core.matmul(a, b, deterministic=True, core="ws")
-    _core.matmul(a, b, deterministic=False)
+    a, b = ints(512, k, seed=1), ints(256, k, seed=2).t()
+    _core.matmul(a, b, deterministic=False)  # rows off sectors: nothing to tune
     assert last_plan().ws is None
 
 
 def test_graph_replay_and_threads():
-    """A captured WS ``matmul`` replays with new operand values; two threads (virtual ranks)
-    running stream-K plans at once each get their exact products (per-thread partials)."""
+    """A captured WS ``matmul`` replays with new operand values; three threads (virtual ranks)
+    running stream-K plans and their bound ``matmul(core="ws")`` plans at once each get their
+    exact products (per-thread partials and plans)."""
     m, n, k = 3000, 1536, 4096
     a, b = ints(m, k, seed=1), ints(n, k, seed=2).t()
     out = _core.matmul(a, b, deterministic=False, core="ws")  # the plan, outside the capture
@@ -107,8 +109,10 @@ def test_graph_replay_and_threads():
                                      mode=_ws_configs.MODE_SK)
                 for _ in range(5):
                     got = _ws_launch.ws_matmul(x, w, plan_=p)
+                    bound = _core.matmul(x, w, deterministic=False, core="ws")  # per-thread plan
                 stream.synchronize()
-                if not torch.equal(got, (x.double() @ w.double()).to(torch.bfloat16)):
+                want = (x.double() @ w.double()).to(torch.bfloat16)
+                if not (torch.equal(got, want) and torch.equal(bound, want)):
                     errors.append(seed)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))
