@@ -401,3 +401,34 @@ def test_time_alternating_takes_each_plans_best_segment(monkeypatch):
         n, rest = divmod(calls[name] - 2, _tune.TUNE_ROUNDS)
         assert rest == 0 and round(_tune.TUNE_SEGMENT_S / cost) <= n <= round(
             _tune.TUNE_SEGMENT_S / cost) + 1, (name, n)
+
+
+def test_another_tritons_gluon_is_refused_after_one_warning(monkeypatch):
+    """On a Triton other than ``GLUON_VERSION`` (the Gluon API the WS core is written
+    against) ``refusal`` refuses every product with one warning and tries no compile."""
+    import warnings
+
+    import pytest
+    import torch
+
+    from ditron_ops.gemm import _ws_launch
+
+    class Cuda:  # a CPU tensor standing in for one on an sm_90 device
+        type = "cuda"
+
+    if not _ws_launch.HAVE_GLUON:
+        pytest.skip("no Gluon: refused before any version question")
+    monkeypatch.setitem(_ws_launch._STATE, "broken", None)
+    monkeypatch.setattr(_ws_launch, "GLUON_VERSION", "0.0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    class Operand:
+        def __init__(self, t):
+            self.t, self.device = t, Cuda()
+
+    a = Operand(torch.zeros(512, 4096, dtype=torch.bfloat16))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = _ws_launch.refusal(a, None, None, None)
+        again = _ws_launch.refusal(a, None, None, None)
+    assert first == again and "unavailable" in first
+    assert sum("warp-specialized" in str(w.message) for w in seen) == 1

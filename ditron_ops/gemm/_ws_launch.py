@@ -338,6 +338,10 @@ SKINNY_M = 32
 (``_core_configs.skinny``: N on the MMA's 64-row side; measured 0.78-1.01x cuBLAS at M = 1,
 the WS core's smallest tile has 64 rows)."""
 SECTOR_BYTES = 32
+GLUON_VERSION = "3.6"
+"""The Triton whose Gluon API the WS core is written against (3.9 renamed or dropped some of
+it: ``shared_memory_descriptor._reinterpret``, ``thread_barrier``); on another, ``refusal``
+refuses every product after one warning, without trying a compile."""
 _STATE = {"broken": None}
 """``broken``: why the WS core cannot run on this Triton (set once, by the first failed
 compile; the plain ``matmul`` then stays on the portable core)."""
@@ -347,7 +351,7 @@ def mark_broken(exc: BaseException) -> None:
     """The WS core failed to build or compile on this Triton (a Gluon API this module does not
     know): ``refusal`` refuses every later product, and one warning says so."""
     if _STATE["broken"] is None:
-        warnings.warn(f"ditron_ops: the warp-specialized GEMM does not compile on triton "
+        warnings.warn(f"ditron_ops: the warp-specialized GEMM does not run on triton "
                       f"{triton.__version__} ({type(exc).__name__}: {str(exc)[:160]}); "
                       "plain GEMMs run on the portable core", RuntimeWarning, stacklevel=3)
     _STATE["broken"] = f"WS core unavailable on this triton ({type(exc).__name__})"
@@ -365,10 +369,12 @@ def refusal(a, b, out, bias) -> Optional[str]:
     torch = _torch()
     if not HAVE_GLUON:
         return "triton without gluon"
-    if _STATE["broken"]:
-        return _STATE["broken"]
     if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) != (9, 0):
         return "not sm_90"
+    if _STATE["broken"] is None and not triton.__version__.startswith(GLUON_VERSION):
+        mark_broken(RuntimeError(f"written against triton {GLUON_VERSION}'s Gluon API"))
+    if _STATE["broken"]:
+        return _STATE["broken"]
     return operand_refusal(a, b, out, bias)
 
 
