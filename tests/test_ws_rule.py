@@ -350,11 +350,21 @@ def test_auto_core_keeps_the_faster_plan(monkeypatch):
 
     class FailingWs(StubWs):
         def __init__(self, *args):
-            raise NotImplementedError("a Gluon API this module does not know")
+            raise AttributeError("shared_memory_descriptor has no attribute _reinterpret")
 
     monkeypatch.setattr(_core, "WsGemm", FailingWs)
     assert not call(44, deterministic=False).startswith("ws:") and timed == [2, 2]
-    assert [type(e) for e in broken] == [NotImplementedError]
+    assert [type(e) for e in broken] == [AttributeError]
+
+    class OutOfResources(Exception):  # one config's limits: that plan stays portable only
+        pass
+
+    class HungryWs(StubWs):
+        def __init__(self, *args):
+            raise OutOfResources("shared memory")
+
+    monkeypatch.setattr(_core, "WsGemm", HungryWs)
+    assert not call(45, deterministic=False).startswith("ws:") and len(broken) == 1
 
 
 def test_time_alternating_takes_each_plans_best_segment(monkeypatch):

@@ -641,8 +641,11 @@ class _MatmulPlan:
                 ws = WsGemm(a, b, out, bias, program_budget(a.device, None))
         except (torch.OutOfMemoryError, ValueError):
             raise
+        except RuntimeError:  # this plan's own limits (WsGemm's checks): the portable plan
+            return
         except Exception as exc:  # noqa: BLE001 - a Gluon this module does not know
-            ws_mark_broken(exc)  # (warns once; every later plan stays portable)
+            if type(exc).__name__ != "OutOfResources":  # (one config's shared memory)
+                ws_mark_broken(exc)  # (warns once; every later plan stays portable)
             return
         t_tl, t_ws = time_alternating([lambda: self.run(a, b, bias, out),
                                        lambda: ws.run(a, b, out, bias)], out.device)

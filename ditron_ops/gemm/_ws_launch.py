@@ -371,7 +371,8 @@ def refusal(a, b, out, bias) -> Optional[str]:
         return "triton without gluon"
     if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) != (9, 0):
         return "not sm_90"
-    if _STATE["broken"] is None and not triton.__version__.startswith(GLUON_VERSION):
+    if (_STATE["broken"] is None
+            and triton.__version__.split(".")[:2] != GLUON_VERSION.split(".")):
         mark_broken(RuntimeError(f"written against triton {GLUON_VERSION}'s Gluon API"))
     if _STATE["broken"]:
         return _STATE["broken"]
