@@ -5,8 +5,9 @@ One module per op (``ag_gemm.py``, ``gemm_rs.py``: public function, op schema, a
 launcher (``_ag_launch.py``, ``_rs_launch.py``) and kernels (``_ag_kernels.py``,
 ``_rs_kernels.py``); the core's tile configuration and launch in ``_core.py`` (the rule in
 ``_core_configs.py``), its kernels in ``_core_kernels.py`` (split-K and wide tiles: default-mode
-``matmul`` only). The functions are re-exported by ``ditron_ops`` (``ditron_ops.ag_gemm``);
-here the names stay the modules (``ditron_ops.gemm.ag_gemm.use_fused``).
+``matmul`` only); the warp-specialized sm_90 core in ``_ws_*.py`` (plain ``matmul`` only,
+where ``_tune.py`` times it faster). The functions are re-exported by ``ditron_ops``
+(``ditron_ops.ag_gemm``); here the names stay the modules (``ditron_ops.gemm.ag_gemm.use_fused``).
 """
 from . import ag_gemm, gemm_rs, scaled
 from . import autograd as _autograd  # noqa: E402,F401  (ag_gemm <-> gemm_rs backward; needs the ops)
