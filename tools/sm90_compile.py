@@ -230,13 +230,13 @@ def gemm(dtypes=("bf16",), only=None) -> list[str]:
     ``fit_stages`` leaves on the H200, the one-launch push call, the reduce-scatter, broadcast
     and finish kernels), plus the TMA-store variants of the persistent kernels, fp32 products
     included (the precompile lists made on a CPU have none); and ``matmul``'s split-K family
-    (``_core._precompile``: the split GEMM per configuration, dtype and B layout, with its fp32
+    (``_core_precompile._precompile``: the split GEMM per configuration, dtype and B layout, with its fp32
     TMA store of the partials added here, and the reduce into each dtype and fp32). A line ends
     in ``OVER`` when its shared memory exceeds the H200's ``SHARED_LIMIT``."""
     import torch
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from ditron_ops.gemm import _ag_launch, _core, _core_configs, _rs_launch
+    from ditron_ops.gemm import _ag_launch, _core, _core_configs, _core_precompile, _rs_launch
     from ditron_ops.runtime import compiler
     from ditron_ops.runtime.precompile import DTYPE_NAMES
 
@@ -250,8 +250,8 @@ def gemm(dtypes=("bf16",), only=None) -> list[str]:
     wanted = tuple(DTYPE_NAMES[d] for d in dtypes)
     _ag_launch._precompile(cpu, wanted)
     _rs_launch._precompile(cpu, wanted)
-    _core._precompile(cpu, wanted)
-    _core.precompile_plain_only(cpu, wanted)  # (GPU only in _precompile)
+    _core_precompile._precompile(cpu, wanted)
+    _core_precompile.precompile_plain_only(cpu, wanted)  # (GPU only in _precompile)
     for k in list(made):  # the split GEMM's TMA store of its fp32 partials (P_TMA), as on a GPU
         if k.name == "splitk_gemm_kernel" and not k.kwargs["P_TMA"]:
             parts, args = k.args[3], list(k.args)

@@ -137,8 +137,7 @@ def _ws_module():
 def variant_plan(ws, name, M, N, K, in_bytes=2, out_bytes=2, sms=132):
     """Plan of probe variant ``name``: ``auto`` (the rule), ``det`` (deterministic mode),
     ``CFG`` (rule's schedule with that config), ``CFG:dp`` / ``CFG:sk`` / ``CFG:splitS`` /
-    ``CFG:splitrS`` / ``CFG:skdpW`` (forced schedule; ``skdpW``: stream-K after W data-parallel
-    waves); ``[+padX][/stN][@tma]`` suffixes force row copies,
+    ``CFG:splitrS`` (forced schedule); ``[+padX][/stN][@tma]`` suffixes force row copies,
     stages, ``partials="tma"``."""
     name, tma, _ = name.partition("@tma")
     part = dict(partials="tma") if tma else {}
@@ -158,9 +157,6 @@ def variant_plan(ws, name, M, N, K, in_bytes=2, out_bytes=2, sms=132):
     if mode.startswith("split"):
         return ws.plan(M, N, K, in_bytes, out_bytes, sms, variant=cfg, mode=ws.MODE_SPLIT,
                        split=int(mode[5:]), **kw)
-    if mode.startswith("skdp"):  # stream-K after this many data-parallel waves
-        return ws.plan(M, N, K, in_bytes, out_bytes, sms, variant=cfg, mode=ws.MODE_SK,
-                       dp_waves=int(mode[4:]), **kw)
     mode = {"": None, "dp": ws.MODE_DP, "sk": ws.MODE_SK}[mode]
     return ws.plan(M, N, K, in_bytes, out_bytes, sms, variant=cfg, mode=mode, **kw)
 

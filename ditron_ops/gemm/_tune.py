@@ -33,7 +33,7 @@ def time_alternating(fns, device: torch.device) -> list[float]:
     call each (the estimate), then ``TUNE_ROUNDS`` segments of each in turn, back to back on
     the current stream with CUDA events between them and one synchronize at the end: the
     host queues calls faster than the GPU runs them, so segments after the first see no
-    launch gaps (a sync per segment added 10-15 us per call: H100, 37064bb)."""
+    launch gaps (a synchronize per segment times the launches too)."""
     stream = torch.cuda.current_stream(device)
 
     def event():

@@ -85,22 +85,17 @@ WS_CONFIGS = {
     # BLOCK_K 32 (64-byte box rows, 64-byte swizzle), 8 stages: probe only (rows off lines).
     "coop128x256k32": WsConfig(128, 256, 32, 8, False, stages=8),
     # 192 columns as 128 + 64 (two accumulators, two B boxes; wgmma n128 + n64 per K16):
-    # 3/4 of the 128x256 tile where 256-wide tiles leave a wave part-empty (in the rule);
-    # its ping-pong form measured far slower (probe only).
+    # 3/4 of the 128x256 tile where 256-wide tiles leave a wave part-empty.
     "coop128x192": WsConfig(128, 128, 64, 8, False, block_n2=64),
-    "pp64x192": WsConfig(64, 128, 64, 4, True, block_n2=64),
 }
 """The tile configs; ``plan`` picks among ``RULE_CONFIGS``."""
 WS_DEFAULT = "coop128x256"
 DETERMINISTIC_CONFIG = "coop128x256"
 """The deterministic mode's one fixed tile config (batch invariance: never a function of M)."""
 RULE_CONFIGS = ("coop128x256", "pp128x128", "pp64x128", "coop128x192")
-"""Configs the rule chooses between. ``coop128x192`` (two accumulators) at ``STEP_COST`` 0.75,
-its area: forced on 90 shapes (H100, ``ws_probe --variants auto,coop128x192``) it ran
-0.97-1.00x the 128x256 tile's speed over many waves and up to 1.29x where 192-wide tiles fill
-the waves better (4096x576x4608 0.62 -> 0.80, 2048x1536x4096 0.82 -> 0.99); the rule picks
-it on 6 of the 90 (each faster), the same 6 from 0.75 to 0.80 (at 0.70 it picks 30, 10
-slower)."""
+"""Configs the rule chooses between. ``coop128x192`` (two accumulators) costs its area
+(``STEP_COST`` 0.75): it runs about the 128x256 tile's speed per FLOP and wins where 192-wide
+tiles fill the waves better (benchmarks/NOTES.md, two-accumulator tiles)."""
 
 # Cost model constants, in units of one K step (block_m x block_n x block_k) of the 128x256
 # tile (about 0.78 us on an H200), fitted on H200 probes (tools/ws_probe.py, model shards +
@@ -111,11 +106,11 @@ reducer); measured high (the reducer's loads are serialized), so stream-K only w
 K with a partial last wave."""
 EPILOGUE_STEPS = {"coop128x256": 0.8, "pp128x128": 0.15, "pp64x256": 0.15, "pp64x128": 0.1,
                   "coop128x128": 0.4, "pp64x128st8": 0.1, "coop128x256k32": 0.8,
-                  "coop128x192": 0.6, "pp64x192": 0.12}
+                  "coop128x192": 0.6}
 """Epilogue per tile not hidden under a mainloop (the cooperative schedule stores in line)."""
 STEP_COST = {"coop128x256": 1.0, "pp128x128": 0.5, "pp64x256": 0.55, "pp64x128": 0.33,
              "coop128x128": 0.55, "pp64x128st8": 0.30, "coop128x256k32": 0.5,
-             "coop128x192": 0.75, "pp64x192": 0.4}
+             "coop128x192": 0.75}
 """Relative time of one K step of each config (128x256x64 = 1)."""
 UNALIGNED_PENALTY = {"pp128x128": 1.25, "pp64x256": 1.25, "pp64x128": 2.0,
                      "coop128x128": 1.25, "pp64x128st8": 2.0}
@@ -323,14 +318,10 @@ def _cost_dp(tiles: int, k_steps: int, sms: int, variant: str, pen: float = 1.0)
 
 
 def _plan_sk(tiles: int, k_steps: int, sms: int, variant: str, pen: float = 1.0,
-             forced: bool = False, dp_waves: Optional[int] = None):
-    """Best stream-K ``(cost, grid, dp_tiles)`` of ``variant`` (None when none applies);
-    ``dp_waves`` forces the data-parallel waves before the stream-K ranges (probe)."""
+             forced: bool = False):
+    """Best stream-K ``(cost, grid, dp_tiles)`` of ``variant`` (None when none applies)."""
     step = _step(variant, pen)
-    if dp_waves is not None:
-        dp_tiles = min(dp_waves, max(0, (tiles - 1) // sms)) * sms
-        grids = [sms]
-    elif tiles >= 2 * sms:
+    if tiles >= 2 * sms:
         if tiles % sms > SK_TAIL * sms and not forced:
             return None  # measured: stream-K over 1.25+ waves of tiles lost to the fix-up
         dp_tiles = (tiles // sms - 1) * sms
@@ -382,7 +373,7 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
          deterministic: bool = False, variant: Optional[str] = None,
          mode: Optional[int] = None, split: Optional[int] = None,
          pad: Optional[str] = None, stages: Optional[int] = None,
-         partials: Optional[str] = None, dp_waves: Optional[int] = None) -> WsPlan:
+         partials: Optional[str] = None) -> WsPlan:
     """The launch plan of ``C[M, N] = A[M, K] @ B[K, N]`` on ``sms`` SMs (a pure function).
 
     A's rows and B's (a weight's ``w.t()``: ``[N, K]`` rows) are ``K * in_bytes`` long; where
@@ -391,9 +382,8 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
     ``deterministic``: one fixed config, data parallel (or ``split`` K slices, which must then
     be a function of K only): every output element's K order is independent of M.
     ``variant`` / ``mode`` / ``split`` / ``pad`` ("", "a", "b", "ab") / ``stages`` force a
-    choice (the probe compares them), ``dp_waves`` stream-K's data-parallel waves;
-    ``partials`` ("reg", "tma": ``PARTIALS``) how the chosen plan moves its fp32 partials
-    (never a factor of the choice: forced only)."""
+    choice (the probe compares them); ``partials`` ("reg", "tma": ``PARTIALS``) how the chosen
+    plan moves its fp32 partials (never a factor of the choice: forced only)."""
     if partials is not None and partials not in PARTIALS:
         raise ValueError(f"partials {partials!r} not in {PARTIALS}")
     if deterministic:
@@ -436,8 +426,7 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
             # Auto: stream-K only after full data-parallel waves, on the config whose fix-up
             # was measured worth it (few-tile shapes go to smaller tiles instead).
             if mode == MODE_SK or (mode is None and name in SK_CONFIGS and tiles >= 2 * sms):
-                sk = _plan_sk(tiles, k_steps, sms, name, pen, forced=mode == MODE_SK,
-                              dp_waves=dp_waves)
+                sk = _plan_sk(tiles, k_steps, sms, name, pen, forced=mode == MODE_SK)
                 if sk is not None:
                     cost, g, dp_tiles = sk
                     opts.append((cost, WsPlan(name, MODE_SK, g, dp_tiles=dp_tiles, stages=st,

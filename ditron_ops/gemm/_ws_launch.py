@@ -362,10 +362,9 @@ def refusal(a, b, out, bias) -> Optional[str]:
 
     It takes default-mode bf16/fp16 products on sm_90 whose operands TMA reads as they are
     (``check_operands``) with K-long rows on 32-byte sectors: A's rows, and B's when B is a
-    weight's ``w.t()``. Reason, measured (``tools/ws_probe.py``, H100, 90 shapes): with rows off
-    sectors the WS core ran 0.62-0.87x the portable core, which copies such rows onto lines
-    (``pad_operands``); on sectors it ran 0.75-1.29x (geo-mean 1.01; model shards 1.01). Small
-    M (``SKINNY_M``) stays on the skinny tiles."""
+    weight's ``w.t()``. Rows off sectors run slower on it than on the portable core, which
+    copies them onto lines (benchmarks/NOTES.md, the warp-specialized core); small M
+    (``SKINNY_M``) stays on the skinny tiles."""
     torch = _torch()
     if not HAVE_GLUON:
         return "triton without gluon"
@@ -387,10 +386,10 @@ def operand_refusal(a, b, out, bias) -> Optional[str]:
         check_operands(a, b, out, bias)
     except ValueError as exc:
         return str(exc)
-    e = a.element_size()
-    if (a.data_ptr() | a.stride(0) * e) % SECTOR_BYTES:
+    from ._pad import row_alignment  # (only ``matmul`` asks: the probe's stand-in never does)
+    if row_alignment(a) < SECTOR_BYTES:
         return "A's rows off 32-byte sectors"
-    if b.stride(0) == 1 and b.stride(1) != 1 and (b.data_ptr() | b.stride(1) * e) % SECTOR_BYTES:
+    if b.stride(0) == 1 and b.stride(1) != 1 and row_alignment(b.t()) < SECTOR_BYTES:
         return "B's rows off 32-byte sectors"
     return None
 
@@ -413,7 +412,6 @@ class WsGemm:
             raise RuntimeError(f"{self.name}: row copies are not bound")
         _scratch(a.device, p.ws_tiles * p.cfg.block_m * p.cfg.tile_n, p.counters)
         self._b_kn = b.stride(1) == 1
-        self._bias = bias is not None
         self._tma_parts = p.partials == "tma" and p.mode != MODE_DP
         args, meta = ws_operands(a, b, out, bias, p)
         # per call: A, B (twice: its two boxes), C (and the partials' descriptor, over C in

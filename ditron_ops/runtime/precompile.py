@@ -23,7 +23,7 @@ from . import compiler
 _registry: dict[str, tuple[Callable, tuple[str, ...]]] = {}
 FAMILY_MODULES = ("ditron_ops.collectives._launch", "ditron_ops.collectives.all_to_all",
                   "ditron_ops.collectives._norm_launch",
-                  "ditron_ops.gemm._core", "ditron_ops.gemm._ag_launch", "ditron_ops.gemm._rs_launch",
+                  "ditron_ops.gemm._core_precompile", "ditron_ops.gemm._ag_launch", "ditron_ops.gemm._rs_launch",
                   "ditron_ops.gemm.scaled",
                   "ditron_ops.attention.flash_decode", "ditron_ops.attention.ulysses",
                   "ditron_ops.moe._launch")

@@ -26,9 +26,9 @@ SCHEDULES = [("coop128x256", _ws_configs.MODE_DP, None), ("coop128x256", _ws_con
              ("pp128x128", _ws_configs.MODE_DP, None), ("pp128x128", _ws_configs.MODE_SK, None),
              ("pp64x128", _ws_configs.MODE_DP, None), ("pp64x128", _ws_configs.MODE_SPLITR, 3),
              ("pp128x128", _ws_configs.MODE_SPLIT, 3), ("pp64x256", _ws_configs.MODE_DP, None),
-             ("coop128x192", _ws_configs.MODE_DP, None), ("pp64x192", _ws_configs.MODE_DP, None)]
+             ("coop128x192", _ws_configs.MODE_DP, None)]
 """Every config of the rule with the schedules it can take (and the forced in-kernel split), and
-the two-accumulator tiles (192 columns as 128 + 64)."""
+the two-accumulator tile (192 columns as 128 + 64)."""
 
 
 def _sms() -> int:
