@@ -136,3 +136,35 @@ def test_timeline_breakdown_adds_up_to_the_last_programs_span(ws):
                  "fixup": 3.0, "epilogue": 1.0, "gaps": 0.5}, t
     parts = sum(t[k] for k in ("start", "main", "store", "fixup", "epilogue", "gaps"))
     assert parts == t["span"]
+
+
+@pytest.mark.parametrize("name", ["coop128x256:dp", "coop128x192:dp", "pp128x128:dp",
+                                  "pp64x128:dp"])
+def test_waiting_consumer_variants_compile(ws, name):
+    """``WAIT`` (the ag_gemm consumer): the loader's bounded waits (acquire polls of the flags,
+    the global timer, the proxy fence before TMA reads) compile into every data-parallel form
+    without spills; the plain binary has none of them; a waiting plan with partials is
+    refused before any compile."""
+    import torch
+    mod, probe = ws
+    M, N, K = 3000, 1536, 4096
+    pl = probe.variant_plan(mod, name, M, N, K)
+    a = torch.empty(M, K, dtype=torch.bfloat16)
+    b = torch.empty(N, K, dtype=torch.bfloat16).t()
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    sig, record = torch.zeros(32, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
+    offsets = torch.zeros(5, dtype=torch.int32)
+    wait = (sig, offsets, record, record, 1, 4, 10**6, 3)
+    args, meta = mod.ws_operands(a, b, out, None, pl, wait=wait)
+    assert meta["WAIT"]
+    kernel = mod.ws_gemm_kernel.warmup(*args, **meta, grid=(pl.grid, ))
+    st = probe._sass_stats(kernel)
+    assert st["spills"] == 0 and st["local"] == 0 and st["hgmma"] > 0, st
+    ptx = kernel.asm["ptx"]
+    assert "%globaltimer" in ptx and "fence.proxy.async.global" in ptx
+    assert re.search(r"(?:ld|atom)\.global\.sys\.acquire", ptx)  # (the flag polls)
+    plain = _compile(mod, probe, name, M, N, K, torch.bfloat16, False)[1]
+    assert "%globaltimer" not in plain.asm["ptx"]
+    with pytest.raises(ValueError, match="data parallel"):
+        mod.ws_operands(a, b, out, None, probe.variant_plan(mod, "coop128x256:sk", M, N, K),
+                        wait=wait)

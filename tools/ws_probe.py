@@ -123,15 +123,10 @@ def _short(dtype) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _ws_module():
-    """``_ws_launch`` (with ``_ws_kernels`` and ``_ws_configs``' names) without importing
-    ``ditron_ops`` (its import picks CPU/GPU modes)."""
+    """``_ws_launch`` (with ``_ws_kernels`` and ``_ws_configs``' names)."""
     import importlib
-    import types
-    pkg = types.ModuleType("ditron_ws")  # a stand-in package over ditron_ops/gemm
-    pkg.__path__ = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                 "ditron_ops", "gemm")]
-    sys.modules["ditron_ws"] = pkg
-    return importlib.import_module("ditron_ws._ws_launch")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return importlib.import_module("ditron_ops.gemm._ws_launch")
 
 
 def variant_plan(ws, name, M, N, K, in_bytes=2, out_bytes=2, sms=132):

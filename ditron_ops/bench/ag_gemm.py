@@ -6,11 +6,14 @@ Cases (one run, one GPU)::
                   on the local shapes M=8192, N = model N / 8, K (shapes.LAYER_CONFIGS), per
                   tile configuration of ``gemm._core.GPU_CONFIGS``
     P2  present   the ag_gemm consumer with every chunk already present (flags pre-set, waits
-                  and swizzle active) vs the same kernel as a plain GEMM, per tile configuration
+                  and swizzle active) vs the same kernel as a plain GEMM, per tile configuration,
+                  and the warp-specialized consumer (``ws``) vs its plain launch
     host          eager ag_gemm at W=1 on a tiny problem vs the same call replayed in a CUDA graph
     fused         ag_gemm(impl="fused") vs impl="baseline" (all_gather + torch.matmul) on the
                   virtual world (W ranks share one GPU: the collective is HBM copies), M sweep,
                   LLaMA-3.1-8B layer
+    consumer      the fused call with the consumer core ``auto`` vs the portable core forced
+                  (``_ag_launch.CONSUMER_CORE``), same sweep
     producer      the fused path with the SM pull producer (``ag_pull_kernel``) vs the copy-engine
                   producer, same sweep (on one GPU both move HBM to HBM: this measures the SMs
                   the pull kernel takes from the GEMM against the copy engines' interference)
@@ -118,8 +121,42 @@ def _present(group, cfg: BenchConfig, out: list[Result], configs: list[str]) -> 
                               "equal": equal[name]})
             rows[name].append(r)
             out.append(r)
-    for name in configs:
-        out.append(geo_mean_row(rows[name], f"P2 chunks present {name}"))
+        ws_row = _present_ws(group, cfg, a, b, sig, offsets, claim, record, models)
+        if ws_row is not None:
+            rows.setdefault("ws", []).append(ws_row)
+            out.append(ws_row)
+    for name in rows:
+        if rows[name]:
+            out.append(geo_mean_row(rows[name], f"P2 chunks present {name}"))
+
+
+def _present_ws(group, cfg: BenchConfig, a, b, sig, offsets, claim, record, models):
+    """P2 of the warp-specialized consumer (``WAIT``, data parallel) vs its plain launch (same
+    plan, no waits), with cuBLAS timed in the same turns (``vs_cublas``); None where the WS
+    core refuses the product."""
+    from ..gemm._ws_launch import MODE_DP, WsGemm, refusal
+    m, n, k = a.shape[0], b.shape[1], a.shape[1]
+    c, c_plain = (torch.empty(m, n, dtype=cfg.dtype, device=group.device) for _ in range(2))
+    if refusal(a, b, c, None) is not None:
+        return None
+    sms = gemm_core.program_budget(group.device, None)
+    waiting = WsGemm(a, b, c, None, sms, (sig, offsets, claim, record, 0, 1, 10**7, 0))
+    plain = WsGemm(a, b, c_plain, None, sms, mode=MODE_DP)
+    waiting.run(a, b, c, None)
+    plain.run(a, b, c_plain, None)
+    group.synchronize()
+    equal = torch.equal(c, c_plain) and int(record[0]) == 0
+    times = paired_graph_times(group, {"plain": lambda: plain.run(a, b, c_plain, None),
+                                       "present": lambda: waiting.run(a, b, c, None),
+                                       "cublas": lambda: torch.matmul(a, b)},
+                               rounds=cfg.rounds, target_ms=cfg.target_ms)
+    t, t_plain = times["present"], times["plain"]
+    return Result("ag_gemm", "P2 chunks present ws", 1, cfg.dtype_name,
+                  "ag_gemm WS consumer (waits)", t, "our plain WS GEMM", t_plain,
+                  shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=models,
+                  extra={"overhead_pct": round(100 * (t / t_plain - 1), 2), "equal": equal,
+                         "config": waiting.name,
+                         "vs_cublas": round(times["cublas"] / t, 3)})
 
 
 def _host(group, cfg: BenchConfig, out: list[Result]) -> None:
@@ -157,14 +194,22 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
                     _ag_launch.PRODUCER = producer
                     t[producer] = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="fused"),
                                                   rounds=cfg.rounds, target_ms=cfg.target_ms)
+                _ag_launch.PRODUCER = chosen
+                _ag_launch.CONSUMER_CORE = "tl"
+                t["tl"] = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="fused"),
+                                          rounds=cfg.rounds, target_ms=cfg.target_ms)
             finally:
                 _ag_launch.PRODUCER = chosen
+                _ag_launch.CONSUMER_CORE = "auto"
             t_b = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="baseline"), rounds=cfg.rounds,
                                   target_ms=cfg.target_ms)
             common = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model.name)
             rows.append(Result("ag_gemm", f"fused M={m}", world, cfg.dtype_name,
                                f"ag_gemm fused ({chosen})", t[chosen], "all_gather + torch.matmul",
                                t_b, **common))
+            rows.append(Result("ag_gemm", f"consumer M={m}", world, cfg.dtype_name,
+                               f"fused ({chosen}), consumer core auto", t[chosen],
+                               "fused, portable consumer", t["tl"], **common))
             for producer, what in (("pull", "pull producer (SMs)"),
                                    ("push", "push call (one launch)")):
                 rows.append(Result("ag_gemm", f"producer M={m}", world, cfg.dtype_name,

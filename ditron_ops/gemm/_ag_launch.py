@@ -17,8 +17,10 @@ from ..runtime.precompile import one_rank_pad, pointer_table, register_precompil
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import tensor_key
 from ._ag_kernels import ag_gemm_push_kernel, ag_publish_kernel, ag_pull_kernel
-from ._core import (CoreGemm, Scales, consumer_programs, program_budget, rule_configs,
-                    scaled_config, select_config)
+from ._core import (CoreGemm, Scales, consumer_programs, prefers_ws, program_budget,
+                    rule_configs, scaled_config, select_config)
+from ._ws_launch import WsGemm
+from ._ws_launch import refusal as ws_refusal
 
 PURPOSE = "ag_gemm"
 PRODUCERS = ("copy", "pull", "push")
@@ -28,6 +30,15 @@ PRODUCER = "auto"
 GEMM kernel's own programs push this rank's rows before their tiles (``ag_gemm_push_kernel``: the
 whole call is one launch); ``"auto"``, push for gathers of at most ``PUSH_MAX_BYTES``, else copy.
 The ``ag_gemm`` bench measures them (``producer`` rows)."""
+CONSUMER_CORES = ("auto", "tl", "ws")
+CONSUMER_CORE = "auto"
+"""The GEMM core of the copy and pull producers' consumer: ``"auto"``, the warp-specialized
+core where it takes the gathered product (``_ws_launch.refusal``) and the plain ``matmul``
+times it faster on these operands (``_core.prefers_ws``: its choice for the gathered buffer,
+B, bias and out, made once per plan), else the portable one; ``"tl"`` / ``"ws"`` force one
+(tests, benches; ``"ws"`` still falls back where the WS core refuses). Ranks may differ: each
+rank's consumer only waits for flags. The push producer and fp8 rows run the portable core
+(its kernel pushes the rows; the WS core has no fp8 path)."""
 PUSH_MAX_BYTES = 1 << 20
 """``"auto"`` pushes gathers (``ΣM_r · K`` elements) of at most this many bytes: the call is
 then host-bound (a fused call with copy engines costs four launches, a copy, and a stream fork
@@ -180,10 +191,21 @@ class AgGemmPlan:
             if a.is_cuda:  # the pull programs must be resident beside the GEMM's
                 tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
                 programs = max(1, min(consumer_programs(a.device, group, tiles), budget))
-        self.core = CoreGemm(a_desc, b, out, bias, group=group, wait=True, sig=sig,
-                             offsets=offsets, claim=claim, record=record, m=m, programs=programs,
-                             cfg=cfg, push=push, b_pad=previous.core._b_pad if previous else None,
-                             scales=scales)
+        self.ws_core = self.core = None
+        core = CONSUMER_CORE
+        if core not in CONSUMER_CORES:
+            raise ValueError(f"ditron.ag_gemm: CONSUMER_CORE must be one of {CONSUMER_CORES}")
+        if (core != "tl" and producer != "push" and scaled is None
+                and ws_refusal(self.gathered_view, b, out, bias) is None
+                and (core == "ws" or prefers_ws(self.gathered_view, b, bias, out))):
+            wait = (sig, offsets, claim, record, rank, w, timeout, op_id("ag_gemm"))
+            self.ws_core = WsGemm(self.gathered_view, b, out, bias, programs or budget, wait)
+        else:
+            self.core = CoreGemm(a_desc, b, out, bias, group=group, wait=True, sig=sig,
+                                 offsets=offsets, claim=claim, record=record, m=m,
+                                 programs=programs, cfg=cfg, push=push,
+                                 b_pad=previous.core._b_pad if previous and previous.core
+                                 else None, scales=scales)
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the views are of a freed buffer."""
@@ -233,7 +255,10 @@ class AgGemmPlan:
                 cuda_driver.wait(side, fork)
                 self._produce_on(side, src)
                 cuda_driver.record(join, side)
-                self.core.run(None, b, out, bias, scale_b=scale_b)
+                if self.ws_core is not None:
+                    self.ws_core.run(self.gathered_view, b, out, bias)
+                else:
+                    self.core.run(None, b, out, bias, scale_b=scale_b)
                 cuda_driver.wait(main, join)
             else:
                 self._produce_here(src)

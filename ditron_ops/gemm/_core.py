@@ -770,6 +770,14 @@ def _plan_of(a, b, out, deterministic, core="auto") -> "_MatmulPlan":
                  None, core)
 
 
+def prefers_ws(a, b, bias, out) -> bool:
+    """Whether ``matmul(a, b, bias, out)`` (``core="auto"``, the default mode) runs on the WS
+    core: its plan, built here when missing (both cores timed on these tensors, ``_tune``).
+    The ag_gemm consumer's choice for its gathered buffer."""
+    return _plan(_matmul_key(a, b, bias, out, None, False, None), a, b, bias, out, None, False,
+                 None).ws is not None
+
+
 def matmul_split(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *,
                  deterministic: Optional[bool] = None, core: str = "auto") -> int:
     """The K slices ``matmul(a, b, out=out, core=core)`` runs the whole product in (1:

@@ -57,6 +57,9 @@ except ImportError:  # annotations are strings (future import), so the defs belo
     gluon = gl = None
     HAVE_GLUON = False
 
+from ..language import gluon_signals as gs
+from ..runtime.error_record import KIND_SIZE_MISMATCH
+
 _jit = gluon.jit if HAVE_GLUON else (lambda fn: fn)
 _constexpr_function = gluon.constexpr_function if HAVE_GLUON else (lambda fn: fn)
 
@@ -65,6 +68,9 @@ MAXNREG = 168
 The loader's warpgroup then drops to ``LOADER_REGS`` and the consumers rise (setmaxnreg)."""
 LOADER_REGS = 24
 """Registers of the loader partition (scalar work only; the hardware minimum)."""
+LOADER_WAIT_REGS = 40
+"""Registers of a waiting loader (``WAIT``: the flag polls, deadline and seen-chunk mask;
+at 24 the ping-pong kernels' loader spilled)."""
 CONSUMER_REGS = 240
 """Registers of the ping-pong worker consumer (a 128-register accumulator plus addressing);
 the default partition gets what is left of ``MAXNREG`` x 3 warpgroups."""
@@ -76,7 +82,7 @@ split-K partial stored and its arrival counted (those modes only), 3 the unit do
 a split plane stored, or the fix-up's C stored)."""
 _K_TRACE_UNITS = gl.constexpr(TRACE_UNITS) if HAVE_GLUON else TRACE_UNITS
 _K_TRACE_POINTS = gl.constexpr(TRACE_POINTS) if HAVE_GLUON else TRACE_POINTS
-_K_LOADER_REGS = gl.constexpr(LOADER_REGS) if HAVE_GLUON else LOADER_REGS  # kernels read these
+_SIZE_MISMATCH = gl.constexpr(KIND_SIZE_MISMATCH) if HAVE_GLUON else KIND_SIZE_MISMATCH
 _K_CONSUMER_REGS = gl.constexpr(CONSUMER_REGS) if HAVE_GLUON else CONSUMER_REGS
 
 
@@ -85,20 +91,26 @@ _K_CONSUMER_REGS = gl.constexpr(CONSUMER_REGS) if HAVE_GLUON else CONSUMER_REGS
 # --------------------------------------------------------------------------------------------
 
 @_constexpr_function
+def _loader_regs(wait):
+    return LOADER_WAIT_REGS if wait else LOADER_REGS
+
+
+@_constexpr_function
 def _wgmma_n(block_n):
     """wgmma instruction N: the whole tile width (one m64nNk16 per warpgroup and K16 step)."""
     return min(block_n, 256)
 
 
 @_jit
-def _tile_mn(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
+def _tile_mn(tile, tiles_m, tiles_n, shift, GROUP_M: gl.constexpr):
     """Grouped tile order: bands of ``GROUP_M`` tile rows, column-major inside a band, so the
-    programs working at one time share B columns and A rows in L2."""
+    programs working at one time share B columns and A rows in L2; rows rotated by ``shift``
+    tiles (the ag_gemm consumer: this rank's own rows first, 0 otherwise)."""
     band_tiles = GROUP_M * tiles_n
     first_m = (tile // band_tiles) * GROUP_M
     rows = gl.minimum(tiles_m - first_m, GROUP_M)
     in_band = tile % band_tiles
-    return first_m + in_band % rows, in_band // rows
+    return (first_m + in_band % rows + shift) % tiles_m, in_band // rows
 
 
 @_jit
@@ -180,11 +192,41 @@ def _owner(g, q, r):
 
 
 @_jit
+def _wait_rows(sig_ptr, offsets_ptr, row_lo, row_hi, rank, world_size, epoch, deadline,
+               err_claim, err_record, op_id, seen):
+    """The ag_gemm consumer's wait before a tile's A loads (``_core_kernels._wait_rows``' twin):
+    every gathered chunk overlapping rows ``[row_lo, row_hi)`` not yet in ``seen`` (bit s:
+    chunk s landed; chunks from 63 on are waited for every time), its size checked. Returns
+    the new ``seen``; the proxy fence runs after a wait (TMA reads the rows next)."""
+    new = seen
+    waited = 0
+    one = (epoch * 0 + 1).to(gl.int64)
+    for s in range(world_size):
+        bit = gl.where(s < 63, one << gl.minimum(s, 62).to(gl.int64), 0)
+        lo = gl.load(offsets_ptr + s)
+        hi = gl.load(offsets_ptr + s + 1)
+        if (lo < row_hi) & (hi > row_lo) & ((seen & bit) == 0):
+            arrived = gs.wait_at_least(sig_ptr + s, epoch, deadline, err_claim, err_record,
+                                       op_id, rank, s, epoch)
+            got = gl.load(sig_ptr + 2 * world_size + s, volatile=True)
+            if arrived & (got != (hi - lo)):
+                gs.record_error(err_claim, err_record, op_id, rank, s, epoch, _SIZE_MISMATCH)
+            new = new | bit  # (a timed-out chunk too: a lost peer costs one timeout)
+            waited += 1
+    if waited > 0:
+        gs.fence_proxy_async()
+    return new
+
+
+@_jit
 def _ws_loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
-               dp_tiles, split, B_KN: gl.constexpr, GROUP_M: gl.constexpr, MODE: gl.constexpr,
-               N2: gl.constexpr):
+               dp_tiles, split, shift, sig_ptr, offsets_ptr, err_claim, err_record, rank,
+               world_size, epoch, deadline, op_id, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
+               MODE: gl.constexpr, N2: gl.constexpr, WAIT: gl.constexpr):
     """Producer partition: fills the ring in work-unit order, one K step per slot (``N2``: the
-    second accumulator's columns, its B box loaded beside the first)."""
+    second accumulator's columns, its B box loaded beside the first). ``WAIT`` (the ag_gemm
+    consumer): before a unit's loads, the gathered chunks its rows come from (``_wait_rows``;
+    flags ``>= epoch``, bounded by ``deadline``)."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -202,11 +244,18 @@ def _ws_loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M
     tiles_m, tiles_n, k_steps, units, n_dp, s, e, t0, q, r, kps = _sched(
         M, N, K, dp_tiles, split, MODE, BLOCK_M, BLOCK_N + N2, BLOCK_K)
     it = 0  # ring position, continuous over units (consumers derive theirs the same way)
+    if WAIT:
+        seen = (epoch * 0).to(gl.int64)  # chunks seen landed
+    else:
+        seen = 0
     for i in range(units):
         tile, kb, ke = _unit(i, k_steps, n_dp, s, e, t0, kps, dp_tiles, split, MODE)
-        pid_m, pid_n = _tile_mn(tile, tiles_m, tiles_n, GROUP_M)
+        pid_m, pid_n = _tile_mn(tile, tiles_m, tiles_n, shift, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * (BLOCK_N + N2)
+        if WAIT:
+            seen = _wait_rows(sig_ptr, offsets_ptr, off_m, gl.minimum(off_m + BLOCK_M, M), rank,
+                              world_size, epoch, deadline, err_claim, err_record, op_id, seen)
         for kk in range(kb, ke):
             slot = it % STAGES
             # Parity of the previous fill's release; a fresh barrier passes parity 1 at once.
@@ -387,7 +436,7 @@ def _stamp(trace_ptr, i, POINT: gl.constexpr, TRACE: gl.constexpr):
 
 @_jit
 def _ws_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr,
-                 cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows,
+                 cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows, shift,
                  HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
                  MODE: gl.constexpr, TMA_PARTS: gl.constexpr, TRACE: gl.constexpr,
                  N2: gl.constexpr, SLOT: gl.constexpr, SLOTS: gl.constexpr,
@@ -485,7 +534,7 @@ def _ws_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, b
             mbarrier.arrive(empty.index(prev))
             _stamp(trace_ptr, i, 1, TRACE)
 
-            pid_m, pid_n = _tile_mn(tile, tiles_m, tiles_n, GROUP_M)
+            pid_m, pid_n = _tile_mn(tile, tiles_m, tiles_n, shift, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * (BLOCK_N + N2)
             parts = _split_cols(acc, PARTS)
@@ -573,27 +622,31 @@ def _ws_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, b
 @_jit
 def _ws_consumer_worker(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, bias_ptr,
                         ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows,
+                        shift,
                         HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
                         MODE: gl.constexpr, TMA_PARTS: gl.constexpr, TRACE: gl.constexpr,
                         N2: gl.constexpr):
     """The ping-pong's second consumer (a 4-warp worker partition, slot 1 of 2)."""
     _ws_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr,
-                 cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows, HAS_BIAS, B_KN,
-                 GROUP_M, MODE, TMA_PARTS, TRACE, N2, 1, 2, 4)
+                 cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows, shift,
+                 HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE, N2, 1, 2, 4)
 
 
 def _jit_dims(fn):
     """``ws_gemm_kernel``'s decorator: sizes unspecialized (one binary serves every shape)."""
-    return (gluon.jit(fn, do_not_specialize=["M", "N", "K", "dp_tiles", "split", "plane_rows"])
+    return (gluon.jit(fn, do_not_specialize=["M", "N", "K", "dp_tiles", "split", "plane_rows",
+                                             "rank", "world_size", "timeout_us", "op_id"])
             if HAVE_GLUON else fn)
 
 
 @_jit_dims
 def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, b2_desc,
-                   M, N, K, dp_tiles, split, plane_rows, HAS_BIAS: gl.constexpr,
+                   M, N, K, dp_tiles, split, plane_rows, sig_ptr, offsets_ptr, err_claim,
+                   err_record, rank, world_size, timeout_us, op_id, HAS_BIAS: gl.constexpr,
                    B_KN: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                    PINGPONG: gl.constexpr, MODE: gl.constexpr, TMA_PARTS: gl.constexpr,
-                   num_warps: gl.constexpr, TRACE: gl.constexpr = False, N2: gl.constexpr = 0):
+                   num_warps: gl.constexpr, TRACE: gl.constexpr = False, N2: gl.constexpr = 0,
+                   WAIT: gl.constexpr = False):
     """Persistent warp-specialized GEMM (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` [M, K] boxes [BLOCK_M, BLOCK_K]; ``b_desc`` [K, N] boxes [BLOCK_K, BLOCK_N]
@@ -606,8 +659,21 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, tr
     pitch ``splitr_pitch``); else ``p_desc`` is unused (``c_desc`` passed again).
     ``TRACE``: consumers record timestamps in ``trace_ptr`` (``_stamp``; else unused).
     ``N2`` > 0: ``b2_desc`` boxes the second accumulator's ``N2`` columns of B (else unused:
-    ``b_desc`` passed again); output tiles are ``BLOCK_N + N2`` wide."""
+    ``b_desc`` passed again); output tiles are ``BLOCK_N + N2`` wide.
+    ``WAIT``: the ag_gemm consumer over the gathered buffer ``a_desc``: the loader waits for
+    the chunks of each unit's rows (the signal pad ``sig_ptr``: arrival flags, sizes at
+    ``2W``, the call's epoch at ``3W``; ``offsets_ptr`` the chunks' first rows; a timeout after
+    ``timeout_us`` recorded as op ``op_id``) and every partition visits the rows of tiles from
+    this rank's own first (else the wait arguments are unused)."""
     dtype: gl.constexpr = a_desc.dtype
+    if WAIT:
+        shift = gl.load(offsets_ptr + rank) // a_desc.block_type.shape[0]
+        epoch = gl.load(sig_ptr + 3 * world_size, volatile=True).to(gl.int64)
+        deadline = gs.now_ns() + timeout_us.to(gl.int64) * 1000
+    else:  # (constants: no waiting code in the plain kernel)
+        shift = 0
+        epoch = 0
+        deadline = 0
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     if N2 > 0:
@@ -633,21 +699,25 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, tr
         gl.warp_specialize([
             (_ws_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem0, c_desc,
                             bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles,
-                            split, plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE,
-                            N2, 0, 2, num_warps)),
+                            split, plane_rows, shift, HAS_BIAS, B_KN, GROUP_M, MODE,
+                            TMA_PARTS, TRACE, N2, 0, 2, num_warps)),
             (_ws_consumer_worker, (a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem1, c_desc,
                                    bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K,
-                                   dp_tiles, split, plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE,
-                                   TMA_PARTS, TRACE, N2)),
+                                   dp_tiles, split, plane_rows, shift, HAS_BIAS, B_KN, GROUP_M,
+                                   MODE, TMA_PARTS, TRACE, N2)),
             (_ws_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N,
-                          K, dp_tiles, split, B_KN, GROUP_M, MODE, N2)),
-        ], [4, 1], [_K_CONSUMER_REGS, _K_LOADER_REGS])
+                          K, dp_tiles, split, shift, sig_ptr, offsets_ptr, err_claim, err_record,
+                          rank, world_size, epoch, deadline, op_id, B_KN, GROUP_M, MODE, N2,
+                          WAIT)),
+        ], [4, 1], [_K_CONSUMER_REGS, _loader_regs(WAIT)])
     else:
         gl.warp_specialize([
             (_ws_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem0, c_desc,
                             bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles,
-                            split, plane_rows, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE,
-                            N2, 0, 1, num_warps)),
+                            split, plane_rows, shift, HAS_BIAS, B_KN, GROUP_M, MODE,
+                            TMA_PARTS, TRACE, N2, 0, 1, num_warps)),
             (_ws_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N,
-                          K, dp_tiles, split, B_KN, GROUP_M, MODE, N2)),
-        ], [1], [_K_LOADER_REGS])
+                          K, dp_tiles, split, shift, sig_ptr, offsets_ptr, err_claim, err_record,
+                          rank, world_size, epoch, deadline, op_id, B_KN, GROUP_M, MODE, N2,
+                          WAIT)),
+        ], [1], [_loader_regs(WAIT)])

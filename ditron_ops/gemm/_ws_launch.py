@@ -164,10 +164,11 @@ def _scratch(device, ws_floats: int, counters: int):
     return ws, cnt
 
 
-def ws_operands(a, b, out, bias, p: WsPlan, trace=None):
+def ws_operands(a, b, out, bias, p: WsPlan, trace=None, wait=None):
     """Descriptors and launch arguments of ``ws_gemm_kernel`` for plan ``p`` (no launch);
     ``trace``: an int64 ``[grid, TRACE_UNITS, TRACE_POINTS]`` tensor the consumers stamp (the
-    probe's timeline), else none.
+    probe's timeline), else none; ``wait``: the ag_gemm consumer's ``(sig, offsets, claim,
+    record, rank, world_size, timeout_us, op_id)`` (the kernel's ``WAIT``), else none.
 
     Returns ``(args, meta)``: positional arguments and constexpr/launch keywords."""
     cfg = p.cfg
@@ -193,13 +194,15 @@ def ws_operands(a, b, out, bias, p: WsPlan, trace=None):
     p_desc, plane_rows = c_desc, 0
     if tma_parts:
         p_desc, plane_rows = _partials_desc(ws, M, N, out.element_size(), p)
+    if wait is not None and p.mode != MODE_DP:
+        raise ValueError("ws_matmul: a waiting consumer runs data parallel only")
     args = (a_desc, b_desc, c_desc, bias if bias is not None else out, ws, cnt, p_desc,
             trace if trace is not None else cnt, b2_desc, M, N, K, p.dp_tiles, p.split,
-            plane_rows)
+            plane_rows) + (tuple(wait) if wait is not None else (cnt, cnt, ws, ws, 0, 1, 0, 0))
     meta = dict(HAS_BIAS=bias is not None, B_KN=b_kn, GROUP_M=cfg.group_m, STAGES=stages,
                 PINGPONG=cfg.pingpong, MODE=p.mode, TMA_PARTS=tma_parts,
                 num_warps=cfg.num_warps, maxnreg=MAXNREG, TRACE=trace is not None,
-                N2=cfg.block_n2)
+                N2=cfg.block_n2, WAIT=wait is not None)
     return args, meta
 
 
@@ -401,19 +404,24 @@ class WsGemm:
     made once per address) and its scratch grown here; ``run`` launches it.
 
     Compile errors surface where the kernels are bound (the end of the ``compiler.batch`` the
-    plan is built in); ``matmul(core="auto")`` passes them to ``mark_broken``."""
+    plan is built in); ``matmul(core="auto")`` passes them to ``mark_broken``.
 
-    def __init__(self, a, b, out, bias, sms: int):
+    ``wait``: the ag_gemm consumer (``ws_operands``' tuple; ``a`` the gathered buffer): data
+    parallel on at most ``sms`` programs, all resident (one per SM), each tile's loads after
+    the chunks of its rows landed. ``mode``: force a schedule (benches)."""
+
+    def __init__(self, a, b, out, bias, sms: int, wait=None, mode=None):
         from ..runtime.launcher import BoundKernel
         m, k = a.shape
-        self.plan = p = plan(m, b.shape[1], k, a.element_size(), out.element_size(), sms)
+        self.plan = p = plan(m, b.shape[1], k, a.element_size(), out.element_size(), sms,
+                             mode=MODE_DP if wait is not None else mode)
         self.name = "ws:" + describe(p)
         if p.pad_a or p.pad_b:  # (the rule plans copies only for rows off sectors: refused)
             raise RuntimeError(f"{self.name}: row copies are not bound")
         _scratch(a.device, p.ws_tiles * p.cfg.block_m * p.cfg.tile_n, p.counters)
         self._b_kn = b.stride(1) == 1
         self._tma_parts = p.partials == "tma" and p.mode != MODE_DP
-        args, meta = ws_operands(a, b, out, bias, p)
+        args, meta = ws_operands(a, b, out, bias, p, wait=wait)
         # per call: A, B (twice: its two boxes), C (and the partials' descriptor, over C in
         # every plan without TMA partials, where it is unused), bias (C again without one)
         vary = ("a_desc", "b_desc", "c_desc", "bias_ptr", "b2_desc") + (
