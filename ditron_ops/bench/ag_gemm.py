@@ -195,12 +195,14 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
                     t[producer] = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="fused"),
                                                   rounds=cfg.rounds, target_ms=cfg.target_ms)
                 _ag_launch.PRODUCER = chosen
-                _ag_launch.CONSUMER_CORE = "tl"
-                t["tl"] = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="fused"),
-                                          rounds=cfg.rounds, target_ms=cfg.target_ms)
+                for core in ("auto", "tl"):
+                    _ag_launch.CONSUMER_CORE = core
+                    t[f"core {core}"] = graph_time_spmd(
+                        group, lambda: ag_gemm(a, b, impl="fused"), rounds=cfg.rounds,
+                        target_ms=cfg.target_ms)
             finally:
                 _ag_launch.PRODUCER = chosen
-                _ag_launch.CONSUMER_CORE = "auto"
+                _ag_launch.CONSUMER_CORE = consumer
             t_b = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="baseline"), rounds=cfg.rounds,
                                   target_ms=cfg.target_ms)
             common = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model.name)
@@ -208,8 +210,8 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
                                f"ag_gemm fused ({chosen})", t[chosen], "all_gather + torch.matmul",
                                t_b, **common))
             rows.append(Result("ag_gemm", f"consumer M={m}", world, cfg.dtype_name,
-                               f"fused ({chosen}), consumer core auto", t[chosen],
-                               "fused, portable consumer", t["tl"], **common))
+                               f"fused ({chosen}), consumer core auto", t["core auto"],
+                               "fused, portable consumer", t["core tl"], **common))
             for producer, what in (("pull", "pull producer (SMs)"),
                                    ("push", "push call (one launch)")):
                 rows.append(Result("ag_gemm", f"producer M={m}", world, cfg.dtype_name,
@@ -217,7 +219,7 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
                                    t["copy"], **common))
         return rows
 
-    chosen = _ag_launch.PRODUCER
+    chosen, consumer = _ag_launch.PRODUCER, _ag_launch.CONSUMER_CORE
 
     out.extend(launch(body, world, cfg.device)[0])
 

@@ -31,8 +31,9 @@ GEMM kernel's own programs push this rank's rows before their tiles (``ag_gemm_p
 whole call is one launch); ``"auto"``, push for gathers of at most ``PUSH_MAX_BYTES``, else copy.
 The ``ag_gemm`` bench measures them (``producer`` rows)."""
 CONSUMER_CORES = ("auto", "tl", "ws")
-CONSUMER_CORE = "auto"
-"""The GEMM core of the copy and pull producers' consumer: ``"auto"``, the warp-specialized
+CONSUMER_CORE = "tl"
+"""The GEMM core of the copy and pull producers' consumer (default ``"tl"`` until the waiting
+WS consumer has a GPU run: benchmarks/NOTES.md, ag_gemm): ``"auto"``, the warp-specialized
 core where it takes the gathered product (``_ws_launch.refusal``) and the plain ``matmul``
 times it faster on these operands (``_core.prefers_ws``: its choice for the gathered buffer,
 B, bias and out, made once per plan), else the portable one; ``"tl"`` / ``"ws"`` force one
