@@ -194,7 +194,7 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
                     _ag_launch.PRODUCER = producer
                     t[producer] = graph_time_spmd(group, lambda: ag_gemm(a, b, impl="fused"),
                                                   rounds=cfg.rounds, target_ms=cfg.target_ms)
-                _ag_launch.PRODUCER = chosen
+                _ag_launch.PRODUCER = "copy"  # (the WS consumer's producers: copy, pull)
                 for core in ("auto", "tl"):
                     _ag_launch.CONSUMER_CORE = core
                     t[f"core {core}"] = graph_time_spmd(
@@ -210,7 +210,7 @@ def _fused_vs_baseline(cfg: BenchConfig, out: list[Result], world: int) -> None:
                                f"ag_gemm fused ({chosen})", t[chosen], "all_gather + torch.matmul",
                                t_b, **common))
             rows.append(Result("ag_gemm", f"consumer M={m}", world, cfg.dtype_name,
-                               f"fused ({chosen}), consumer core auto", t["core auto"],
+                               "fused (copy), consumer core auto", t["core auto"],
                                "fused, portable consumer", t["core tl"], **common))
             for producer, what in (("pull", "pull producer (SMs)"),
                                    ("push", "push call (one launch)")):

@@ -11,7 +11,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..errors import DitronError
 from ..language.barrier import start_barrier_kernel
-from ..runtime import cuda_driver
+from ..runtime import compiler, cuda_driver
 from ..runtime.group import Group, op_id
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ..runtime.launcher import BoundKernel
@@ -20,6 +20,7 @@ from ._ag_kernels import ag_gemm_push_kernel, ag_publish_kernel, ag_pull_kernel
 from ._core import (CoreGemm, Scales, consumer_programs, prefers_ws, program_budget,
                     rule_configs, scaled_config, select_config)
 from ._ws_launch import WsGemm
+from ._ws_launch import mark_broken as ws_mark_broken
 from ._ws_launch import refusal as ws_refusal
 
 PURPOSE = "ag_gemm"
@@ -96,7 +97,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
             else "copy"
     if tensor_keys is None:
         tensor_keys = (tensor_key(a), tensor_key(b), tensor_key(bias))
-    key = ("ag_gemm", producer, *tensor_keys, None if own_out else tensor_key(out), tuple(shard_sizes),
+    key = ("ag_gemm", producer, CONSUMER_CORE, *tensor_keys, None if own_out else tensor_key(out), tuple(shard_sizes),
            scaled, None if scaled is None else tensor_key(scale_b), out.dtype)
     plan = group.plans.get(key, lambda previous=None: AgGemmPlan(
         group, a, b, bias, out, shard_sizes, producer, previous, scaled, scale_b))
@@ -192,21 +193,49 @@ class AgGemmPlan:
             if a.is_cuda:  # the pull programs must be resident beside the GEMM's
                 tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
                 programs = max(1, min(consumer_programs(a.device, group, tiles), budget))
-        self.ws_core = self.core = None
-        core = CONSUMER_CORE
-        if core not in CONSUMER_CORES:
-            raise ValueError(f"ditron.ag_gemm: CONSUMER_CORE must be one of {CONSUMER_CORES}")
-        if (core != "tl" and producer != "push" and scaled is None
-                and ws_refusal(self.gathered_view, b, out, bias) is None
-                and (core == "ws" or prefers_ws(self.gathered_view, b, bias, out))):
-            wait = (sig, offsets, claim, record, rank, w, timeout, op_id("ag_gemm"))
-            self.ws_core = WsGemm(self.gathered_view, b, out, bias, programs or budget, wait)
-        else:
+        self.core = None
+        self.ws_core = self._ws_consumer(b, out, bias, producer, scaled, budget, previous,
+                                         (sig, offsets, claim, record, rank, w, timeout,
+                                          op_id("ag_gemm")))
+        if self.ws_core is None:
             self.core = CoreGemm(a_desc, b, out, bias, group=group, wait=True, sig=sig,
                                  offsets=offsets, claim=claim, record=record, m=m,
                                  programs=programs, cfg=cfg, push=push,
                                  b_pad=previous.core._b_pad if previous and previous.core
                                  else None, scales=scales)
+
+    def _ws_consumer(self, b, out, bias, producer, scaled, budget, previous, wait):
+        """The waiting WS consumer where ``CONSUMER_CORE`` and the product allow it, else None
+        (the portable consumer). A stale plan's rebuild (possibly under graph capture: nothing
+        timed there) keeps the previous plan's choice; a WS build or compile failure falls
+        back (``_ws_launch.mark_broken`` for an unknown Gluon, as ``matmul`` does)."""
+        core = CONSUMER_CORE
+        if core not in CONSUMER_CORES:
+            raise ValueError(f"ditron.ag_gemm: CONSUMER_CORE must be one of {CONSUMER_CORES}")
+        a = self.gathered_view
+        if (core == "tl" or producer == "push" or scaled is not None
+                or ws_refusal(a, b, out, bias) is not None):
+            return None
+        if previous is not None:
+            if previous.ws_core is None:
+                return None
+        elif core == "auto" and not prefers_ws(a, b, bias, out):
+            return None
+        # A WS program holds a whole SM's registers: one SM of the share stays free for the
+        # copy producer's flag publishes (kernels); pull mode's budget already leaves the pull
+        # kernel's SMs.
+        sms = max(1, budget - 1) if producer == "copy" else budget
+        try:
+            with compiler.batch("ag_gemm"):  # bound (compile errors raised) at its end
+                return WsGemm(a, b, out, bias, sms, wait)
+        except (torch.OutOfMemoryError, ValueError):
+            raise
+        except RuntimeError:  # this plan's own limits
+            return None
+        except Exception as exc:  # noqa: BLE001 - a Gluon this module does not know
+            if type(exc).__name__ != "OutOfResources":
+                ws_mark_broken(exc)
+            return None
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the views are of a freed buffer."""

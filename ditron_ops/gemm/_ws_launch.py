@@ -1,9 +1,7 @@
 """Host side of the warp-specialized sm_90 GEMM (``_ws_kernels``): the ``MODE_SPLITR`` reduce
 kernels (plain Triton), descriptors and launch arguments, scratch buffers, ``ws_matmul``.
 
-Imports nothing of ``ditron_ops`` outside ``gemm/`` at module level (``tools/ws_probe.py`` loads
-the ``_ws_*`` modules as a stand-in package; ``WsGemm`` imports ``runtime.launcher`` when
-made) and imports on a Triton without Gluon (``ws_matmul`` then raises).
+Imports on a Triton without Gluon (``ws_matmul`` then raises).
 """
 from __future__ import annotations
 
@@ -252,16 +250,8 @@ def check_operands(a, b, out, bias) -> None:
 
 
 def _padded_copy(t):
-    """``_pad.padded_copy`` (rows onto 128-byte lines); a local copy of it where the probe
-    loads this module outside ``ditron_ops``."""
-    try:
-        from ditron_ops.gemm._pad import padded_copy
-    except ImportError:
-        rows, cols = t.shape
-        e = t.element_size()
-        buf = t.new_empty((rows, -(-cols * e // 128) * 128 // e))[:, :cols]
-        buf.copy_(t)
-        return buf
+    """``_pad.padded_copy`` (rows onto 128-byte lines)."""
+    from ._pad import padded_copy
     return padded_copy(t)
 
 

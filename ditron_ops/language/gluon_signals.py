@@ -70,7 +70,9 @@ def record_error(claim_ptr, record_ptr, op_id, rank, peer, epoch, kind):
 def wait_at_least(flag_ptr, target, deadline_ns, claim_ptr, record_ptr, op_id, rank, peer,
                   epoch):
     """``signals.wait_at_least``: spin until the local flag ``>= target`` (acquire), the
-    deadline, or a recorded error that stops waits; True when the flag arrived."""
+    deadline, or a recorded error that stops waits; True when the flag arrived. No closing
+    CTA barrier (the tl twin's): the callers are single-warp partitions, whose threads run
+    the loop in lockstep."""
     target = target.to(gl.int64)
     value = gl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys").to(gl.int64)
     now = now_ns()
