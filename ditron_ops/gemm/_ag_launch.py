@@ -11,16 +11,15 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..errors import DitronError
 from ..language.barrier import start_barrier_kernel
-from ..runtime import compiler, cuda_driver
+from ..runtime import cuda_driver
 from ..runtime.group import Group, op_id
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ..runtime.launcher import BoundKernel
 from ..runtime.plan import tensor_key
 from ._ag_kernels import ag_gemm_push_kernel, ag_publish_kernel, ag_pull_kernel
-from ._core import (CoreGemm, Scales, consumer_programs, prefers_ws, program_budget,
-                    rule_configs, scaled_config, select_config)
+from ._core import (CoreGemm, Scales, build_ws, consumer_programs, prefers_ws,
+                    program_budget, rule_configs, scaled_config, select_config)
 from ._ws_launch import WsGemm
-from ._ws_launch import mark_broken as ws_mark_broken
 from ._ws_launch import refusal as ws_refusal
 
 PURPOSE = "ag_gemm"
@@ -208,7 +207,7 @@ class AgGemmPlan:
         """The waiting WS consumer where ``CONSUMER_CORE`` and the product allow it, else None
         (the portable consumer). A stale plan's rebuild (possibly under graph capture: nothing
         timed there) keeps the previous plan's choice; a WS build or compile failure falls
-        back (``_ws_launch.mark_broken`` for an unknown Gluon, as ``matmul`` does)."""
+        back (``_core.build_ws``, as ``matmul``'s tuning does)."""
         core = CONSUMER_CORE
         if core not in CONSUMER_CORES:
             raise ValueError(f"ditron.ag_gemm: CONSUMER_CORE must be one of {CONSUMER_CORES}")
@@ -225,17 +224,7 @@ class AgGemmPlan:
         # copy producer's flag publishes (kernels); pull mode's budget already leaves the pull
         # kernel's SMs.
         sms = max(1, budget - 1) if producer == "copy" else budget
-        try:
-            with compiler.batch("ag_gemm"):  # bound (compile errors raised) at its end
-                return WsGemm(a, b, out, bias, sms, wait)
-        except (torch.OutOfMemoryError, ValueError):
-            raise
-        except RuntimeError:  # this plan's own limits
-            return None
-        except Exception as exc:  # noqa: BLE001 - a Gluon this module does not know
-            if type(exc).__name__ != "OutOfResources":
-                ws_mark_broken(exc)
-            return None
+        return build_ws("ag_gemm", lambda: WsGemm(a, b, out, bias, sms, wait))
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the views are of a freed buffer."""

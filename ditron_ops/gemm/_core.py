@@ -634,16 +634,8 @@ class _MatmulPlan:
         the WS core's on the call's tensors (both bound), keep the WS plan where it is faster
         than ``_tune.TUNE_MARGIN`` of the other (``prefer_ws``). Cached with the plan: a
         repeated call times nothing."""
-        try:
-            with compiler.batch("matmul"):  # bound (and compile errors raised) at its end
-                ws = WsGemm(a, b, out, bias, program_budget(a.device, None))
-        except (torch.OutOfMemoryError, ValueError):
-            raise
-        except RuntimeError:  # this plan's own limits (WsGemm's checks): the portable plan
-            return
-        except Exception as exc:  # noqa: BLE001 - a Gluon this module does not know
-            if type(exc).__name__ != "OutOfResources":  # (one config's shared memory)
-                ws_mark_broken(exc)  # (warns once; every later plan stays portable)
+        ws = build_ws("matmul", lambda: WsGemm(a, b, out, bias, program_budget(a.device, None)))
+        if ws is None:
             return
         t_tl, t_ws = time_alternating([lambda: self.run(a, b, bias, out),
                                        lambda: ws.run(a, b, out, bias)], out.device)
@@ -768,6 +760,25 @@ def _plan_of(a, b, out, deterministic, core="auto") -> "_MatmulPlan":
     det = resolve_deterministic(deterministic)
     return _plan(_matmul_key(a, b, None, out, None, det, None, core), a, b, None, out, None, det,
                  None, core)
+
+
+def build_ws(purpose: str, make):
+    """``make()`` (a ``WsGemm``) bound in its own ``compiler.batch`` (compile errors raised at
+    its end), or None where the portable core must serve instead: the plan's own limits
+    (``RuntimeError`` of WsGemm's checks, Triton's ``OutOfResources`` for one config), or a
+    Gluon this module does not know (``mark_broken``: one warning, every later plan
+    portable). Out-of-memory and bad arguments propagate."""
+    try:
+        with compiler.batch(purpose):
+            return make()
+    except (torch.OutOfMemoryError, ValueError):
+        raise
+    except RuntimeError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - a Gluon this module does not know
+        if type(exc).__name__ != "OutOfResources":
+            ws_mark_broken(exc)
+        return None
 
 
 def prefers_ws(a, b, bias, out) -> bool:
