@@ -168,3 +168,36 @@ def test_waiting_consumer_variants_compile(ws, name):
     with pytest.raises(ValueError, match="data parallel"):
         mod.ws_operands(a, b, out, None, probe.variant_plan(mod, "coop128x256:sk", M, N, K),
                         wait=wait)
+
+
+def test_precompile_binds_every_form_the_rule_picks(ws, monkeypatch):
+    """``precompile_ws`` (``precompile``'s WS share) binds each ``rule_plans`` form per B layout
+    and bias, the reduce kernel at every split, and with ``wait`` only the data-parallel forms,
+    waiting. Recorded, not compiled (``compiler.prepare``): the compiles of these forms are the
+    tests above and the GPU's ``precompile``."""
+    import torch
+
+    from ditron_ops.runtime import compiler
+    mod, _ = ws
+    made = []
+    monkeypatch.setattr(compiler, "prepare", made.append)
+    mod.precompile_ws(torch.device("cpu"), (torch.bfloat16, ))
+
+    def forms(kernels):
+        return {(k.kwargs["MODE"], k.kwargs["STAGES"], k.kwargs["PINGPONG"], k.kwargs["N2"],
+                 k.kwargs["B_KN"], k.kwargs["HAS_BIAS"], k.kwargs["WAIT"])
+                for k in kernels if k.name == "ws_gemm_kernel"}
+    plans = mod.rule_plans(2, 2)
+    want = {(p.mode, p.stages, p.cfg.pingpong, p.cfg.block_n2, b_kn, bias, False)
+            for p in plans for b_kn in (False, True) for bias in (False, True)}
+    assert forms(made) == want
+    splits = {k.kwargs["SPLIT"] for k in made if k.name == "ws_reduce_kernel"}
+    from ditron_ops.gemm._ws_configs import SPLITR_MAX
+    assert splits == set(range(2, SPLITR_MAX + 1))
+    made.clear()
+    sig = torch.zeros(16, dtype=torch.int64)
+    offsets = torch.zeros(2, dtype=torch.int32)
+    mod.precompile_ws(torch.device("cpu"), (torch.float16, ),
+                      wait=(sig, offsets, sig[:1], sig, 0, 1, 10**6, 0))
+    assert forms(made) == {f[:6] + (True, ) for f in want if f[0] == mod.MODE_DP}
+    assert all(k.name == "ws_gemm_kernel" for k in made)

@@ -442,3 +442,22 @@ def test_another_tritons_gluon_is_refused_after_one_warning(monkeypatch):
         again = _ws_launch.refusal(a, None, None, None)
     assert first == again and "unavailable" in first
     assert sum("warp-specialized" in str(w.message) for w in seen) == 1
+
+
+def test_rule_plans_cover_every_form_the_rule_picks():
+    """``rule_plans`` (what ``precompile`` binds) holds every (config, schedule, ring depth,
+    reduce split) ``plan`` returns on a seeded sweep of shapes, SM counts and both C sizes it
+    may be asked for, and nothing ``plan`` cannot return."""
+    forms = {(p.variant, p.mode, p.stages, p.split if p.mode == C.MODE_SPLITR else 1)
+             for p in C.rule_plans(2, 2)}
+    rng = random.Random(39)
+    picked = set()
+    for _ in range(6000):
+        m = rng.choice([rng.randint(65, 20000), rng.randint(65, 1024)])
+        n = rng.choice([rng.randint(1, 30000), rng.randint(2, 3750) * 8, rng.randint(1, 32) * 64])
+        k = rng.choice([rng.randint(1, 30000), rng.randint(2, 3750) * 8, rng.randint(1, 400) * 64])
+        p = C.plan(m, n, k, 2, 2, rng.choice([132, 114, 78, 66]))
+        picked.add((p.variant, p.mode, p.stages, p.split if p.mode == C.MODE_SPLITR else 1))
+    assert picked <= forms, picked - forms
+    # every config, schedule and depth is picked somewhere (the splits of MODE_SPLITR are rare)
+    assert {f[:3] for f in picked} == {f[:3] for f in forms}

@@ -19,7 +19,8 @@ from ..runtime.plan import tensor_key
 from ._ag_kernels import ag_gemm_push_kernel, ag_publish_kernel, ag_pull_kernel
 from ._core import (CoreGemm, Scales, build_ws, consumer_programs, prefers_ws,
                     program_budget, rule_configs, scaled_config, select_config)
-from ._ws_launch import WsGemm
+from ._ws_launch import WsGemm, precompile_ws
+from ._ws_launch import core_refusal as ws_core_refusal
 from ._ws_launch import refusal as ws_refusal
 
 PURPOSE = "ag_gemm"
@@ -295,7 +296,8 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     """Every variant as one-rank launches (``runtime.precompile``): per tile configuration the
     rule can pick (``rule_configs``), the consumer (dtype x B layout x C store x wait, and fp32
     products for gemm_rs's references and baselines) and the one-launch push call; then the
-    start barrier and publish, the pull producer."""
+    start barrier and publish, the pull producer; the waiting WS consumer's forms where
+    ``CONSUMER_CORE`` may choose it (``precompile_ws``)."""
     sig, sig_table, claim, record = one_rank_pad(device)
     offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
     wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
@@ -310,6 +312,8 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     BoundKernel(start_barrier_kernel, (1,), (sig, sig_table, claim, record, 0, 1, 64, 10**6, 0),
                 {}, device=device)
     BoundKernel(ag_publish_kernel, (1,), (sig, sig_table, 0, 0, 1), {}, device=device)
+    if CONSUMER_CORE != "tl" and device.type == "cuda" and ws_core_refusal(device) is None:
+        precompile_ws(device, dtypes, wait=(sig, offsets, claim, record, 0, 1, 10**6, 0))
 
 
 def _precompile_consumer(device, cfg, dtype, sig, sig_table, claim, record, offsets) -> None:

@@ -12,16 +12,21 @@ from ._core import (NARROW_CANDIDATES, SHORT_K_CANDIDATE, SKINNY_CANDIDATES, SLI
                     WIDE_CANDIDATES, CoreGemm, SkinnyGemm, SplitKGemm, StripGemm, _dummies,
                     rule_configs)
 from ._pad import RowPad
+from ._ws_launch import core_refusal as ws_core_refusal
+from ._ws_launch import precompile_ws
 
 
 def _precompile(device: torch.device, dtypes: tuple) -> None:
     """``matmul``'s own variants (``runtime.precompile``; the unsplit persistent ones are the
     ``ag_gemm`` family's plain consumers): per tile configuration the rule can pick, fp16 and
     bf16, B ``[K, N]`` and ``[N, K]``, the split GEMM; the reduce into each dtype and fp32; on
-    the GPU the tiles only it takes (``precompile_plain_only``)."""
+    the GPU the tiles only it takes (``precompile_plain_only``) and, on sm_90, the WS core's
+    forms (``precompile_ws``)."""
     wanted = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
     if device.type == "cuda":
         precompile_plain_only(device, dtypes)
+        if ws_core_refusal(device) is None:
+            precompile_ws(device, dtypes)
     for cfg, dtype in itertools.product(rule_configs(device), wanted):
         a = torch.ones(64, 256, dtype=dtype, device=device)
         a_desc = TensorDescriptor(a, [64, 256], [256, 1], [cfg.block_m, cfg.block_k])

@@ -466,6 +466,28 @@ def plan(M: int, N: int, K: int, in_bytes: int = 2, out_bytes: int = 2, sms: int
     return dataclasses.replace(p, est=round(cost, 3))
 
 
+def rule_plans(in_bytes: int = 2, out_bytes: int = 2) -> tuple:
+    """Every kernel form ``plan``'s rule can choose (default mode, no forced option): per
+    ``RULE_CONFIGS`` entry its ring depths (``plan_stages``) and schedules (data parallel;
+    stream-K on ``SK_CONFIGS``; ``MODE_SPLITR`` on ``SPLITR_CONFIGS`` at each split 2 ..
+    ``SPLITR_MAX``, the reduce kernel's constant). Grids and scratch sizes are placeholders:
+    ``precompile`` binds what these compile to, not a launch. A pure function."""
+    out = []
+    for name in RULE_CONFIGS:
+        cfg = WS_CONFIGS[name]
+        depths = {fit_stages(cfg, in_bytes, out_bytes)}
+        if not cfg.stages and cfg.block_m * cfg.block_n <= 64 * 128:
+            depths.add(fit_stages(cfg, in_bytes, out_bytes, DEEP_STAGES))
+        for st in sorted(depths):
+            out.append(WsPlan(name, MODE_DP, 1, stages=st))
+            if name in SK_CONFIGS:
+                out.append(WsPlan(name, MODE_SK, 2, stages=st, ws_tiles=4, counters=1))
+            if name in SPLITR_CONFIGS:
+                out += [WsPlan(name, MODE_SPLITR, split, split=split, stages=st, ws_tiles=split)
+                        for split in range(2, SPLITR_MAX + 1)]
+    return tuple(out)
+
+
 def describe(p: WsPlan) -> str:
     """Short text of a plan (probe tables)."""
     m = {MODE_DP: "dp", MODE_SK: "sk", MODE_SPLIT: "split", MODE_SPLITR: "splitr"}[p.mode]

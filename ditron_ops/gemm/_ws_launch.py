@@ -6,13 +6,14 @@ Imports on a Triton without Gluon (``ws_matmul`` then raises).
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import warnings
 from typing import Optional
 
 from ._ws_configs import (MODE_DP, MODE_SK, MODE_SPLIT, MODE_SPLITR, PARTIALS,  # noqa: F401
                           WS_CONFIGS, WS_DEFAULT, WsConfig, WsPlan, describe, fit_stages, plan,
-                          smem_bytes, splitr_floats, splitr_pitch)
+                          rule_plans, smem_bytes, splitr_floats, splitr_pitch)
 from ._ws_kernels import (HAVE_GLUON, MAXNREG, TRACE_POINTS, TRACE_UNITS,  # noqa: F401
                           ws_gemm_kernel)
 
@@ -340,6 +341,39 @@ _STATE = {"broken": None}
 compile; the plain ``matmul`` then stays on the portable core)."""
 
 
+def precompile_ws(device, dtypes, wait=None) -> None:
+    """Bind every kernel form the rule can choose (``rule_plans``) for the 2-byte ``dtypes``
+    (out in the same dtype), B ``[K, N]`` and ``w.t()``, with and without bias; ``wait``: the
+    waiting consumer's forms instead (``WsGemm``'s tuple; data parallel only). Nothing is
+    launched: ``runtime.precompile`` calls it inside its ``compiler.batch``, and
+    ``tools/sm90_compile.py`` with a CPU device (the stand-in driver)."""
+    import torch
+    for dtype in (d for d in (torch.float16, torch.bfloat16) if d in dtypes):
+        for p in rule_plans(2, 2):
+            if wait is not None and p.mode != MODE_DP:
+                continue
+            cfg = p.cfg
+            a = torch.ones(cfg.block_m, 2 * cfg.block_k, dtype=dtype, device=device)
+            n, k = cfg.tile_n, a.shape[1]
+            for b, bias in itertools.product((a.new_ones(k, n), a.new_ones(n, k).t()),
+                                             (None, a.new_ones(n))):
+                WsGemm(a, b, a.new_empty(cfg.block_m, n), bias, p.grid, wait=wait, plan_=p)
+
+
+def core_refusal(device) -> Optional[str]:
+    """Why the WS core does not run on ``device`` at all (None: it may; ``refusal`` adds the
+    operands' reasons)."""
+    torch = _torch()
+    if not HAVE_GLUON:
+        return "triton without gluon"
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return "not sm_90"
+    if (_STATE["broken"] is None
+            and triton.__version__.split(".")[:2] != GLUON_VERSION.split(".")):
+        mark_broken(RuntimeError(f"written against triton {GLUON_VERSION}'s Gluon API"))
+    return _STATE["broken"]
+
+
 def mark_broken(exc: BaseException) -> None:
     """The WS core failed to build or compile on this Triton (a Gluon API this module does not
     know): ``refusal`` refuses every later product, and one warning says so."""
@@ -358,17 +392,7 @@ def refusal(a, b, out, bias) -> Optional[str]:
     weight's ``w.t()``. Rows off sectors run slower on it than on the portable core, which
     copies them onto lines (benchmarks/NOTES.md, the warp-specialized core); small M
     (``SKINNY_M``) stays on the skinny tiles."""
-    torch = _torch()
-    if not HAVE_GLUON:
-        return "triton without gluon"
-    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) != (9, 0):
-        return "not sm_90"
-    if (_STATE["broken"] is None
-            and triton.__version__.split(".")[:2] != GLUON_VERSION.split(".")):
-        mark_broken(RuntimeError(f"written against triton {GLUON_VERSION}'s Gluon API"))
-    if _STATE["broken"]:
-        return _STATE["broken"]
-    return operand_refusal(a, b, out, bias)
+    return core_refusal(a.device) or operand_refusal(a, b, out, bias)
 
 
 def operand_refusal(a, b, out, bias) -> Optional[str]:
@@ -398,13 +422,14 @@ class WsGemm:
 
     ``wait``: the ag_gemm consumer (``ws_operands``' tuple; ``a`` the gathered buffer): data
     parallel on at most ``sms`` programs, all resident (one per SM), each tile's loads after
-    the chunks of its rows landed. ``mode``: force a schedule (benches)."""
+    the chunks of its rows landed. ``mode``: force a schedule (benches). ``plan_``: bind this
+    plan instead of the rule's (``precompile_ws``)."""
 
-    def __init__(self, a, b, out, bias, sms: int, wait=None, mode=None):
+    def __init__(self, a, b, out, bias, sms: int, wait=None, mode=None, plan_=None):
         from ..runtime.launcher import BoundKernel
         m, k = a.shape
-        self.plan = p = plan(m, b.shape[1], k, a.element_size(), out.element_size(), sms,
-                             mode=MODE_DP if wait is not None else mode)
+        self.plan = p = plan_ or plan(m, b.shape[1], k, a.element_size(), out.element_size(),
+                                      sms, mode=MODE_DP if wait is not None else mode)
         self.name = "ws:" + describe(p)
         if p.pad_a or p.pad_b:  # (the rule plans copies only for rows off sectors: refused)
             raise RuntimeError(f"{self.name}: row copies are not bound")
