@@ -228,3 +228,20 @@ def test_split_tail_forced(monkeypatch, world_size, m, n, shard_sizes):
     ditron_ops.launch(lambda g: check_gemm_reduce(g, m, n, 12, torch.float32, exact=True,
                                                   shard_sizes=shard_sizes), world_size)
     assert any(t > 0 for t in seen), seen
+
+
+def test_ws_producer_setting_off_sm90_keeps_the_portable_kernels(monkeypatch):
+    """``PRODUCER_CORE = "ws"`` where the WS core cannot run (the interpreter): the portable
+    kernels serve, results unchanged; an unknown setting is a ``ValueError`` at the plan."""
+    from ditron_ops.gemm import _rs_launch
+    monkeypatch.setattr(_rs_launch, "PRODUCER_CORE", "ws")
+
+    def body(group):
+        check_gemm_reduce(group, 40, 32, 12, torch.float32, shard_sizes=[25, 15])
+        plan = next(reversed(group.plans._plans.values()))
+        assert isinstance(plan, _rs_launch.RsPlan) and plan.ws_gemm is None
+        return True
+    assert ditron_ops.launch(body, 2) == [True, True]
+    monkeypatch.setattr(_rs_launch, "PRODUCER_CORE", "cutlass")
+    with pytest.raises(Exception, match="PRODUCER_CORE"):
+        ditron_ops.launch(lambda g: check_gemm_reduce(g, 8, 16, 8, torch.float32), 1)

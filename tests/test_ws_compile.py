@@ -170,6 +170,38 @@ def test_waiting_consumer_variants_compile(ws, name):
                         wait=wait)
 
 
+@pytest.mark.parametrize("name", ["coop128x256:dp", "coop128x192:dp", "pp128x128:dp",
+                                  "pp64x128:dp"])
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_pushing_producer_variants_compile(ws, name, broadcast):
+    """``PUSH`` (the gemm_rs / gemm_ar producer): every data-parallel form compiles without
+    spills, stores fp32 tiles with plain global stores and writes no C (no TMA store); a
+    pushing plan with partials is refused before any compile."""
+    import torch
+    mod, probe = ws
+    M, N, K = 3000, 1536, 4096
+    pl = probe.variant_plan(mod, name, M, N, K)
+    a = torch.empty(M, K, dtype=torch.bfloat16)
+    b = torch.empty(N, K, dtype=torch.bfloat16).t()
+    out = torch.empty(M // 4, N, dtype=torch.bfloat16)
+    slots = torch.empty(4 * M * N, dtype=torch.float32)
+    peers = torch.zeros(4, dtype=torch.int64)
+    offsets = torch.zeros(5, dtype=torch.int32)
+    push = (slots, peers, offsets, M, 1, 4, broadcast)
+    args, meta = mod.ws_operands(a, b, out, torch.empty(N, dtype=torch.bfloat16), pl, push=push)
+    assert meta["PUSH"] == (2 if broadcast else 1)
+    kernel = mod.ws_gemm_kernel.warmup(*args, **meta, grid=(pl.grid, ))
+    st = probe._sass_stats(kernel)
+    assert st["spills"] == 0 and st["local"] == 0 and st["hgmma"] > 0, st
+    ptx = kernel.asm["ptx"]
+    stores = re.findall(r"\bst\.global[.\w]*", ptx)
+    assert stores and set(stores) == {"st.global.v2.b32"}, stores  # (column pairs, 8 bytes)
+    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)  # no C store
+    with pytest.raises(ValueError, match="data parallel"):
+        mod.ws_operands(a, b, out, None, probe.variant_plan(mod, "coop128x256:sk", M, N, K),
+                        push=push)
+
+
 def test_precompile_binds_every_form_the_rule_picks(ws, monkeypatch):
     """``precompile_ws`` (``precompile``'s WS share) binds each ``rule_plans`` form per B layout
     and bias, the reduce kernel at every split, and with ``wait`` only the data-parallel forms,
@@ -201,3 +233,12 @@ def test_precompile_binds_every_form_the_rule_picks(ws, monkeypatch):
                       wait=(sig, offsets, sig[:1], sig, 0, 1, 10**6, 0))
     assert forms(made) == {f[:6] + (True, ) for f in want if f[0] == mod.MODE_DP}
     assert all(k.name == "ws_gemm_kernel" for k in made)
+    made.clear()
+    slots = torch.zeros(1 << 16, dtype=torch.float32)
+    for broadcast in (False, True):
+        mod.precompile_ws(torch.device("cpu"), (torch.bfloat16, ),
+                          push=(slots, sig, offsets, 64, 0, 1, broadcast))
+    pushed = {(k.kwargs["MODE"], k.kwargs["STAGES"], k.kwargs["B_KN"], k.kwargs["HAS_BIAS"],
+               k.kwargs["PUSH"]) for k in made}
+    assert pushed == {(f[0], f[1], f[4], False, push) for f in want if f[0] == mod.MODE_DP
+                      for push in (1, 2)}

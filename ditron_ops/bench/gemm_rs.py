@@ -19,6 +19,10 @@ Cases (one run, one GPU)::
                 baseline matmul + reduce_scatter / all_reduce) on the virtual world, W ranks
     ar          gemm_ar one-shot vs two-shot on the virtual world, M sweep with 256 and 512 added
                 (the auto rule ``ONE_SHOT_MAX_BYTES``)
+    producer    (``--only producer``: these rows alone) default-mode gemm_rs and gemm_ar
+                (one-shot) fused with the WS producer vs the portable kernels
+                (``_rs_launch.PRODUCER_CORE`` "ws" vs "tl"), W=1 and the virtual worlds, M in
+                {2048, 8192}; ``vs_plain`` (W=1): the WS path over the plain ``matmul``
 
 Every case times CUDA-graph replays, ours and the baseline in turns (``paired_graph_times``):
 device time, since eager calls at small M, and all calls of a virtual world whose ranks are
@@ -136,6 +140,44 @@ def present(group, cfg: BenchConfig, out: list[Result]) -> None:
     out.append(geo_mean_row(rows, "present W=1"))
 
 
+def _on_core(core: str, fn):
+    """``fn()`` with ``_rs_launch.PRODUCER_CORE`` set to ``core`` (part of the plan key: each
+    setting keeps its own plan)."""
+    from ..gemm import _rs_launch
+    saved, _rs_launch.PRODUCER_CORE = _rs_launch.PRODUCER_CORE, core
+    try:
+        return fn()
+    finally:
+        _rs_launch.PRODUCER_CORE = saved
+
+
+def producer(group, cfg: BenchConfig, out: list[Result]) -> None:
+    """``producer`` rows of this rank's world (module docstring)."""
+    rows = []
+    w = group.world_size
+    for (k, n), models in _shapes(cfg.quick).items():
+        for m in ((64,) if cfg.quick else (2048, DEFAULT_M)):
+            a, b = _inputs(m, k, n, cfg.dtype, group.device, seed=group.rank)
+            for name, op in (("gemm_rs", gemm_rs), ("gemm_ar", gemm_ar)):
+                kw = dict(impl="fused", deterministic=False)
+                if name == "gemm_ar":
+                    kw["algorithm"] = "one_shot"
+                fns = {core: (lambda core=core: _on_core(core, lambda: op(a, b, group, **kw)))
+                       for core in ("tl", "ws")}
+                if w == 1:
+                    fns["plain"] = lambda: matmul(a, b, deterministic=False)
+                times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
+                extra = ({"vs_plain": round(times["plain"] / times["ws"], 3)} if w == 1 else {})
+                r = Result("gemm_rs", f"producer {name} M={m}", w, cfg.dtype_name,
+                           f"{name} fused, WS producer", times["ws"],
+                           f"{name} fused, portable", times["tl"], shape=f"{m}x{n}x{k}", m=m,
+                           n=n, k=k, model=models, extra=extra)
+                rows.append(r)
+    if group.rank == 0:
+        out.extend(rows)
+        out.append(geo_mean_row(rows, f"producer W={w}"))
+
+
 def _virtual(cfg: BenchConfig, out: list[Result], world: int) -> None:
     (k, n), models = next(iter(_shapes(True).items()))  # LLaMA-7B GEMM-RS: [M, 1376] @ [1376, 4096]
 
@@ -170,6 +212,10 @@ def run(cfg: BenchConfig) -> list[Result]:
     if cfg.device.type != "cuda":
         raise SystemExit("ditron.bench gemm_rs: needs a CUDA GPU (TMA GEMM)")
     out: list[Result] = []
+    if "producer" in cfg.only:
+        for world in (1, ) + tuple(cfg.world_sizes):
+            launch(lambda g: producer(g, cfg, out), world, cfg.device)
+        return out
     if "invariant" in cfg.only:
         launch(lambda g: invariant(g, cfg, out), 1, cfg.device)
         return out

@@ -15,12 +15,23 @@ from ..runtime.launcher import BoundKernel, unused_pointer
 from ..runtime.plan import tensor_key
 from ..runtime.precompile import one_rank_pad, pointer_table, register_precompile
 from ._pad import padded_copy, tma_ok
-from ._core import (Scales, b_descriptor, consumer_programs, half_b_descriptor,
+from ._core import (Scales, b_descriptor, build_ws, consumer_programs, half_b_descriptor,
                     program_budget, rule_configs, scaled_config, select_config, tail_tiles)
 from ._rs_kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
+from ._ws_launch import WsGemm, precompile_ws
+from ._ws_launch import core_refusal as ws_core_refusal
+from ._ws_launch import operand_refusal as ws_operand_refusal
 
 PURPOSE = "gemm_reduce"
 _FINISH_BLOCK = dict(BLOCK_R=8, BLOCK_C=256)
+PRODUCER_CORE = "tl"
+"""The core of the fused path's partial GEMM: ``"tl"`` (the portable kernels: the
+reduce-scatter kernel, or the broadcast GEMM + finish) or ``"ws"`` (the warp-specialized sm_90
+core pushing fp32 tiles into the slots, ``_ws_kernels._push_part``, then the finish kernel's
+rank-ordered sum, reduce-scatter and one-shot alike) where ``_ws_producer`` allows it. Part of
+the plan key; every rank must set the same (the slots' protocol is shared). ``"tl"`` until a
+GPU run measures the WS producer."""
+PRODUCER_CORES = ("tl", "ws")
 LOWP_PARTIALS = False
 """Experimental (the benches' ``--lowp-partials`` sets it before any plan is built, so plans compile
 its variants): in the default (non-deterministic) mode the partial tiles travel and wait in the
@@ -59,7 +70,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     scale_key = None if scales is None else (scales.mode, scales.a_row, scales.b_row,
                                              tensor_key(scales.a), tensor_key(scales.b))
     bias = bias if group.rank == 0 else None
-    key = (op, broadcast, partials, deterministic, *tensor_keys,
+    key = (op, broadcast, partials, deterministic, PRODUCER_CORE, *tensor_keys,
            None if broadcast else tuple(rows), scale_key, out.dtype,  # out: made by the op
            tensor_key(bias))
     plan = group.plans.get(key, lambda previous=None: RsPlan(group, a, b, out, rows, broadcast, op,
@@ -122,21 +133,25 @@ class RsPlan:
         # per call: a (unless padded), b (unless padded), out (and its descriptor)
         ab = (("a_desc",) if self.a_pad is None else ()) + (("b_desc",) if self.b_pad is None else ())
         device = a.device
-        if broadcast:
+        self.ws_gemm = self._ws_producer(a, b, out, bias, rows, slot_rows, buf, data, offsets,
+                                         partials, deterministic, budget, previous)
+        if broadcast or self.ws_gemm is not None:
             self.start = BoundKernel(start_barrier_kernel, (1,),
                                      (sig, ws.signal.ptr_table, claim, record, rank, w, m, timeout,
                                       op_id(op)), {}, device=device)
+            self.finish = BoundKernel(reduce_finish_kernel, (finish_programs(group),),
+                                      (buf, out, sig, ws.signal.ptr_table, claim, record,
+                                       m if broadcast else rows[rank], n, out.stride(0),
+                                       slot_rows, rank, w, timeout, op_id(op)),
+                                      dict(ALIGNED=aligned, **_FINISH_BLOCK), vary=("out_ptr",),
+                                      device=device)
+            self.c_tma = False
+        if broadcast and self.ws_gemm is None:
             self.gemm = BoundKernel(gemm_broadcast_kernel, (programs,),
                                     (a_desc, b_desc, buf, data.ptr_table, m, n, k, slot_rows, rank,
                                      w) + scale_args, tiles_cfg, vary=ab + scale_vary,
                                     device=device)
-            self.finish = BoundKernel(reduce_finish_kernel, (finish_programs(group),),
-                                      (buf, out, sig, ws.signal.ptr_table, claim, record, m, n,
-                                       out.stride(0), slot_rows, rank, w, timeout, op_id(op)),
-                                      dict(ALIGNED=aligned, **_FINISH_BLOCK), vary=("out_ptr",),
-                                      device=device)
-            self.c_tma = False
-        else:
+        elif self.ws_gemm is None:
             lo, hi = sum(rows[:rank]), sum(rows[:rank + 1])
             c_desc, slots_desc = _epilogue_descriptors(out, buf, w * slot_rows, cfg)
             self.c_tma = c_desc is not None
@@ -151,6 +166,26 @@ class RsPlan:
                 dict(C_TMA=self.c_tma, SPLIT_TAIL=cfg.split_tail, **tiles_cfg),
                 vary=ab + (("c_desc",) if self.c_tma else ()) + ("out_ptr",) + scale_vary,
                 device=device)
+
+    def _ws_producer(self, a, b, out, bias, rows, slot_rows, buf, data, offsets, partials,
+                     deterministic, budget, previous):
+        """The WS core's pushing GEMM (``PRODUCER_CORE`` ``"ws"``) where it takes the product:
+        default mode, bf16/fp16 without fp8 scales, fp32 partials, N a multiple of 16 (its
+        8-byte stores), operands it reads as they are (``_ws_launch.refusal``); else None (the portable kernels). A stale plan's rebuild
+        keeps the previous plan's choice; a WS build or compile failure falls back
+        (``_core.build_ws``)."""
+        if PRODUCER_CORE not in PRODUCER_CORES:
+            raise ValueError(f"ditron.{self.op}: PRODUCER_CORE must be one of {PRODUCER_CORES}")
+        if (PRODUCER_CORE == "tl" or deterministic or self.scaled or partials != torch.float32
+                or b.shape[1] % 16 or self.a_pad is not None or self.b_pad is not None
+                or ws_core_refusal(a.device) or ws_operand_refusal(a, b, None, bias)
+                or (previous is not None and previous.ws_gemm is None)):
+            return None
+        if offsets is None:  # (broadcast: never read)
+            offsets = torch.zeros(1, dtype=torch.int32, device=a.device)
+        push = (buf, data.ptr_table, offsets, slot_rows, self.group.rank, self.group.world_size,
+                self.broadcast)
+        return build_ws(PURPOSE, lambda: WsGemm(a, b, out, bias, budget, push=push))
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the slots are of a freed buffer."""
@@ -175,7 +210,11 @@ class RsPlan:
         if self.has_bias:
             scale_values.append(bias)
         with group.waiting_launch(self.op, ws.calls):
-            if self.broadcast:
+            if self.ws_gemm is not None:
+                self.start.launch()
+                self.ws_gemm.run(a, b, out, bias)
+                self.finish.launch(out)
+            elif self.broadcast:
                 self.start.launch()
                 self.gemm.launch(*values, *scale_values)
                 self.finish.launch(out)
@@ -214,9 +253,16 @@ def _epilogue_descriptors(out: torch.Tensor, buf: torch.Tensor, slot_rows_total:
 
 def _precompile(device: torch.device, dtypes: tuple) -> None:
     """Every variant (tile configuration the rule can pick x dtype x B layout x epilogue;
-    reduce-scatter, broadcast and finish) as one-rank launches (``runtime.precompile``)."""
+    reduce-scatter, broadcast and finish) as one-rank launches (``runtime.precompile``); the
+    WS producer's forms where ``PRODUCER_CORE`` may choose it (``precompile_ws``)."""
     for cfg in rule_configs(device):
         _precompile_tiles(device, dtypes, cfg)
+    if PRODUCER_CORE != "tl" and device.type == "cuda" and ws_core_refusal(device) is None:
+        slots = torch.zeros(1 << 16, dtype=torch.float32, device=device)
+        offsets = torch.tensor([0, 64], dtype=torch.int32, device=device)
+        for broadcast in (False, True):
+            precompile_ws(device, dtypes, push=(slots, pointer_table(slots), offsets, 64, 0, 1,
+                                                broadcast))
 
 
 def _precompile_tiles(device: torch.device, dtypes: tuple, cfg) -> None:

@@ -309,11 +309,7 @@ def _store_part(part, i: gl.constexpr, c_desc, c_smem, bias_ptr, off_m, off_n, N
     """Epilogue of column block ``i``: + bias, round, stage, TMA store (left in flight; waited
     only before the staging tile is rewritten)."""
     EPI_N: gl.constexpr = c_desc.block_type.shape[1]
-    if HAS_BIAS:
-        cols = off_n + i * EPI_N + gl.arange(0, EPI_N, layout=gl.SliceLayout(0, part.type.layout))
-        bias = gl.load(bias_ptr + cols, mask=cols < N, other=0.0)
-        part = part + gl.expand_dims(bias.to(gl.float32), 0)
-    out = part.to(c_desc.dtype)
+    out = _plus_bias(part, bias_ptr, off_n + i * EPI_N, N, HAS_BIAS).to(c_desc.dtype)
     tma.store_wait(0)
     c_smem.store(out)
     fence_async_shared()
@@ -329,6 +325,49 @@ def _store_plane(part, plane, off_m, off_n, M, N):
     offs = gl.expand_dims(rows.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
     mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
     gl.store(plane + offs, part, mask=mask)
+
+
+@_jit
+def _push_part(part, buf_ptr, peers_ptr, offsets_ptr, off_m, off_n, M, N, slot_rows, rank,
+               world_size, PUSH: gl.constexpr):
+    """The gemm_rs / gemm_ar producer's epilogue of one fp32 column block (``_rs_kernels.
+    _store_partial``'s twin): into slot ``rank`` of the ``[W, slot_rows, N]`` fp32 slots of the
+    owners of its rows (``PUSH`` 1; row ``i`` of rank s's rows at slot row ``i - lo_s``) or of
+    every rank, peers first (``PUSH`` 2). Stores from the wgmma layout: a warp's store covers
+    whole 32-byte sectors. Nothing is published here: the finish kernel after this launch
+    fences and counts out (``reduce_finish_kernel``). N is a multiple of 16 (the host's
+    condition), written so the compiler sees it: 8-byte stores of each thread's column pair."""
+    N = N // 16 * 16
+    rows = off_m + gl.arange(0, part.shape[0], layout=gl.SliceLayout(1, part.type.layout))
+    cols = off_n + gl.arange(0, part.shape[1], layout=gl.SliceLayout(0, part.type.layout))
+    col_ok = gl.expand_dims(cols < N, 0)
+    slot = rank.to(gl.int64) * slot_rows * N
+    if PUSH == 2:
+        offs = gl.expand_dims(rows.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
+        mask = gl.expand_dims(rows < M, 1) & col_ok
+        for i in range(world_size):
+            dst = (rank + 1 + i) % world_size
+            gl.store(gs.peer_base(peers_ptr, dst, rank, buf_ptr) + slot + offs, part, mask=mask)
+    else:
+        for s in range(world_size):
+            lo = gl.load(offsets_ptr + s)
+            hi = gl.load(offsets_ptr + s + 1)
+            if (lo < off_m + part.shape[0]) & (hi > off_m):
+                offs = (gl.expand_dims((rows - lo).to(gl.int64) * N, 1)
+                        + gl.expand_dims(cols, 0))
+                mask = gl.expand_dims((rows >= lo) & (rows < hi), 1) & col_ok
+                gl.store(gs.peer_base(peers_ptr, s, rank, buf_ptr) + slot + offs, part,
+                         mask=mask)
+
+
+@_jit
+def _plus_bias(part, bias_ptr, off_n, N, HAS_BIAS: gl.constexpr):
+    """``part + bias[off_n:]`` in fp32 with ``HAS_BIAS``, else ``part``."""
+    if HAS_BIAS:
+        cols = off_n + gl.arange(0, part.shape[1], layout=gl.SliceLayout(0, part.type.layout))
+        bias = gl.load(bias_ptr + cols, mask=cols < N, other=0.0)
+        part = part + gl.expand_dims(bias.to(gl.float32), 0)
+    return part
 
 
 @_constexpr_function
@@ -437,9 +476,10 @@ def _stamp(trace_ptr, i, POINT: gl.constexpr, TRACE: gl.constexpr):
 @_jit
 def _ws_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr,
                  cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows, shift,
+                 peers_ptr, offsets_ptr, slot_rows, rank, world_size,
                  HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
                  MODE: gl.constexpr, TMA_PARTS: gl.constexpr, TRACE: gl.constexpr,
-                 N2: gl.constexpr, SLOT: gl.constexpr, SLOTS: gl.constexpr,
+                 N2: gl.constexpr, PUSH: gl.constexpr, SLOT: gl.constexpr, SLOTS: gl.constexpr,
                  WARPS: gl.constexpr):
     """Consumer partition: wgmma over the ring, then the epilogue of each owned work unit.
 
@@ -455,7 +495,11 @@ def _ws_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, b
     fix-up reads them coalesced (``_fixup_coalesced``).
 
     ``N2`` > 0: a second accumulator of ``N2`` columns right of the first (``b2_bufs``), one
-    more async wgmma per K step; ``MODE`` 0 only (the host never plans partials for it)."""
+    more async wgmma per K step; ``MODE`` 0 only (the host never plans partials for it).
+
+    ``PUSH`` (``MODE`` 0): fp32 tiles (+ bias) into the gemm_rs / gemm_ar slots (``ws_ptr``
+    this rank's, ``peers_ptr`` every rank's base, ``offsets_ptr`` the ranks' first rows;
+    ``_push_part``) instead of C."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
@@ -538,7 +582,19 @@ def _ws_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, b
             off_m = pid_m * BLOCK_M
             off_n = pid_n * (BLOCK_N + N2)
             parts = _split_cols(acc, PARTS)
-            if MODE == 0:
+            if MODE == 0 and PUSH > 0:
+                for c in gl.static_range(PARTS):
+                    _push_part(_plus_bias(parts[c], bias_ptr, off_n + c * EPI_N, N, HAS_BIAS),
+                               ws_ptr, peers_ptr, offsets_ptr, off_m, off_n + c * EPI_N, M, N,
+                               slot_rows, rank, world_size, PUSH)
+                if N2 > 0:
+                    parts2 = _split_cols(acc2, N2 // EPI_N)
+                    for c in gl.static_range(N2 // EPI_N):
+                        col = off_n + BLOCK_N + c * EPI_N
+                        _push_part(_plus_bias(parts2[c], bias_ptr, col, N, HAS_BIAS), ws_ptr,
+                                   peers_ptr, offsets_ptr, off_m, col, M, N, slot_rows, rank,
+                                   world_size, PUSH)
+            elif MODE == 0:
                 for c in gl.static_range(PARTS):
                     _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, off_n, N, HAS_BIAS)
                 if N2 > 0:
@@ -622,31 +678,33 @@ def _ws_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, b
 @_jit
 def _ws_consumer_worker(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, bias_ptr,
                         ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows,
-                        shift,
+                        shift, peers_ptr, offsets_ptr, slot_rows, rank, world_size,
                         HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
                         MODE: gl.constexpr, TMA_PARTS: gl.constexpr, TRACE: gl.constexpr,
-                        N2: gl.constexpr):
+                        N2: gl.constexpr, PUSH: gl.constexpr):
     """The ping-pong's second consumer (a 4-warp worker partition, slot 1 of 2)."""
     _ws_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, ws_ptr,
                  cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles, split, plane_rows, shift,
-                 HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE, N2, 1, 2, 4)
+                 peers_ptr, offsets_ptr, slot_rows, rank, world_size,
+                 HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE, N2, PUSH, 1, 2, 4)
 
 
 def _jit_dims(fn):
     """``ws_gemm_kernel``'s decorator: sizes unspecialized (one binary serves every shape)."""
     return (gluon.jit(fn, do_not_specialize=["M", "N", "K", "dp_tiles", "split", "plane_rows",
-                                             "rank", "world_size", "timeout_us", "op_id"])
+                                             "rank", "world_size", "timeout_us", "op_id",
+                                             "slot_rows"])
             if HAVE_GLUON else fn)
 
 
 @_jit_dims
 def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, b2_desc,
                    M, N, K, dp_tiles, split, plane_rows, sig_ptr, offsets_ptr, err_claim,
-                   err_record, rank, world_size, timeout_us, op_id, HAS_BIAS: gl.constexpr,
-                   B_KN: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                   PINGPONG: gl.constexpr, MODE: gl.constexpr, TMA_PARTS: gl.constexpr,
-                   num_warps: gl.constexpr, TRACE: gl.constexpr = False, N2: gl.constexpr = 0,
-                   WAIT: gl.constexpr = False):
+                   err_record, rank, world_size, timeout_us, op_id, peers_ptr, slot_rows,
+                   HAS_BIAS: gl.constexpr, B_KN: gl.constexpr, GROUP_M: gl.constexpr,
+                   STAGES: gl.constexpr, PINGPONG: gl.constexpr, MODE: gl.constexpr,
+                   TMA_PARTS: gl.constexpr, num_warps: gl.constexpr, TRACE: gl.constexpr = False,
+                   N2: gl.constexpr = 0, WAIT: gl.constexpr = False, PUSH: gl.constexpr = 0):
     """Persistent warp-specialized GEMM (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` [M, K] boxes [BLOCK_M, BLOCK_K]; ``b_desc`` [K, N] boxes [BLOCK_K, BLOCK_N]
@@ -664,12 +722,22 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, tr
     the chunks of each unit's rows (the signal pad ``sig_ptr``: arrival flags, sizes at
     ``2W``, the call's epoch at ``3W``; ``offsets_ptr`` the chunks' first rows; a timeout after
     ``timeout_us`` recorded as op ``op_id``) and every partition visits the rows of tiles from
-    this rank's own first (else the wait arguments are unused)."""
+    this rank's own first (else the wait arguments are unused).
+    ``PUSH`` (1 scatter, 2 broadcast; ``MODE`` 0): the gemm_rs / gemm_ar producer. Tiles go as
+    fp32 into slot ``rank`` of the ``[W, slot_rows, N]`` slots (``ws_ptr`` this rank's,
+    ``peers_ptr`` the int64 table of every rank's base) of the owners of their rows
+    (``offsets_ptr``: ``W + 1`` first rows) or of every rank; C is not written (``c_desc``
+    only sizes the unused staging tile). Scatter visits the rows after this rank's first, its
+    own last (the peers' partials leave earliest)."""
     dtype: gl.constexpr = a_desc.dtype
     if WAIT:
         shift = gl.load(offsets_ptr + rank) // a_desc.block_type.shape[0]
         epoch = gl.load(sig_ptr + 3 * world_size, volatile=True).to(gl.int64)
         deadline = gs.now_ns() + timeout_us.to(gl.int64) * 1000
+    elif PUSH == 1:
+        shift = gl.load(offsets_ptr + rank + 1) // a_desc.block_type.shape[0]
+        epoch = 0
+        deadline = 0
     else:  # (constants: no waiting code in the plain kernel)
         shift = 0
         epoch = 0
@@ -699,12 +767,14 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, tr
         gl.warp_specialize([
             (_ws_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem0, c_desc,
                             bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles,
-                            split, plane_rows, shift, HAS_BIAS, B_KN, GROUP_M, MODE,
-                            TMA_PARTS, TRACE, N2, 0, 2, num_warps)),
+                            split, plane_rows, shift, peers_ptr, offsets_ptr, slot_rows, rank,
+                            world_size, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE, N2,
+                            PUSH, 0, 2, num_warps)),
             (_ws_consumer_worker, (a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem1, c_desc,
                                    bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K,
-                                   dp_tiles, split, plane_rows, shift, HAS_BIAS, B_KN, GROUP_M,
-                                   MODE, TMA_PARTS, TRACE, N2)),
+                                   dp_tiles, split, plane_rows, shift, peers_ptr, offsets_ptr,
+                                   slot_rows, rank, world_size, HAS_BIAS, B_KN, GROUP_M,
+                                   MODE, TMA_PARTS, TRACE, N2, PUSH)),
             (_ws_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N,
                           K, dp_tiles, split, shift, sig_ptr, offsets_ptr, err_claim, err_record,
                           rank, world_size, epoch, deadline, op_id, B_KN, GROUP_M, MODE, N2,
@@ -714,8 +784,9 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, tr
         gl.warp_specialize([
             (_ws_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, order, c_smem0, c_desc,
                             bias_ptr, ws_ptr, cnt_ptr, p_desc, trace_ptr, M, N, K, dp_tiles,
-                            split, plane_rows, shift, HAS_BIAS, B_KN, GROUP_M, MODE,
-                            TMA_PARTS, TRACE, N2, 0, 1, num_warps)),
+                            split, plane_rows, shift, peers_ptr, offsets_ptr, slot_rows, rank,
+                            world_size, HAS_BIAS, B_KN, GROUP_M, MODE, TMA_PARTS, TRACE, N2,
+                            PUSH, 0, 1, num_warps)),
             (_ws_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N,
                           K, dp_tiles, split, shift, sig_ptr, offsets_ptr, err_claim, err_record,
                           rank, world_size, epoch, deadline, op_id, B_KN, GROUP_M, MODE, N2,

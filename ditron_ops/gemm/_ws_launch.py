@@ -163,11 +163,14 @@ def _scratch(device, ws_floats: int, counters: int):
     return ws, cnt
 
 
-def ws_operands(a, b, out, bias, p: WsPlan, trace=None, wait=None):
+def ws_operands(a, b, out, bias, p: WsPlan, trace=None, wait=None, push=None):
     """Descriptors and launch arguments of ``ws_gemm_kernel`` for plan ``p`` (no launch);
     ``trace``: an int64 ``[grid, TRACE_UNITS, TRACE_POINTS]`` tensor the consumers stamp (the
     probe's timeline), else none; ``wait``: the ag_gemm consumer's ``(sig, offsets, claim,
-    record, rank, world_size, timeout_us, op_id)`` (the kernel's ``WAIT``), else none.
+    record, rank, world_size, timeout_us, op_id)`` (the kernel's ``WAIT``), else none;
+    ``push``: the gemm_rs / gemm_ar producer's ``(slots, peers, offsets, slot_rows, rank,
+    world_size, broadcast)`` (the kernel's ``PUSH``; ``out`` then only gives C's dtype: a
+    staging tile over a small stand-in is allocated, never stored), else none.
 
     Returns ``(args, meta)``: positional arguments and constexpr/launch keywords."""
     cfg = p.cfg
@@ -185,6 +188,8 @@ def ws_operands(a, b, out, bias, p: WsPlan, trace=None, wait=None):
     b2_desc = _b_desc(b, cfg.block_n2, cfg.block_k, b_kn) if cfg.block_n2 else b_desc
     a_desc = GluonDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k],
                                          _layout((cfg.block_m, cfg.block_k), a.dtype))
+    if push is not None:
+        out = _stand_in(out.device, out.dtype, cfg.block_m, cfg.epi_n)
     c_desc = GluonDescriptor.from_tensor(out, [cfg.block_m, cfg.epi_n],
                                          _layout((cfg.block_m, cfg.epi_n), out.dtype))
     stages = p.stages or fit_stages(cfg, a.element_size(), out.element_size())
@@ -193,16 +198,39 @@ def ws_operands(a, b, out, bias, p: WsPlan, trace=None, wait=None):
     p_desc, plane_rows = c_desc, 0
     if tma_parts:
         p_desc, plane_rows = _partials_desc(ws, M, N, out.element_size(), p)
-    if wait is not None and p.mode != MODE_DP:
-        raise ValueError("ws_matmul: a waiting consumer runs data parallel only")
+    if (wait is not None or push is not None) and p.mode != MODE_DP:
+        raise ValueError("ws_matmul: a waiting consumer or a pushing producer runs data "
+                         "parallel only")
+    if wait is not None and push is not None:
+        raise ValueError("ws_matmul: wait or push, not both")
+    if wait is not None:
+        signals = tuple(wait) + (cnt, 0)
+    elif push is not None:
+        slots, peers, offsets, slot_rows, rank, world_size, _ = push
+        ws = slots
+        signals = (cnt, offsets, ws, ws, rank, world_size, 0, 0, peers, slot_rows)
+    else:
+        signals = (cnt, cnt, ws, ws, 0, 1, 0, 0, cnt, 0)
     args = (a_desc, b_desc, c_desc, bias if bias is not None else out, ws, cnt, p_desc,
             trace if trace is not None else cnt, b2_desc, M, N, K, p.dp_tiles, p.split,
-            plane_rows) + (tuple(wait) if wait is not None else (cnt, cnt, ws, ws, 0, 1, 0, 0))
+            plane_rows) + signals
     meta = dict(HAS_BIAS=bias is not None, B_KN=b_kn, GROUP_M=cfg.group_m, STAGES=stages,
                 PINGPONG=cfg.pingpong, MODE=p.mode, TMA_PARTS=tma_parts,
                 num_warps=cfg.num_warps, maxnreg=MAXNREG, TRACE=trace is not None,
-                N2=cfg.block_n2, WAIT=wait is not None)
+                N2=cfg.block_n2, WAIT=wait is not None,
+                PUSH=0 if push is None else 2 if push[6] else 1)
     return args, meta
+
+
+_STAND_INS = {}
+"""Per (device, dtype, shape): the C stand-in of pushing launches (``ws_operands``)."""
+
+
+def _stand_in(device, dtype, rows: int, cols: int):
+    key = (str(device), dtype, rows, cols)
+    if key not in _STAND_INS:
+        _STAND_INS[key] = _torch().empty(rows, cols, dtype=dtype, device=device)
+    return _STAND_INS[key]
 
 
 def _b_desc(b, cols: int, block_k: int, b_kn: bool):
@@ -233,16 +261,17 @@ def _partials_desc(ws, M, N, out_bytes, p: WsPlan):
 
 
 def check_operands(a, b, out, bias) -> None:
-    """Raise ``ValueError`` where TMA cannot address the operands (16-byte rows and bases)."""
+    """Raise ``ValueError`` where TMA cannot address the operands (16-byte rows and bases);
+    ``out`` None: no C (a pushing producer's)."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or 0 in (*a.shape, b.shape[1]):
         raise ValueError(f"ws_matmul: shapes {tuple(a.shape)} @ {tuple(b.shape)}")
     if a.dtype not in (_torch().bfloat16, _torch().float16) or b.dtype != a.dtype:
         raise ValueError(f"ws_matmul: dtypes {a.dtype}, {b.dtype} (bf16 or fp16, equal)")
     if a.stride(1) != 1 or not (b.stride(1) == 1 or b.stride(0) == 1):
         raise ValueError("ws_matmul: A must be row-major; B row-major [K, N] or w.t()")
-    if out.stride(1) != 1 or tuple(out.shape) != (a.shape[0], b.shape[1]):
+    if out is not None and (out.stride(1) != 1 or tuple(out.shape) != (a.shape[0], b.shape[1])):
         raise ValueError(f"ws_matmul: out {tuple(out.shape)} must be a row-major [M, N]")
-    for t in (a, b, out):
+    for t in (a, b) if out is None else (a, b, out):
         big = max(t.stride())
         if t.data_ptr() % 16 or (big * t.element_size()) % 16:
             raise ValueError("ws_matmul: TMA needs 16-byte aligned bases and row pitches")
@@ -341,23 +370,25 @@ _STATE = {"broken": None}
 compile; the plain ``matmul`` then stays on the portable core)."""
 
 
-def precompile_ws(device, dtypes, wait=None) -> None:
+def precompile_ws(device, dtypes, wait=None, push=None) -> None:
     """Bind every kernel form the rule can choose (``rule_plans``) for the 2-byte ``dtypes``
     (out in the same dtype), B ``[K, N]`` and ``w.t()``, with and without bias; ``wait``: the
-    waiting consumer's forms instead (``WsGemm``'s tuple; data parallel only). Nothing is
-    launched: ``runtime.precompile`` calls it inside its ``compiler.batch``, and
-    ``tools/sm90_compile.py`` with a CPU device (the stand-in driver)."""
+    waiting consumer's forms instead, ``push``: the pushing producer's (``WsGemm``'s tuples;
+    data parallel only; a producer has no bias). Nothing is launched: ``runtime.precompile``
+    calls it inside its ``compiler.batch``, and ``tools/sm90_compile.py`` with a CPU device
+    (the stand-in driver)."""
     import torch
     for dtype in (d for d in (torch.float16, torch.bfloat16) if d in dtypes):
         for p in rule_plans(2, 2):
-            if wait is not None and p.mode != MODE_DP:
+            if (wait is not None or push is not None) and p.mode != MODE_DP:
                 continue
             cfg = p.cfg
             a = torch.ones(cfg.block_m, 2 * cfg.block_k, dtype=dtype, device=device)
             n, k = cfg.tile_n, a.shape[1]
-            for b, bias in itertools.product((a.new_ones(k, n), a.new_ones(n, k).t()),
-                                             (None, a.new_ones(n))):
-                WsGemm(a, b, a.new_empty(cfg.block_m, n), bias, p.grid, wait=wait, plan_=p)
+            biases = (None, ) if push is not None else (None, a.new_ones(n))
+            for b, bias in itertools.product((a.new_ones(k, n), a.new_ones(n, k).t()), biases):
+                WsGemm(a, b, a.new_empty(cfg.block_m, n), bias, p.grid, wait=wait, plan_=p,
+                       push=push)
 
 
 def core_refusal(device) -> Optional[str]:
@@ -422,25 +453,33 @@ class WsGemm:
 
     ``wait``: the ag_gemm consumer (``ws_operands``' tuple; ``a`` the gathered buffer): data
     parallel on at most ``sms`` programs, all resident (one per SM), each tile's loads after
-    the chunks of its rows landed. ``mode``: force a schedule (benches). ``plan_``: bind this
-    plan instead of the rule's (``precompile_ws``)."""
+    the chunks of its rows landed. ``push``: the gemm_rs / gemm_ar producer (``ws_operands``'
+    tuple): data parallel, fp32 tiles into the ranks' slots, no C (``out`` gives its dtype).
+    ``mode``: force a schedule (benches). ``plan_``: bind this plan instead of the rule's
+    (``precompile_ws``)."""
 
-    def __init__(self, a, b, out, bias, sms: int, wait=None, mode=None, plan_=None):
+    def __init__(self, a, b, out, bias, sms: int, wait=None, mode=None, plan_=None, push=None):
         from ..runtime.launcher import BoundKernel
         m, k = a.shape
+        dp = wait is not None or push is not None
         self.plan = p = plan_ or plan(m, b.shape[1], k, a.element_size(), out.element_size(),
-                                      sms, mode=MODE_DP if wait is not None else mode)
+                                      sms, mode=MODE_DP if dp else mode)
         self.name = "ws:" + describe(p)
         if p.pad_a or p.pad_b:  # (the rule plans copies only for rows off sectors: refused)
             raise RuntimeError(f"{self.name}: row copies are not bound")
         _scratch(a.device, p.ws_tiles * p.cfg.block_m * p.cfg.tile_n, p.counters)
         self._b_kn = b.stride(1) == 1
         self._tma_parts = p.partials == "tma" and p.mode != MODE_DP
-        args, meta = ws_operands(a, b, out, bias, p, wait=wait)
+        args, meta = ws_operands(a, b, out, bias, p, wait=wait, push=push)
         # per call: A, B (twice: its two boxes), C (and the partials' descriptor, over C in
-        # every plan without TMA partials, where it is unused), bias (C again without one)
-        vary = ("a_desc", "b_desc", "c_desc", "bias_ptr", "b2_desc") + (
-            () if self._tma_parts else ("p_desc", ))
+        # every plan without TMA partials, where it is unused), bias (C again without one);
+        # a pushing launch: no C, a bias only where it has one
+        self._push = push is not None
+        if self._push:
+            vary = ("a_desc", "b_desc", "b2_desc") + (("bias_ptr", ) if bias is not None else ())
+        else:
+            vary = ("a_desc", "b_desc", "c_desc", "bias_ptr", "b2_desc") + (
+                () if self._tma_parts else ("p_desc", ))
         self.kernel = BoundKernel(ws_gemm_kernel, (p.grid, ), args, meta, vary=vary,
                                   device=out.device)
         self.reduce = None
@@ -452,6 +491,9 @@ class WsGemm:
 
     def run(self, a, b, out, bias):
         w = b if self._b_kn else b.t()
+        if self._push:
+            self.kernel.launch(a, w, w, *(() if bias is None else (bias, )))
+            return out
         bias_or_out = bias if bias is not None else out
         values = (a, w, out, bias_or_out, w) + (() if self._tma_parts else (out, ))
         self.kernel.launch(*values)

@@ -87,3 +87,12 @@ def wait_at_least(flag_ptr, target, deadline_ns, claim_ptr, record_ptr, op_id, r
     if not arrived:
         record_error(claim_ptr, record_ptr, op_id, rank, peer, epoch, TIMEOUT)
     return arrived
+
+
+@_jit
+def peer_base(table_ptr, peer, rank, local_base):
+    """``signals.peer_base``: rank ``peer``'s base of the symmetric buffer whose base here is
+    ``local_base``, as ``local_base + offset`` (the compiler keeps its alignment)."""
+    delta = gl.load(table_ptr + peer) - gl.load(table_ptr + rank)  # bytes, a multiple of 16
+    elem: gl.constexpr = local_base.dtype.element_ty.primitive_bitwidth // 8
+    return local_base + (delta // 16) * (16 // elem)
