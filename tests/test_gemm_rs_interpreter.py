@@ -237,9 +237,16 @@ def test_ws_producer_setting_off_sm90_keeps_the_portable_kernels(monkeypatch):
     monkeypatch.setattr(_rs_launch, "PRODUCER_CORE", "ws")
 
     def body(group):
-        check_gemm_reduce(group, 40, 32, 12, torch.float32, shard_sizes=[25, 15])
+        gen = torch.Generator().manual_seed(group.rank)
+        a = torch.randint(-4, 5, (40, 16), generator=gen).to(torch.float16)
+        b = torch.randint(-4, 5, (16, 32), generator=gen).to(torch.float16)
+        got = ditron_ops.gemm_rs(a, b, group, impl="fused", shard_sizes=[25, 15],
+                                 deterministic=False)  # (the default mode: WS-eligible)
         plan = next(reversed(group.plans._plans.values()))
         assert isinstance(plan, _rs_launch.RsPlan) and plan.ws_gemm is None
+        total = sum(group.all_gather_object((a.double() @ b.double())))
+        lo = 25 * group.rank
+        assert torch.equal(got, total[lo:lo + got.shape[0]].to(got.dtype))
         return True
     assert ditron_ops.launch(body, 2) == [True, True]
     monkeypatch.setattr(_rs_launch, "PRODUCER_CORE", "cutlass")

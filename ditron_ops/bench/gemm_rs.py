@@ -141,14 +141,11 @@ def present(group, cfg: BenchConfig, out: list[Result]) -> None:
 
 
 def _on_core(core: str, fn):
-    """``fn()`` with ``_rs_launch.PRODUCER_CORE`` set to ``core`` (part of the plan key: each
-    setting keeps its own plan)."""
+    """``fn()`` with this thread's producer core ``core`` (``_rs_launch.using_producer_core``;
+    part of the plan key: each setting keeps its own plan)."""
     from ..gemm import _rs_launch
-    saved, _rs_launch.PRODUCER_CORE = _rs_launch.PRODUCER_CORE, core
-    try:
+    with _rs_launch.using_producer_core(core):
         return fn()
-    finally:
-        _rs_launch.PRODUCER_CORE = saved
 
 
 def producer(group, cfg: BenchConfig, out: list[Result]) -> None:
@@ -167,7 +164,11 @@ def producer(group, cfg: BenchConfig, out: list[Result]) -> None:
                 if w == 1:
                     fns["plain"] = lambda: matmul(a, b, deterministic=False)
                 times = paired_graph_times(group, fns, rounds=cfg.rounds, target_ms=cfg.target_ms)
-                extra = ({"vs_plain": round(times["plain"] / times["ws"], 3)} if w == 1 else {})
+                fns["ws"]()  # (its plan the most recent: did the WS core take the product?)
+                plan = next(reversed(group.plans._plans.values()))
+                extra = {"ws_chosen": getattr(plan, "ws_gemm", None) is not None}
+                if w == 1:
+                    extra["vs_plain"] = round(times["plain"] / times["ws"], 3)
                 r = Result("gemm_rs", f"producer {name} M={m}", w, cfg.dtype_name,
                            f"{name} fused, WS producer", times["ws"],
                            f"{name} fused, portable", times["tl"], shape=f"{m}x{n}x{k}", m=m,
@@ -213,7 +214,7 @@ def run(cfg: BenchConfig) -> list[Result]:
         raise SystemExit("ditron.bench gemm_rs: needs a CUDA GPU (TMA GEMM)")
     out: list[Result] = []
     if "producer" in cfg.only:
-        for world in (1, ) + tuple(cfg.world_sizes):
+        for world in dict.fromkeys((1, ) + tuple(cfg.world_sizes)):
             launch(lambda g: producer(g, cfg, out), world, cfg.device)
         return out
     if "invariant" in cfg.only:

@@ -3,7 +3,9 @@ reduce-scatter GEMM, its own start barrier; or start barrier + broadcast GEMM + 
 one-shot)."""
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 from typing import Optional
 
 import torch
@@ -29,9 +31,28 @@ PRODUCER_CORE = "tl"
 reduce-scatter kernel, or the broadcast GEMM + finish) or ``"ws"`` (the warp-specialized sm_90
 core pushing fp32 tiles into the slots, ``_ws_kernels._push_part``, then the finish kernel's
 rank-ordered sum, reduce-scatter and one-shot alike) where ``_ws_producer`` allows it. Part of
-the plan key; every rank must set the same (the slots' protocol is shared). ``"tl"`` until a
-GPU run measures the WS producer."""
+the plan key. Ranks may differ (a rank whose K slice the WS core refuses runs the portable
+kernel): both paths write slot ``rank`` of the owners' slots, count one call in and one
+``CALL_UNIT`` out per rank. ``"tl"`` until a GPU run measures the WS producer.
+``using_producer_core`` overrides it for the calling thread (benches)."""
 PRODUCER_CORES = ("tl", "ws")
+_LOCAL = threading.local()
+
+
+def producer_core() -> str:
+    """``PRODUCER_CORE``, or this thread's ``using_producer_core`` override."""
+    return getattr(_LOCAL, "core", None) or PRODUCER_CORE
+
+
+@contextlib.contextmanager
+def using_producer_core(core: str):
+    """Plans built by this thread inside take ``core`` (a virtual rank is a thread: each
+    rank's setting is its own)."""
+    saved, _LOCAL.core = getattr(_LOCAL, "core", None), core
+    try:
+        yield
+    finally:
+        _LOCAL.core = saved
 LOWP_PARTIALS = False
 """Experimental (the benches' ``--lowp-partials`` sets it before any plan is built, so plans compile
 its variants): in the default (non-deterministic) mode the partial tiles travel and wait in the
@@ -70,7 +91,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     scale_key = None if scales is None else (scales.mode, scales.a_row, scales.b_row,
                                              tensor_key(scales.a), tensor_key(scales.b))
     bias = bias if group.rank == 0 else None
-    key = (op, broadcast, partials, deterministic, PRODUCER_CORE, *tensor_keys,
+    key = (op, broadcast, partials, deterministic, producer_core(), *tensor_keys,
            None if broadcast else tuple(rows), scale_key, out.dtype,  # out: made by the op
            tensor_key(bias))
     plan = group.plans.get(key, lambda previous=None: RsPlan(group, a, b, out, rows, broadcast, op,
@@ -170,14 +191,15 @@ class RsPlan:
     def _ws_producer(self, a, b, out, bias, rows, slot_rows, buf, data, offsets, partials,
                      deterministic, budget, previous):
         """The WS core's pushing GEMM (``PRODUCER_CORE`` ``"ws"``) where it takes the product:
-        default mode, bf16/fp16 without fp8 scales, fp32 partials, N a multiple of 16 (its
+        default mode, bf16/fp16 without fp8 scales or bias, fp32 partials, N a multiple of 16 (its
         8-byte stores), operands it reads as they are (``_ws_launch.refusal``); else None (the portable kernels). A stale plan's rebuild
         keeps the previous plan's choice; a WS build or compile failure falls back
         (``_core.build_ws``)."""
-        if PRODUCER_CORE not in PRODUCER_CORES:
+        core = producer_core()
+        if core not in PRODUCER_CORES:
             raise ValueError(f"ditron.{self.op}: PRODUCER_CORE must be one of {PRODUCER_CORES}")
-        if (PRODUCER_CORE == "tl" or deterministic or self.scaled or partials != torch.float32
-                or b.shape[1] % 16 or self.a_pad is not None or self.b_pad is not None
+        if (core == "tl" or deterministic or self.scaled or partials != torch.float32
+                or bias is not None or b.shape[1] % 16 or self.a_pad is not None or self.b_pad is not None
                 or ws_core_refusal(a.device) or ws_operand_refusal(a, b, None, bias)
                 or (previous is not None and previous.ws_gemm is None)):
             return None

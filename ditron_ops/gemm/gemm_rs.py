@@ -14,9 +14,10 @@ row i of ``a``: ``op(a[:k]) == op(a)[:k]``). On groups without symmetric memory 
 and a rank-ordered reference sum. ``deterministic=False`` (default): ``impl`` decides; the
 baseline uses cuBLAS (whose kernel choice depends on M, so not batch invariant) and rounds the
 partial product before the collective sum (NCCL's on multi-GPU groups, in NCCL's order; ditron's
-rank-ordered one elsewhere); the fused path is the same schedule as deterministic mode (it does
-not yet reduce in arrival order; with ``_rs_launch.LOWP_PARTIALS``, experimental, its partial tiles
-are rounded to the input dtype before the fp32 sum). In every mode results differ across world
+rank-ordered one elsewhere); the fused path sums fp32 partials in rank order as deterministic
+mode does (not in arrival order), with the rule's tiles for the shape, or the WS core's where
+``_rs_launch.PRODUCER_CORE`` is ``"ws"`` (with ``_rs_launch.LOWP_PARTIALS``, experimental, its
+partial tiles are rounded to the input dtype before the fp32 sum). In every mode results differ across world
 sizes (different summation).
 """
 from __future__ import annotations

@@ -31,11 +31,11 @@ def _ints(*shape, seed, dtype=torch.bfloat16):
     return torch.randint(-4, 5, shape, generator=gen).to(dtype=dtype, device="cuda")
 
 
-def _operands(group, m, n, k, dtype, seed, weight_layout):
-    """This rank's ``a [M, K_r]``, ``b [K_r, N]`` (K split 64 columns apart per rank) and the
-    float64 sum over all ranks' products."""
+def _operands(group, m, n, k, dtype, seed, weight_layout, ks=None):
+    """This rank's ``a [M, K_r]``, ``b [K_r, N]`` (K slices ``ks``, default 64 columns apart
+    per rank) and the float64 sum over all ranks' products."""
     w = group.world_size
-    ks = [k + 64 * q for q in range(w)]
+    ks = ks or [k + 64 * q for q in range(w)]
     a_all = [_ints(m, ks[q], seed=100 * seed + q, dtype=dtype) for q in range(w)]
     b_all = [_ints(n, ks[q], seed=200 * seed + q, dtype=dtype).t() if weight_layout
              else _ints(ks[q], n, seed=200 * seed + q, dtype=dtype) for q in range(w)]
@@ -47,15 +47,16 @@ def _last_plan(group):
     return next(reversed(group.plans._plans.values()))
 
 
-def _check_rs(group, sizes, n, k, dtype, seed, weight_layout=True):
+def _check_rs(group, sizes, n, k, dtype, seed, weight_layout=True, ks=None, ws=True):
+    """gemm_rs exact; ``ws``: the WS producer ran on this rank (else the portable kernel)."""
     m = sum(sizes)
-    a, b, total = _operands(group, m, n, k, dtype, seed, weight_layout)
+    a, b, total = _operands(group, m, n, k, dtype, seed, weight_layout, ks)
     got = ditron_ops.gemm_rs(a, b, group, impl="fused", shard_sizes=list(sizes),
                              deterministic=False)
     plan = _last_plan(group)
-    if m > _ws_launch.SKINNY_M:
-        assert isinstance(plan, _rs_launch.RsPlan) and plan.ws_gemm is not None, \
-            "the WS producer was not chosen"
+    assert isinstance(plan, _rs_launch.RsPlan)
+    assert (plan.ws_gemm is not None) == (ws and m > _ws_launch.SKINNY_M), \
+        f"rank {group.rank}: WS producer chosen: {plan.ws_gemm is not None}"
     lo = sum(sizes[:group.rank])
     group.synchronize()
     want = total[lo:lo + sizes[group.rank]].to(dtype)
@@ -78,8 +79,13 @@ def test_gemm_rs_and_ar_on_the_ws_producer_are_exact(monkeypatch, world_size):
     def body(group):
         w = group.world_size
         _check_rs(group, [1024 // w] * w, 1536, 512, torch.bfloat16, 0)
-        _check_rs(group, [300 + 37 * q for q in range(w)], 1000, 256, torch.float16, 1,
+        _check_rs(group, [300 + 37 * q for q in range(w)], 1008, 256, torch.float16, 1,
                   weight_layout=False)
+        _check_rs(group, [200] * w, 1000, 256, torch.bfloat16, 9, ws=False)  # (N % 16: portable)
+        # rank 1's K slice off 32-byte sectors: it runs the portable kernel beside WS peers
+        ks = [256 + 64 * q + (8 if q == 1 else 0) for q in range(w)]
+        _check_rs(group, [160 + 16 * q for q in range(w)], 768, 0, torch.bfloat16, 10, ks=ks,
+                  ws=group.rank != 1)
         for i in range(3):  # back to back, new sizes each call (empty shards included)
             _check_rs(group, [(i * 97 + q * 131) % 700 for q in range(w)], 640 + 64 * i,
                       256 + 128 * i, torch.bfloat16, 2 + i)
