@@ -58,6 +58,11 @@ from ._ws_launch import refusal as ws_refusal
 
 CORES = ("auto", "tl", "ws")
 """``matmul(core=)``: the tuned choice, the portable core, the warp-specialized one."""
+DET_ON_WS = False
+"""Deterministic ``matmul`` may run on the WS core (its fixed data-parallel 128x256 plan, timed
+against the portable core's batch-invariant tiles as in the default mode): only where its rows
+carry the same bits as those tiles' at every M, which a GPU run must show
+(``tests/gpu/test_gemm_ws_gpu.py``, ``tools/det_ws_probe.py``); off until one has."""
 
 
 INTERPRETER_PROGRAMS = 1
@@ -556,18 +561,21 @@ class _MatmulPlan:
     def __init__(self, a, b, bias, out, cfg, deterministic, split_k=None, core="auto"):
         self.ws = self.core = self.a_copy = self.a_pad = self.b_copy = self.b_ex = None
         self.split, self.name = 1, "given"  # (the rule's candidate's name; benches print it)
-        tune = (core == "auto" and cfg is None and split_k is None and not deterministic
+        ws_mode = not deterministic or DET_ON_WS
+        tune = (core == "auto" and cfg is None and split_k is None and ws_mode
                 and TUNE_CORES and ws_refusal(a, b, out, bias) is None)
-        if core == "ws" and cfg is None and split_k is None and not deterministic:
+        if core == "ws" and cfg is None and split_k is None and ws_mode:
             why = ws_refusal(a, b, out, bias)
             if why is not None:
                 raise ValueError(f"ditron.matmul: core='ws' refused: {why}")
-            self.ws = WsGemm(a, b, out, bias, program_budget(a.device, None))
+            self.ws = WsGemm(a, b, out, bias, program_budget(a.device, None),
+                             deterministic=deterministic)
             self.name = self.ws.name
             return
         elif core == "ws":
             raise ValueError("ditron.matmul: core='ws' takes the rule's plan in the default "
-                             "mode only (no cfg, split_k or deterministic mode)")
+                             "mode only (no cfg or split_k; deterministic mode where "
+                             "DET_ON_WS)")
         if not tune:
             self._build_tl(a, b, bias, out, cfg, deterministic, split_k)
             return
@@ -576,7 +584,7 @@ class _MatmulPlan:
         # launch through Triton's run: its host time, not the GPU's, would be timed).
         with compiler.batch("matmul"):
             self._build_tl(a, b, bias, out, cfg, deterministic, split_k)
-        self._tune(a, b, bias, out)
+        self._tune(a, b, bias, out, deterministic)
 
     def _build_tl(self, a, b, bias, out, cfg, deterministic, split_k) -> None:
         """The portable core's plan (the class docstring)."""
@@ -629,12 +637,15 @@ class _MatmulPlan:
                                  offsets=offsets, claim=claim, record=record, m=m, cfg=cfg,
                                  a_varies=a_varies)
 
-    def _tune(self, a, b, bias, out) -> None:
+    def _tune(self, a, b, bias, out, deterministic=False) -> None:
         """``core="auto"`` where the WS core takes the product: time the built ``tl`` plan and
         the WS core's on the call's tensors (both bound), keep the WS plan where it is faster
         than ``_tune.TUNE_MARGIN`` of the other (``prefer_ws``). Cached with the plan: a
-        repeated call times nothing."""
-        ws = build_ws("matmul", lambda: WsGemm(a, b, out, bias, program_budget(a.device, None)))
+        repeated call times nothing. Deterministic mode (``DET_ON_WS``): the WS core's one
+        fixed data-parallel config, whose rows carry the bits of the portable core's
+        batch-invariant tiles (so the choice, which M moves, moves no bit)."""
+        ws = build_ws("matmul", lambda: WsGemm(a, b, out, bias, program_budget(a.device, None),
+                                               deterministic=deterministic))
         if ws is None:
             return
         t_tl, t_ws = time_alternating([lambda: self.run(a, b, bias, out),

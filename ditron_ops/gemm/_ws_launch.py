@@ -456,14 +456,17 @@ class WsGemm:
     the chunks of its rows landed. ``push``: the gemm_rs / gemm_ar producer (``ws_operands``'
     tuple): data parallel, fp32 tiles into the ranks' slots, no C (``out`` gives its dtype).
     ``mode``: force a schedule (benches). ``plan_``: bind this plan instead of the rule's
-    (``precompile_ws``)."""
+    (``precompile_ws``). ``deterministic``: the rule's deterministic plan (one fixed config,
+    data parallel: ``_ws_configs.plan``)."""
 
-    def __init__(self, a, b, out, bias, sms: int, wait=None, mode=None, plan_=None, push=None):
+    def __init__(self, a, b, out, bias, sms: int, wait=None, mode=None, plan_=None, push=None,
+                 deterministic=False):
         from ..runtime.launcher import BoundKernel
         m, k = a.shape
         dp = wait is not None or push is not None
         self.plan = p = plan_ or plan(m, b.shape[1], k, a.element_size(), out.element_size(),
-                                      sms, mode=MODE_DP if dp else mode)
+                                      sms, mode=MODE_DP if dp else mode,
+                                      deterministic=deterministic)
         self.name = "ws:" + describe(p)
         if p.pad_a or p.pad_b:  # (the rule plans copies only for rows off sectors: refused)
             raise RuntimeError(f"{self.name}: row copies are not bound")

@@ -76,8 +76,9 @@ def test_refusals_raise_and_auto_stays_portable():
     with pytest.raises(ValueError, match="skinny"):
         _core.matmul(a, b, deterministic=False, core="ws")
     a = ints(512, 512, seed=1)
-    with pytest.raises(ValueError, match="default mode"):
-        _core.matmul(a, b, deterministic=True, core="ws")
+    if not _core.DET_ON_WS:
+        with pytest.raises(ValueError, match="default mode"):
+            _core.matmul(a, b, deterministic=True, core="ws")
     a, b = ints(512, k, seed=1), ints(256, k, seed=2).t()
     _core.matmul(a, b, deterministic=False)  # rows off sectors: nothing to tune
     assert last_plan().ws is None
@@ -123,3 +124,30 @@ def test_graph_replay_and_threads():
     for t in threads:
         t.join()
     assert not errors
+
+
+@pytest.mark.parametrize("n,k", [(1536, 4096), (4480, 5120), (272, 14080), (1000, 1016)])
+def test_deterministic_rows_carry_the_same_bits_on_both_cores(monkeypatch, n, k):
+    """``DET_ON_WS``'s condition: on random (not integer) operands, the WS core's deterministic
+    plan gives every row the bits of the portable core's batch-invariant tiles, at every M
+    (the skinny tiles at small M included), into bf16 and into fp32."""
+    monkeypatch.setattr(_core, "DET_ON_WS", True)
+    gen = torch.Generator(device="cpu").manual_seed(n + k)
+    a_all = (torch.randn(8192, k, generator=gen) / k ** 0.25).to(torch.bfloat16).to(DEV)
+    b = (torch.randn(n, k, generator=gen) / k ** 0.25).to(torch.bfloat16).to(DEV).t()
+    sectors = (k * 2) % 32 == 0
+    for out_dtype in (torch.bfloat16, torch.float32):
+        ref = torch.empty(8192, n, dtype=out_dtype, device=DEV)
+        _core.matmul(a_all, b, out=ref, deterministic=True, core="tl")
+        for m in (1, 3, 17, 64, 255, 1000, 8192):
+            a = a_all[:m].clone()
+            out = torch.empty(m, n, dtype=out_dtype, device=DEV)
+            assert torch.equal(_core.matmul(a, b, out=out, deterministic=True, core="tl"),
+                               ref[:m]), ("tl", m, out_dtype)
+            if m > _ws_launch.SKINNY_M and sectors:
+                got = _core.matmul(a, b, out=out, deterministic=True, core="ws")
+                assert last_plan().ws is not None
+                diff = (got.float() - ref[:m].float()).abs().max().item()
+                assert torch.equal(got, ref[:m]), ("ws", m, out_dtype, diff)
+            auto = _core.matmul(a, b, out=out, deterministic=True)  # (either core, timed)
+            assert torch.equal(auto, ref[:m]), ("auto", m, out_dtype)
