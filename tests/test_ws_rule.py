@@ -297,8 +297,8 @@ def test_two_accumulator_tiles_count_their_whole_width():
 def test_auto_core_keeps_the_faster_plan(monkeypatch):
     """``matmul(core="auto")`` times both plans once where the WS core takes the product and
     keeps the WS one only under ``TUNE_MARGIN`` of the portable one's time; the plan is cached
-    (a repeated call times nothing); deterministic mode and ``DITRON_GEMM_TUNE=0``
-    (``TUNE_CORES``) time nothing; a WS plan that fails to build marks the core broken and the
+    (a repeated call times nothing); deterministic mode (unless ``DET_ON_WS``) and
+    ``DITRON_GEMM_TUNE=0`` (``TUNE_CORES``) time nothing; a WS plan that fails to build marks the core broken and the
     portable plan stays. (Stand-ins for the GPU parts: the refusal, the WS plan and the
     timer.)"""
     import torch
@@ -310,7 +310,7 @@ def test_auto_core_keeps_the_faster_plan(monkeypatch):
     class StubWs:
         name = "ws:stub"
 
-        def __init__(self, a, b, out, bias, sms):
+        def __init__(self, a, b, out, bias, sms, deterministic=False):
             pass
 
         def run(self, a, b, out, bias):
@@ -343,24 +343,28 @@ def test_auto_core_keeps_the_faster_plan(monkeypatch):
     assert not call(41, deterministic=False).startswith("ws:") and timed == [2, 2]
     call(42, deterministic=True)
     assert timed == [2, 2]
+    monkeypatch.setattr(_core, "DET_ON_WS", True)  # (where a GPU showed both cores' bits equal)
+    times.update(tl=1.0, ws=0.9)
+    assert call(46, deterministic=True) == "ws:stub" and timed == [2, 2, 2]
+    monkeypatch.setattr(_core, "DET_ON_WS", False)
     monkeypatch.setattr(_core, "TUNE_CORES", False)
     times.update(tl=1.0, ws=0.5)
-    assert not call(43, deterministic=False).startswith("ws:") and timed == [2, 2]
+    assert not call(43, deterministic=False).startswith("ws:") and timed == [2, 2, 2]
     monkeypatch.setattr(_core, "TUNE_CORES", True)
 
     class FailingWs(StubWs):
-        def __init__(self, *args):
+        def __init__(self, *args, **kw):
             raise AttributeError("shared_memory_descriptor has no attribute _reinterpret")
 
     monkeypatch.setattr(_core, "WsGemm", FailingWs)
-    assert not call(44, deterministic=False).startswith("ws:") and timed == [2, 2]
+    assert not call(44, deterministic=False).startswith("ws:") and timed == [2, 2, 2]
     assert [type(e) for e in broken] == [AttributeError]
 
     class OutOfResources(Exception):  # one config's limits: that plan stays portable only
         pass
 
     class HungryWs(StubWs):
-        def __init__(self, *args):
+        def __init__(self, *args, **kw):
             raise OutOfResources("shared memory")
 
     monkeypatch.setattr(_core, "WsGemm", HungryWs)
