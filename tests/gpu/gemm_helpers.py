@@ -26,3 +26,17 @@ def integer_cases(a: torch.Tensor, bias: torch.Tensor, k: int, n: int):
     for layout, with_bias in itertools.product(("kn", "nk"), (False, True)):
         b = ints(k, n, seed=2) if layout == "kn" else ints(n, k, seed=2).t()
         yield layout, with_bias, b, a.double() @ b.double() + (bias.double() if with_bias else 0)
+
+
+def skip_unless_ws():
+    """Skip the calling test where the warp-specialized core cannot run (not sm_90, or a
+    Triton whose Gluon it refuses)."""
+    import pytest
+
+    from ditron_ops.gemm import _ws_launch
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the WS core is sm_90 only")
+    a = torch.zeros(64, 64, dtype=torch.bfloat16, device=DEV)
+    why = _ws_launch.refusal(a, a, a, None)
+    if why is not None:
+        pytest.skip(f"WS core refused here: {why}")

@@ -13,22 +13,11 @@ from ditron_ops.gemm import _ag_launch, _ws_launch
 from ditron_ops.runtime import error_record as er
 from ditron_ops import reference
 
+from gemm_helpers import ints as _ints  # (tests/gpu/)
+from gemm_helpers import skip_unless_ws as _sm90
+
 pytestmark = pytest.mark.gpu
 _CAPTURE_LOCK = threading.Lock()
-
-
-def _sm90():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the WS core is sm_90 only")
-    a = torch.zeros(64, 64, dtype=torch.bfloat16, device="cuda")
-    why = _ws_launch.refusal(a, a, a, None)
-    if why is not None:
-        pytest.skip(f"WS core refused here: {why}")
-
-
-def _ints(*shape, seed, dtype=torch.bfloat16):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    return torch.randint(-4, 5, shape, generator=gen).to(dtype=dtype, device="cuda")
 
 
 def _pad(chunks, epoch=5, flags=None, sizes=None):
