@@ -18,6 +18,8 @@ Cases (one run, one GPU)::
                   producer, same sweep (on one GPU both move HBM to HBM: this measures the SMs
                   the pull kernel takes from the GEMM against the copy engines' interference)
 
+``--only fused``: the fused, consumer and producer rows alone.
+
 Every case times CUDA-graph replays (device time; the host row measures the eager call's cost);
 P1 and P2 time ours and the baseline in turns (``paired_graph_times``).
 The ``ratio`` column is baseline / ours (>1: ours faster). ``geo-mean`` rows summarise P1/P2.
@@ -237,7 +239,8 @@ def run(cfg: BenchConfig, configs: Optional[list[str]] = None) -> list[Result]:
         _present(group, cfg, out, configs)
         _host(group, cfg, out)
 
-    launch(single, 1, cfg.device)
+    if "fused" not in cfg.only:  # (``--only fused``: the virtual worlds' rows alone)
+        launch(single, 1, cfg.device)
     for world in cfg.world_sizes:
         _fused_vs_baseline(cfg, out, world)
     return out
