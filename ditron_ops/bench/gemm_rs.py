@@ -174,6 +174,9 @@ def producer(group, cfg: BenchConfig, out: list[Result]) -> None:
                            f"{name} fused, portable", times["tl"], shape=f"{m}x{n}x{k}", m=m,
                            n=n, k=k, model=models, extra=extra)
                 rows.append(r)
+                if group.rank == 0:  # (a run cut short still shows its rows)
+                    print(f"producer W={w} {name} {r.shape}: tl/ws {r.ratio:.3f} {extra}",
+                          flush=True)
     if group.rank == 0:
         out.extend(rows)
         out.append(geo_mean_row(rows, f"producer W={w}"))
