@@ -4,7 +4,7 @@ Reports registers, spills and shared memory per kernel variant, so kernel edits 
 before a GPU session; ``moe`` also counts SASS instructions (barriers, calls, local memory) and
 says which kernels fit on one SM beside a dispatch program::
 
-    PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all] [flash_decode] [gemm] [moe]
+    PYTHONPATH=. python tools/sm90_compile.py [ulysses] [all_to_all] [flash_decode] [gemm] [moe] [ws]
     PYTHONPATH=. python tools/sm90_compile.py splitk   # gemm's split-K variants only
 
 How: the kernels are imported as compiled-mode ``triton.jit`` functions (``ditron_ops`` imported
@@ -391,9 +391,56 @@ def moe() -> list[str]:
     return lines
 
 
+def ws(dtypes=("bf16", "fp16")) -> list[str]:
+    """Every form ``precompile`` binds of the warp-specialized core (``_ws_launch.precompile_ws``:
+    the rule's forms per B layout and bias, the reduce at each split, the ag_gemm consumer's
+    waiting forms and the gemm_reduce producer's pushing ones), compiled for sm_90a; a line ends
+    in ``SPILL`` where ptxas spills and ``OVER`` where shared memory exceeds the H200's."""
+    import re
+
+    import torch
+
+    from ditron_ops.gemm import _ws_launch
+    from ditron_ops.runtime import compiler
+    from ditron_ops.runtime.precompile import DTYPE_NAMES
+
+    cpu, wanted = torch.device("cpu"), tuple(DTYPE_NAMES[d] for d in dtypes)
+    made = []
+    compiler.prepare = made.append  # every BoundKernel the lists make, not compiled
+    _ws_launch.precompile_ws(cpu, wanted)
+    sig, offsets = torch.zeros(16, dtype=torch.int64), torch.zeros(2, dtype=torch.int32)
+    _ws_launch.precompile_ws(cpu, wanted, wait=(sig, offsets, sig[:1], sig, 0, 1, 10**6, 0))
+    slots = torch.zeros(1 << 16, dtype=torch.float32)
+    for broadcast in (False, True):
+        _ws_launch.precompile_ws(cpu, wanted, push=(slots, sig, offsets, 64, 0, 1, broadcast))
+    lines, seen = [], set()
+    for k in made:
+        kw = dict(sorted(k.kwargs.items()))
+        dts = tuple(str(a.dtype) for a in k.args if isinstance(a, torch.Tensor))
+        key = (k.name, tuple(kw.items()), dts,
+               tuple(str(getattr(a, "layout", "")) for a in k.args))
+        if key in seen:
+            continue
+        seen.add(key)
+        t0 = time.time()
+        compiled = k.fn.warmup(*k.args, grid=k.grid, **k.kwargs)
+        flags = " ".join(f"{n}={int(v)}" for n, v in kw.items()
+                         if n in ("MODE", "STAGES", "PINGPONG", "N2", "B_KN", "HAS_BIAS", "WAIT",
+                                  "PUSH", "SPLIT"))
+        line = report(f"{k.name} {flags} {dts[0] if dts else ''}", compiled)
+        spill = not re.search(r"spill stores 0 B", line)
+        over = compiled.metadata.shared > SHARED_LIMIT
+        lines.append(line + f" ({time.time() - t0:.1f} s)" + (" SPILL" if spill else "")
+                     + (" OVER" if over else ""))
+        print(lines[-1], flush=True)
+    bad = [ln for ln in lines if ln.endswith(("SPILL", "OVER"))]
+    print(f"ws: {len(lines)} variants, {len(bad)} spilling or over {SHARED_LIMIT} B", flush=True)
+    return lines
+
+
 if __name__ == "__main__":
     _compiled_mode()
     kinds = {"ulysses": ulysses, "all_to_all": all_to_all, "flash_decode": flash_decode,
-             "gemm": gemm, "splitk": splitk, "moe": moe}
+             "gemm": gemm, "splitk": splitk, "moe": moe, "ws": ws}
     for what in sys.argv[1:] or [k for k in kinds if k != "splitk"]:  # (gemm covers it)
         kinds[what]()
