@@ -305,13 +305,13 @@ def test_auto_core_keeps_the_faster_plan(monkeypatch):
 
     from ditron_ops.gemm import _core
 
-    timed, times = [], {}
+    timed, times, built = [], {}, []
 
     class StubWs:
         name = "ws:stub"
 
         def __init__(self, a, b, out, bias, sms, deterministic=False):
-            pass
+            built.append(deterministic)
 
         def run(self, a, b, out, bias):
             return out.copy_((a.float() @ b.float()).to(out.dtype))
@@ -346,6 +346,7 @@ def test_auto_core_keeps_the_faster_plan(monkeypatch):
     monkeypatch.setattr(_core, "DET_ON_WS", True)  # (where a GPU showed both cores' bits equal)
     times.update(tl=1.0, ws=0.9)
     assert call(46, deterministic=True) == "ws:stub" and timed == [2, 2, 2]
+    assert built[-1] is True and not any(built[:-1])  # (the WS core's deterministic plan)
     monkeypatch.setattr(_core, "DET_ON_WS", False)
     monkeypatch.setattr(_core, "TUNE_CORES", False)
     times.update(tl=1.0, ws=0.5)

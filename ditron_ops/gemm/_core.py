@@ -62,7 +62,8 @@ DET_ON_WS = False
 """Deterministic ``matmul`` may run on the WS core (its fixed data-parallel 128x256 plan, timed
 against the portable core's batch-invariant tiles as in the default mode): only where its rows
 carry the same bits as those tiles' at every M, which a GPU run must show
-(``tests/gpu/test_gemm_ws_gpu.py``, ``tools/det_ws_probe.py``); off until one has."""
+(``tests/gpu/test_gemm_ws_gpu.py``, ``tools/det_ws_probe.py``); off until one has. Read when
+a plan is built: a change reaches plans built afterwards."""
 
 
 INTERPRETER_PROGRAMS = 1
@@ -704,7 +705,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         clearly faster (``SPLIT_MARGIN``: fewer tiles than the SMs, long K).
     core : str
         ``"auto"``: where the warp-specialized sm_90 core takes the product
-        (``_ws_launch.refusal``: default mode, no ``cfg`` or ``split_k``, rows on sectors),
+        (``_ws_launch.refusal``: rows on sectors, M > 32; no ``cfg`` or ``split_k``; the
+        default mode, or deterministic mode where ``DET_ON_WS``),
         the faster of its plan and the portable core's, timed once when the plan is built
         (``_MatmulPlan._tune``; neither core wins everywhere: benchmarks/NOTES.md), else the
         portable ``tl`` core; ``"tl"`` / ``"ws"`` force one (``"ws"``: ``ValueError`` where it

@@ -126,28 +126,43 @@ def test_graph_replay_and_threads():
     assert not errors
 
 
-@pytest.mark.parametrize("n,k", [(1536, 4096), (4480, 5120), (272, 14080), (1000, 1016)])
+@pytest.mark.parametrize("n,k", [(1536, 4096), (4480, 5120), (272, 14080), (1000, 4112),
+                                 (1000, 1016)])
 def test_deterministic_rows_carry_the_same_bits_on_both_cores(monkeypatch, n, k):
     """``DET_ON_WS``'s condition: on random (not integer) operands, the WS core's deterministic
-    plan gives every row the bits of the portable core's batch-invariant tiles, at every M
-    (the skinny tiles at small M included), into bf16 and into fp32."""
+    plan (its one fixed config, data parallel) gives every row the bits of the portable core's
+    batch-invariant tiles, at every M (the skinny tiles at small M included), into the input
+    dtype and into fp32, bf16 and fp16, B as ``w.t()`` and as ``[K, N]``, with and without
+    bias (fp32 out with bias: deterministic gemm_rs's partials). K 1016: rows off sectors, the
+    portable core alone (a control)."""
     monkeypatch.setattr(_core, "DET_ON_WS", True)
+    monkeypatch.setattr(_core._MATMUL_PLANS, "cache", None, raising=False)  # (plans of this test)
     gen = torch.Generator(device="cpu").manual_seed(n + k)
-    a_all = (torch.randn(8192, k, generator=gen) / k ** 0.25).to(torch.bfloat16).to(DEV)
-    b = (torch.randn(n, k, generator=gen) / k ** 0.25).to(torch.bfloat16).to(DEV).t()
     sectors = (k * 2) % 32 == 0
-    for out_dtype in (torch.bfloat16, torch.float32):
-        ref = torch.empty(8192, n, dtype=out_dtype, device=DEV)
-        _core.matmul(a_all, b, out=ref, deterministic=True, core="tl")
-        for m in (1, 3, 17, 64, 255, 1000, 8192):
-            a = a_all[:m].clone()
-            out = torch.empty(m, n, dtype=out_dtype, device=DEV)
-            assert torch.equal(_core.matmul(a, b, out=out, deterministic=True, core="tl"),
-                               ref[:m]), ("tl", m, out_dtype)
-            if m > _ws_launch.SKINNY_M and sectors:
-                got = _core.matmul(a, b, out=out, deterministic=True, core="ws")
-                assert last_plan().ws is not None
-                diff = (got.float() - ref[:m].float()).abs().max().item()
-                assert torch.equal(got, ref[:m]), ("ws", m, out_dtype, diff)
-            auto = _core.matmul(a, b, out=out, deterministic=True)  # (either core, timed)
-            assert torch.equal(auto, ref[:m]), ("auto", m, out_dtype)
+    for dtype, layout, with_bias in ((torch.bfloat16, "nk", False), (torch.bfloat16, "kn", True),
+                                     (torch.float16, "nk", True)):
+        a_all = (torch.randn(8192, k, generator=gen) / k ** 0.25).to(dtype).to(DEV)
+        w = (torch.randn(n, k, generator=gen) / k ** 0.25).to(dtype).to(DEV)
+        b = w.t() if layout == "nk" else w.t().contiguous()
+        bias = torch.randn(n, generator=gen).to(dtype).to(DEV) if with_bias else None
+        for out_dtype in (dtype, torch.float32):
+            ref = torch.empty(8192, n, dtype=out_dtype, device=DEV)
+            _core.matmul(a_all, b, bias=bias, out=ref, deterministic=True, core="tl")
+            for m in (1, 3, 17, 64, 255, 1000, 8192):
+                a = a_all[:m].clone()
+                what = (m, dtype, layout, with_bias, out_dtype)
+
+                def fresh():
+                    return torch.full((m, n), float("nan"), dtype=out_dtype, device=DEV)
+                got = _core.matmul(a, b, bias=bias, out=fresh(), deterministic=True, core="tl")
+                assert torch.equal(got, ref[:m]), ("tl", ) + what
+                if m > _ws_launch.SKINNY_M and sectors:
+                    got = _core.matmul(a, b, bias=bias, out=fresh(), deterministic=True,
+                                       core="ws")
+                    p = last_plan().ws.plan
+                    assert (p.variant == _ws_configs.DETERMINISTIC_CONFIG
+                            and p.mode == _ws_configs.MODE_DP), _ws_configs.describe(p)
+                    diff = (got.float() - ref[:m].float()).abs().max().item()
+                    assert torch.equal(got, ref[:m]), ("ws", diff) + what
+                got = _core.matmul(a, b, bias=bias, out=fresh(), deterministic=True)  # (timed)
+                assert torch.equal(got, ref[:m]), ("auto", ) + what
