@@ -1,5 +1,6 @@
-"""The persistent GEMM core shared by ag_gemm, gemm_rs and gemm_ar: TMA descriptors, grids and
-the launch of ``persistent_gemm_kernel`` (``matmul`` alone, or as ag_gemm's waiting consumer).
+"""The persistent GEMM core shared by ag_gemm, gemm_rs and gemm_ar: the launch of
+``persistent_gemm_kernel`` (``matmul`` alone, or as ag_gemm's waiting consumer); grids and B's
+descriptors are ``_core_grid``'s (re-exported here).
 
 The tile configuration is chosen per problem by ``_core_configs.select_config`` (a
 wave-quantization model over a few compiled candidates) while a call's plan is built; the
@@ -34,7 +35,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..deterministic import resolve_deterministic
-from ..runtime.group import Group, op_id, sm_count
+from ..runtime.group import Group, op_id
 from ..runtime.launcher import BoundKernel, unused_pointer
 from ..runtime.plan import PlanCache, tensor_key
 from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_SPLIT,  # noqa: F401
@@ -47,6 +48,8 @@ from ._core_configs import (GPU_CONFIG, GPU_CONFIGS, MAX_SPLIT,  # noqa: F401
                             tail_tiles, tile_width)
 from ._pad import (LINE_BYTES, RowPad, off_sectors, padded_copy, read_rows, row_alignment,
                    tma_ok)
+from ._core_grid import (b_descriptor, b_operand, consumer_grid,  # noqa: F401
+                         consumer_programs, half_b_descriptor, program_budget)
 from ._core_kernels import (persistent_gemm_kernel, skinny_gemm_kernel, splitk_gemm_kernel,
                             splitk_reduce_kernel, strip_gemm_kernel)
 from ..runtime import compiler
@@ -64,75 +67,6 @@ against the portable core's batch-invariant tiles as in the default mode): only 
 carry the same bits as those tiles' at every M, which a GPU run must show
 (``tests/gpu/test_gemm_ws_gpu.py``, ``tools/det_ws_probe.py``); off until one has. Read when
 a plan is built: a change reaches plans built afterwards."""
-
-
-INTERPRETER_PROGRAMS = 1
-"""Consumer programs in the interpreter (it runs a grid's programs one after the other, so a
-waiting program must not need a later one; the fused path's producer runs first there)."""
-
-
-def program_budget(device: torch.device, group: Optional[Group]) -> int:
-    """Programs a persistent consumer may use: every SM (the default all-gather runs on copy
-    engines), or this rank's share of them in a virtual world (all ranks' waiting grids must be
-    resident together); ``INTERPRETER_PROGRAMS`` in the interpreter."""
-    if device.type != "cuda":
-        return INTERPRETER_PROGRAMS
-    return group.sm_share() if group is not None else sm_count(device)
-
-
-def consumer_programs(device: torch.device, group: Optional[Group], tiles: int) -> int:
-    """Persistent GEMM grid: one program per tile up to ``program_budget``; pull mode gives
-    ``pull_programs`` of them to the producer (see ``fused``)."""
-    return max(1, min(tiles, program_budget(device, group)))
-
-
-def consumer_grid(device: torch.device, group: Optional[Group], tiles: int,
-                  cfg: TileConfig) -> int:
-    """``consumer_programs`` (``cfg.ctas_per_sm`` per SM of the budget), doubled when
-    ``split_tail`` can run every tile as two halves within the budget (small M: e.g. 7 tiles
-    on 14 programs)."""
-    budget = program_budget(device, group) * cfg.ctas_per_sm
-    if cfg.split_tail and 2 * tiles <= budget:
-        return 2 * tiles
-    return max(1, min(tiles, budget))
-
-
-def b_operand(b: torch.Tensor, cfg: TileConfig, b_pad: Optional[torch.Tensor] = None
-              ) -> tuple[Optional[torch.Tensor], TensorDescriptor, bool]:
-    """``b``'s aligned copy when no TMA descriptor can be made over ``b`` or ``b.T`` (``b_pad``
-    if given, else a new one; None when ``b`` serves as is), then ``b_descriptor`` of what the
-    GEMM reads. The plan keeps the copy alive as long as its descriptor."""
-    pad = None
-    if not tma_ok(b) and not tma_ok(b.t()):
-        pad = b_pad if b_pad is not None else padded_copy(b)
-    return (pad, *b_descriptor(b if pad is None else pad, cfg))
-
-
-def b_descriptor(b: torch.Tensor, cfg: TileConfig) -> tuple[TensorDescriptor, bool]:
-    """TMA descriptor for ``b [K, N]`` (blocks ``cfg.block_n`` wide) and whether it is over
-    ``b`` (True) or ``b.T`` (False).
-
-    ``[K, N]`` row-major and ``w.t()`` of a row-major Linear weight ``w [N, K]`` are used as they
-    are; any other stride pattern is copied once into an aligned row-major buffer.
-    """
-    bn = cfg.block_n
-    if tma_ok(b):
-        return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, bn]), True
-    bt = b.t()
-    if tma_ok(bt):
-        return TensorDescriptor(bt, list(bt.shape), list(bt.stride()), [bn, cfg.block_k]), False
-    b = padded_copy(b)
-    return TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_k, bn]), True
-
-
-def half_b_descriptor(b_desc: TensorDescriptor, b_kn: bool, cfg: TileConfig) -> TensorDescriptor:
-    """``b_desc`` (from ``b_descriptor``) in ``cfg.block_n / 2`` wide blocks for the split tail,
-    over the same memory (no second copy of an unaligned B); ``b_desc`` itself without it."""
-    if not cfg.split_tail:
-        return b_desc
-    half = cfg.block_n // 2
-    block = [cfg.block_k, half] if b_kn else [half, cfg.block_k]
-    return TensorDescriptor(b_desc.base, b_desc.shape, b_desc.strides, block)
 
 
 def fit_stages(cfg: TileConfig, device: torch.device, in_bytes: int, out_bytes: int) -> TileConfig:

@@ -22,7 +22,7 @@ from ._core import (Scales, b_descriptor, build_ws, consumer_programs, half_b_de
 from ._rs_kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
 from ._ws_launch import WsGemm, precompile_ws
 from ._ws_launch import core_refusal as ws_core_refusal
-from ._ws_launch import operand_refusal as ws_operand_refusal
+from ._ws_launch import refusal as ws_refusal
 
 PURPOSE = "gemm_reduce"
 _FINISH_BLOCK = dict(BLOCK_R=8, BLOCK_C=256)
@@ -191,16 +191,16 @@ class RsPlan:
     def _ws_producer(self, a, b, out, bias, rows, slot_rows, buf, data, offsets, partials,
                      deterministic, budget, previous):
         """The WS core's pushing GEMM (``PRODUCER_CORE`` ``"ws"``) where it takes the product:
-        default mode, bf16/fp16 without fp8 scales or bias, fp32 partials, N a multiple of 16 (its
-        8-byte stores), operands it reads as they are (``_ws_launch.refusal``); else None (the portable kernels). A stale plan's rebuild
-        keeps the previous plan's choice; a WS build or compile failure falls back
-        (``_core.build_ws``)."""
+        default mode, bf16/fp16 without fp8 scales or bias, fp32 partials, N a multiple of 16
+        (its 8-byte stores), operands it reads as they are (``_ws_launch.refusal``); else None
+        (the portable kernels). A stale plan's rebuild keeps the previous plan's choice; a WS
+        build or compile failure falls back (``_core.build_ws``)."""
         core = producer_core()
         if core not in PRODUCER_CORES:
             raise ValueError(f"ditron.{self.op}: PRODUCER_CORE must be one of {PRODUCER_CORES}")
         if (core == "tl" or deterministic or self.scaled or partials != torch.float32
-                or bias is not None or b.shape[1] % 16 or self.a_pad is not None or self.b_pad is not None
-                or ws_core_refusal(a.device) or ws_operand_refusal(a, b, None, bias)
+                or bias is not None or b.shape[1] % 16 or self.a_pad is not None
+                or self.b_pad is not None or ws_refusal(a, b, None, bias)
                 or (previous is not None and previous.ws_gemm is None)):
             return None
         if offsets is None:  # (broadcast: never read)

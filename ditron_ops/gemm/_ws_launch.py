@@ -419,8 +419,9 @@ def refusal(a, b, out, bias) -> Optional[str]:
     """Why the WS core does not take the plain ``out = a @ b (+ bias)`` (None: it does).
 
     It takes bf16/fp16 products on sm_90 (the mode is the caller's: ``matmul`` asks in the
-    default mode, and in deterministic mode where ``DET_ON_WS``) whose operands TMA reads as they are
-    (``check_operands``) with K-long rows on 32-byte sectors: A's rows, and B's when B is a
+    default mode, and in deterministic mode where ``DET_ON_WS``) whose operands TMA reads as
+    they are (``check_operands``; ``out`` None: no C, a pushing producer's) with K-long rows
+    on 32-byte sectors: A's rows, and B's when B is a
     weight's ``w.t()``. Rows off sectors run slower on it than on the portable core, which
     copies them onto lines (benchmarks/NOTES.md, the warp-specialized core); small M
     (``SKINNY_M``) stays on the skinny tiles."""

@@ -65,10 +65,10 @@ def interpreter_split_tail(monkeypatch, programs: int):
     """Tests: interpreter tiles of 16 x 32 (halves 16 wide) with ``split_tail``, the rule's only
     candidate, on ``programs`` programs (the interpreter runs them one after the other), through
     pytest's ``monkeypatch``; returns the tile configuration."""
-    from ..gemm import _core as _launch, _core_configs
+    from ..gemm import _core as _launch, _core_configs, _core_grid
 
     cfg = _launch.TileConfig(16, 32, 16, 2, 4, 1, split_tail=True)
     monkeypatch.setattr(_core_configs, "INTERPRETER_CANDIDATES",
                         (_core_configs.Candidate("16x32x16/tail", cfg, 1.0, True),))
-    monkeypatch.setattr(_launch, "INTERPRETER_PROGRAMS", programs)
+    monkeypatch.setattr(_core_grid, "INTERPRETER_PROGRAMS", programs)
     return cfg
