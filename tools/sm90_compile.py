@@ -396,8 +396,6 @@ def ws(dtypes=("bf16", "fp16")) -> list[str]:
     the rule's forms per B layout and bias, the reduce at each split, the ag_gemm consumer's
     waiting forms and the gemm_reduce producer's pushing ones), compiled for sm_90a; a line ends
     in ``SPILL`` where ptxas spills and ``OVER`` where shared memory exceeds the H200's."""
-    import re
-
     import torch
 
     from ditron_ops.gemm import _ws_launch
@@ -413,6 +411,29 @@ def ws(dtypes=("bf16", "fp16")) -> list[str]:
     slots = torch.zeros(1 << 16, dtype=torch.float32)
     for broadcast in (False, True):
         _ws_launch.precompile_ws(cpu, wanted, push=(slots, sig, offsets, 64, 0, 1, broadcast))
+    return _compile_bound(made, "ws")
+
+
+def ws_scaled() -> list[str]:
+    """Every form ``precompile`` binds of the WS core's fp8 form (``_ws_scaled.
+    precompile_scaled_ws``: config, scale mode, C dtype, bias), compiled for sm_90a."""
+    import torch
+
+    from ditron_ops.gemm import _ws_scaled
+    from ditron_ops.runtime import compiler
+
+    made = []
+    compiler.prepare = made.append
+    _ws_scaled.precompile_scaled_ws(torch.device("cpu"), (torch.bfloat16, torch.float16))
+    return _compile_bound(made, "ws_scaled")
+
+
+def _compile_bound(made, what: str) -> list[str]:
+    """Compile each distinct ``BoundKernel`` of ``made`` (the WS core's lists); a line each,
+    ending in ``SPILL`` where ptxas spills and ``OVER`` past the H200's shared memory."""
+    import re
+
+    import torch
     lines, seen = [], set()
     for k in made:
         kw = dict(sorted(k.kwargs.items()))
@@ -426,7 +447,7 @@ def ws(dtypes=("bf16", "fp16")) -> list[str]:
         compiled = k.fn.warmup(*k.args, grid=k.grid, **k.kwargs)
         flags = " ".join(f"{n}={int(v)}" for n, v in kw.items()
                          if n in ("MODE", "STAGES", "PINGPONG", "N2", "B_KN", "HAS_BIAS", "WAIT",
-                                  "PUSH", "SPLIT"))
+                                  "PUSH", "SPLIT", "SCALE"))
         line = report(f"{k.name} {flags} {dts[0] if dts else ''}", compiled)
         spill = not re.search(r"spill stores 0 B", line)
         over = compiled.metadata.shared > SHARED_LIMIT
@@ -434,13 +455,14 @@ def ws(dtypes=("bf16", "fp16")) -> list[str]:
                      + (" OVER" if over else ""))
         print(lines[-1], flush=True)
     bad = [ln for ln in lines if ln.endswith(("SPILL", "OVER"))]
-    print(f"ws: {len(lines)} variants, {len(bad)} spilling or over {SHARED_LIMIT} B", flush=True)
+    print(f"{what}: {len(lines)} variants, {len(bad)} spilling or over {SHARED_LIMIT} B",
+          flush=True)
     return lines
-
 
 if __name__ == "__main__":
     _compiled_mode()
     kinds = {"ulysses": ulysses, "all_to_all": all_to_all, "flash_decode": flash_decode,
-             "gemm": gemm, "splitk": splitk, "moe": moe, "ws": ws}
+             "gemm": gemm, "splitk": splitk, "moe": moe, "ws": ws,
+             "ws_scaled": ws_scaled}
     for what in sys.argv[1:] or [k for k in kinds if k != "splitk"]:  # (gemm covers it)
         kinds[what]()

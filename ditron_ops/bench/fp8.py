@@ -14,12 +14,16 @@ Rows (``case``):
   overhead with data present (target <= 3%); ``gathered_bytes`` and ``bf16_bytes`` columns;
   ``fused_rs <mode>``: ``gemm_rs_scaled`` at one rank (fused path: the reduce-scatter kernel
   with nothing to exchange) vs the same;
+- ``ws <mode> <config>`` (``--only ws``, sm_90): the fp8 WS core's plan of each config
+  (``_ws_scaled.SCALED_CONFIGS``) vs the portable core alone (``scaled_matmul(core="tl")``):
+  the data of the WS config rule; the ``tensor`` / ``row`` / ``block`` rows' ``core`` column
+  says which core ``scaled_matmul``'s timing kept;
 - ``tiles <mode>`` (``--only tiles``, GPU): the scaled core's two fp8 forms of the bf16 rule's
   tile (``_core_configs.scaled_configs``: narrow 128x128 with 8 warps vs wide), whatever the
   fp8 rule picks: the data of that rule.
 
 Times: paired CUDA-graph replay on one GPU (``paired_graph_times``); the interpreter runs one
-tiny shape for plumbing. ``--only tensor,row,block,fused,tiles`` runs parts.
+tiny shape for plumbing. ``--only tensor,row,block,fused,tiles,ws`` runs parts.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from ..runtime.virtual import launch
 from .gemm_sweep import models_shapes
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 
-PARTS = ("tensor", "row", "block", "fused", "tiles")
+PARTS = ("tensor", "row", "block", "fused", "tiles", "ws")
 FP8 = torch.float8_e4m3fn
 
 
@@ -48,13 +52,27 @@ def _inputs(m: int, n: int, k: int, mode: str, device):
     return a, b, sa, sb
 
 
-def _ours(a, b, sa, sb, mode: str, out: torch.Tensor, tiles: tuple = ()):
-    """The scaled core GEMM's call (what every fp8 op runs; ``tiles``: fields replacing the
-    rule's tile)."""
+def _kernel_scales(sa, sb, mode: str):
+    """``(sa, sa_row, sb, sb_row)`` as ``scaled_matmul`` takes them."""
     sbk, sb_row = _b_scales(sb, mode)
-    sa_k = sa.reshape(1) if mode == "tensor" else sa
-    sa_row = 0 if mode == "tensor" else sa.shape[1]
-    return lambda: scaled_matmul(a, b, sa_k, sa_row, sbk, sb_row, MODES[mode], None, out, tiles)
+    return (sa.reshape(1) if mode == "tensor" else sa, 0 if mode == "tensor" else sa.shape[1],
+            sbk, sb_row)
+
+
+def _ours(a, b, sa, sb, mode: str, out: torch.Tensor, tiles: tuple = (), core: str = "auto"):
+    """The scaled core GEMM's call (what every fp8 op runs; ``tiles``: fields replacing the
+    rule's tile; ``core``: ``scaled_matmul``'s)."""
+    sa_k, sa_row, sbk, sb_row = _kernel_scales(sa, sb, mode)
+    return lambda: scaled_matmul(a, b, sa_k, sa_row, sbk, sb_row, MODES[mode], None, out, tiles,
+                                 core=core)
+
+
+def _ws(a, b, sa, sb, mode: str, out: torch.Tensor, config: str):
+    """The fp8 WS core's plan of ``config`` alone (``--only ws``)."""
+    from ..gemm._ws_scaled import WsScaledGemm
+    sa_k, sa_row, sbk, sb_row = _kernel_scales(sa, sb, mode)
+    gemm = WsScaledGemm(a, b, out, None, sa_k, sbk, sa_row, sb_row, MODES[mode], config=config)
+    return lambda: gemm.run(a, b, out, None, sa_k, sbk)
 
 
 def _times(group, fns: dict, cfg: BenchConfig) -> dict:
@@ -74,13 +92,26 @@ def _forms(m: int, n: int, device):
     return tuple(tuple(dataclasses.asdict(c).items()) for c in (wide, narrow))
 
 
+def _ws_configs(a, b, out) -> tuple:
+    """The fp8 WS core's configs where it takes these operands (else none)."""
+    from ..gemm import _ws_scaled
+    return tuple(_ws_scaled.SCALED_CONFIGS) if _ws_scaled.refusal(a, b, out, None) is None else ()
+
+
+def _core_name(a, b, sa, sb, mode: str, out) -> str:
+    """The core ``scaled_matmul``'s timing kept for these operands."""
+    from ..gemm.scaled import scaled_core
+    sa_k, sa_row, sbk, sb_row = _kernel_scales(sa, sb, mode)
+    return scaled_core(a, b, sa_k, sa_row, sbk, sb_row, MODES[mode], None, out)
+
+
 def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: str) -> list[Result]:
     rows = []
     dev = group.device
     shape = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model)
     gpu = dev.type == "cuda"
     for mode in ("tensor", "row", "block"):
-        if mode not in parts and "fused" not in parts and "tiles" not in parts:
+        if mode not in parts and not {"fused", "tiles", "ws"} & set(parts):
             continue
         a, b, sa, sb = _inputs(m, n, k, mode, dev)
         out = torch.empty(m, n, dtype=torch.bfloat16 if gpu else torch.float16, device=dev)
@@ -101,6 +132,10 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                                                   impl="fused")
             fns["fused_rs"] = lambda: gemm_rs_scaled(a, b, sa, sb, group, out_dtype=out.dtype,
                                                      impl="fused")
+        ws_configs = _ws_configs(a, b, out) if "ws" in parts else ()
+        if ws_configs:
+            fns["tl"] = _ours(a, b, sa, sb, mode, out, core="tl")
+            fns.update({c: _ws(a, b, sa, sb, mode, out, c) for c in ws_configs})
         forms = _forms(m, n, dev) if "tiles" in parts and gpu else None
         if forms is not None:
             fns["wide"], fns["narrow"] = (_ours(a, b, sa, sb, mode, out, f) for f in forms)
@@ -108,7 +143,13 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
         tflops = lambda us: round(2 * m * n * k / us / 1e6, 1)  # noqa: E731
         if mode in parts:
             rows.append(Result("fp8", mode, 1, "e4m3", f"scaled core {mode}", t["ours"], base_name,
-                               t["base"], extra={"tflops": tflops(t["ours"])}, **shape))
+                               t["base"], extra={"tflops": tflops(t["ours"]),
+                                                 "core": _core_name(a, b, sa, sb, mode, out)},
+                               **shape))
+        for c in ws_configs:
+            rows.append(Result("fp8", f"ws {mode} {c}", 1, "e4m3", f"WS core {c}", t[c],
+                               "portable core", t["tl"], extra={"tflops": tflops(t[c])},
+                               **shape))
         if "narrow" in fns:
             rows.append(Result("fp8", f"tiles {mode}", 1, "e4m3", "128x128, 8 warps", t["narrow"],
                                "the bf16 rule's tile", t["wide"],
@@ -127,7 +168,7 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                       "scales vs bf16 cuBLAS, ag_gemm_scaled's overhead and bytes (models set)",
           world_sizes=(1,), quick_world_sizes=(1,))
 def run(cfg: BenchConfig) -> list[Result]:
-    parts = [p for p in PARTS if p in cfg.only] or [p for p in PARTS if p != "tiles"]
+    parts = [p for p in PARTS if p in cfg.only] or [p for p in PARTS if p not in ("tiles", "ws")]
     gpu = cfg.device.type == "cuda"
     # two draws per model config (about 20 shapes): every new shape compiles fp8 plans
     shapes = models_shapes(per_config=2) if gpu and not cfg.quick else {(40, 48, 160): "quick"}

@@ -249,22 +249,28 @@ _PLANS = threading.local()
 
 def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: int,
                   sb: torch.Tensor, sb_row: int, mode: int, bias: Optional[torch.Tensor],
-                  out: torch.Tensor, tiles: tuple = (),
-                  deterministic: bool = False) -> torch.Tensor:
+                  out: torch.Tensor, tiles: tuple = (), deterministic: bool = False,
+                  core: str = "auto") -> torch.Tensor:
     """``out = (a8 * sa) @ (b * sb) (+ bias)`` on the portable core (no waits): ``a8 [M, K]`` fp8
     with 16-byte aligned rows, ``b`` column-major fp8, ``sa`` one scale per row (``sa_row``
     floats apart) or per 1x128 block, ``sb`` as ``_b_scales`` gives it; ``mode`` the kernel's
     ``SCALE``. ``deterministic``: the batch-invariant tiles (the reducing ops' unfused
     deterministic partials). ``tiles``: ``((field, value), ...)`` replacing the rule's
-    ``TileConfig`` fields (benches comparing tiles). Plans cached per thread and layout."""
+    ``TileConfig`` fields (benches comparing tiles). ``core``: ``"auto"`` (the default mode,
+    no ``tiles``, where the fp8 WS core takes the product: both cores timed once per plan, the
+    faster kept, as ``matmul``'s) or ``"tl"`` (the portable core). Plans cached per thread and
+    layout."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from ._core import CoreGemm, Scales, _dummies, program_budget, scaled_config, select_config
+    from ..runtime import compiler
+    from . import _ws_scaled as ws_scaled
+    from ._core import (CoreGemm, Scales, _dummies, build_ws, program_budget, scaled_config,
+                        select_config)
+    from ._tune import TUNE_CORES, prefer_ws, time_alternating
     cache = getattr(_PLANS, "cache", None)
     if cache is None:
         cache = _PLANS.cache = PlanCache(None)
-    key = ("scaled_matmul", mode, sa_row, sb_row, tensor_key(a8), tensor_key(b), tensor_key(sa),
-           tensor_key(sb), tensor_key(bias), tensor_key(out), tiles, deterministic)
+    key = _plan_key(a8, b, sa, sa_row, sb, sb_row, mode, bias, out, tiles, deterministic, core)
 
     def build():
         m = a8.shape[0]
@@ -274,10 +280,46 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
                                   **dict(tiles))
         a_desc = TensorDescriptor(a8, list(a8.shape), list(a8.stride()), [cfg.block_m, cfg.block_k])
         sig, offsets, claim, record = _dummies(a8.device)
-        return CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig, offsets=offsets,
-                        claim=claim, record=record, m=m, cfg=cfg, a_varies=True,
-                        scales=Scales(mode, sa, sb, sa_row, sb_row))
-    return cache.get(key, build).run(a8, b, out, bias, scale_a=sa, scale_b=sb)
+        with compiler.batch("scaled_matmul"):
+            core = CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig,
+                            offsets=offsets, claim=claim, record=record, m=m, cfg=cfg,
+                            a_varies=True, scales=Scales(mode, sa, sb, sa_row, sb_row))
+        if (deterministic or tiles or core != "auto" or not TUNE_CORES
+                or ws_scaled.refusal(a8, b, out, bias)):
+            return _Portable(core)
+        ws = build_ws("scaled_matmul", lambda: ws_scaled.WsScaledGemm(
+            a8, b, out, bias, sa, sb, sa_row, sb_row, mode))
+        if ws is None:
+            return _Portable(core)
+        t_tl, t_ws = time_alternating(
+            [lambda: core.run(a8, b, out, bias, scale_a=sa, scale_b=sb),
+             lambda: ws.run(a8, b, out, bias, sa, sb)], out.device)
+        return ws if prefer_ws(t_tl, t_ws) else _Portable(core)
+    return cache.get(key, build).run(a8, b, out, bias, sa, sb)
+
+
+class _Portable:
+    """``scaled_matmul``'s plan on the portable core (``run`` as ``WsScaledGemm``'s)."""
+
+    def __init__(self, core):
+        self.core, self.name = core, "tl"
+
+    def run(self, a8, b, out, bias, scale_a, scale_b):
+        return self.core.run(a8, b, out, bias, scale_a=scale_a, scale_b=scale_b)
+
+
+def _plan_key(a8, b, sa, sa_row, sb, sb_row, mode, bias, out, tiles, deterministic,
+              core) -> tuple:
+    return ("scaled_matmul", mode, sa_row, sb_row, tensor_key(a8), tensor_key(b), tensor_key(sa),
+            tensor_key(sb), tensor_key(bias), tensor_key(out), tiles, deterministic, core)
+
+
+def scaled_core(a8, b, sa, sa_row, sb, sb_row, mode, bias, out) -> str:
+    """The core ``scaled_matmul`` runs these operands on in the default mode: ``"tl"`` or the
+    WS plan's ``"ws:<config>"`` (the plan built by a call here when missing; benches, tests)."""
+    scaled_matmul(a8, b, sa, sa_row, sb, sb_row, mode, bias, out)
+    key = _plan_key(a8, b, sa, sa_row, sb, sb_row, mode, bias, out, (), False, "auto")
+    return _PLANS.cache._plans[key].name
 
 
 def _precompile(device: torch.device, dtypes: tuple) -> None:
@@ -314,6 +356,9 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
                          a_varies=True, scales=Scales(mode, one, one, 1, 1))
             _ag_launch.precompile_scaled(device, out_dtype, cfg, mode)
             _rs_launch.precompile_scaled(device, out_dtype, cfg, mode)
+    from . import _ws_scaled
+    if _ws_scaled.core_refusal(device) is None:  # (sm_90: the fp8 WS forms scaled_matmul times)
+        _ws_scaled.precompile_scaled_ws(device, outs)
 
 
 register_precompile("gemm_scaled", _precompile,

@@ -1,0 +1,147 @@
+"""Host side of the WS core's fp8 form (``_ws_scaled_kernels``): its configs, the rule, the
+refusal and ``WsScaledGemm``, the bound plan ``scaled.scaled_matmul`` times against the
+portable core's.
+
+Imports on a Triton without Gluon (``refusal`` then refuses).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Optional
+
+from ._ws_kernels import HAVE_GLUON, MAXNREG
+from ._ws_launch import SKINNY_M, _sm_count, core_refusal
+from ._ws_scaled_kernels import ws_scaled_kernel
+
+if HAVE_GLUON:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+else:
+    gl = GluonDescriptor = None
+
+BLOCK_K = 128
+"""K per step: one fp8 128-byte swizzled row of a box, one scale block."""
+SMEM_BYTES = 232448 - 2048
+"""The H100/H200 per-block shared memory, less the barriers and the compiler's scratch."""
+MAX_STAGES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledConfig:
+    """Tile ``block_m x block_n`` of one consumer; ``pingpong``: two 4-warp consumers on
+    alternate tiles, else one of ``num_warps`` (8: two warpgroups along M)."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    pingpong: bool
+
+
+SCALED_CONFIGS = {
+    "coop128x128": ScaledConfig(128, 128, 8, False),
+    "pp64x128": ScaledConfig(64, 128, 4, True),
+}
+"""Three fp32 tiles live per consumer (the sum and two products): a warpgroup's share is at
+most 64 x 128 (``_ws_scaled_kernels`` module docstring)."""
+SCALED_DEFAULT = "pp64x128"
+
+
+def epi_n(out_bytes: int) -> int:
+    """Columns of one staged C store: 64 of a 2-byte C, 32 of fp32 (a 128-byte swizzled row)."""
+    return 128 // out_bytes
+
+
+def stages(cfg: ScaledConfig, out_bytes: int) -> int:
+    """Ring depth: as many A/B boxes as fit beside the C staging tiles, at most ``MAX_STAGES``."""
+    staging = (2 if cfg.pingpong else 1) * cfg.block_m * epi_n(out_bytes) * out_bytes
+    per_stage = (cfg.block_m + cfg.block_n) * BLOCK_K
+    return min(MAX_STAGES, (SMEM_BYTES - staging) // per_stage)
+
+
+def choose(m: int, n: int, sms: int) -> str:
+    """The config of ``[m, K] @ [K, n]``: ping-pong 64x128 (its 64-row tiles halve the
+    last-wave waste of small M, and each epilogue runs under the other consumer's mainloop)."""
+    return SCALED_DEFAULT
+
+
+def refusal(a8, b, out, bias) -> Optional[str]:
+    """Why the fp8 WS core does not take ``out = (a8 * sa) @ (b * sb) (+ bias)`` (None: it
+    does): sm_90 with Gluon (``_ws_launch.core_refusal``) and ``operand_refusal``."""
+    return core_refusal(a8.device) or operand_refusal(a8, b, out, bias)
+
+
+def operand_refusal(a8, b, out, bias) -> Optional[str]:
+    """``refusal``'s part that reads shapes, strides and addresses: M above ``SKINNY_M``, and
+    operands TMA reads and writes as they are (``a8`` and the weight ``b.t()`` with unit column
+    strides, 16-byte row pitches and bases; ``out`` likewise); ``bias`` contiguous."""
+    if a8.shape[0] <= SKINNY_M:
+        return f"M <= {SKINNY_M}"
+    for name, t in (("a", a8), ("b.t()", b.t()), ("out", out)):
+        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            return f"{name}: TMA needs unit column strides and 16-byte rows"
+    if bias is not None and not bias.is_contiguous():
+        return "bias not contiguous"
+    return None
+
+
+def _desc(t, block):
+    dtype = {1: gl.float8e4nv, 2: gl.bfloat16 if str(t.dtype).endswith("bfloat16")
+             else gl.float16, 4: gl.float32}[t.element_size()]
+    return GluonDescriptor.from_tensor(t, list(block),
+                                       gl.NVMMASharedLayout.get_default_for(list(block), dtype))
+
+
+def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: int,
+                    cfg: ScaledConfig, sms: int):
+    """``(grid, args, meta)`` of ``ws_scaled_kernel`` (no launch)."""
+    m, n = out.shape
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    args = (_desc(a8, (cfg.block_m, BLOCK_K)), _desc(b.t(), (cfg.block_n, BLOCK_K)),
+            _desc(out, (cfg.block_m, epi_n(out.element_size()))),
+            bias if bias is not None else out, sa, sb, sa_row, sb_row, m, n, a8.shape[1])
+    meta = dict(SCALE=mode, HAS_BIAS=bias is not None, GROUP_M=8,
+                STAGES=stages(cfg, out.element_size()), PINGPONG=cfg.pingpong,
+                num_warps=cfg.num_warps, maxnreg=MAXNREG)
+    return (max(1, min(tiles, sms)), ), args, meta
+
+
+class WsScaledGemm:
+    """The fp8 product's plan on the WS core: the config the rule gives (or ``config``), its
+    kernel bound once (``runtime.launcher.BoundKernel``; descriptors made once per address);
+    ``run`` launches it with the call's tensors."""
+
+    def __init__(self, a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: int,
+                 sms: Optional[int] = None, config: Optional[str] = None):
+        from ..runtime.launcher import BoundKernel
+        why = operand_refusal(a8, b, out, bias)
+        if why is not None:
+            raise RuntimeError(f"ws scaled: {why}")
+        if sms is None:
+            dev = out.device.index if out.device.index is not None else 0
+            sms = _sm_count(dev)
+        self.config = config or choose(out.shape[0], out.shape[1], sms)
+        self.name = "ws:" + self.config
+        grid, args, meta = scaled_operands(a8, b, out, bias, sa, sb, sa_row, sb_row, mode,
+                                           SCALED_CONFIGS[self.config], sms)
+        self.kernel = BoundKernel(ws_scaled_kernel, grid, args, meta,
+                                  vary=("a_desc", "b_desc", "c_desc", "bias_ptr", "sa_ptr",
+                                        "sb_ptr"), device=out.device)
+
+    def run(self, a8, b, out, bias, scale_a, scale_b):
+        self.kernel.launch(a8, b.t(), out, bias if bias is not None else out, scale_a, scale_b)
+        return out
+
+
+def precompile_scaled_ws(device, out_dtypes, sms: int = 132) -> None:
+    """Bind every form ``WsScaledGemm`` can take (config, scale mode, C dtype, bias) for the 2-byte
+    ``out_dtypes`` and fp32 (the reducing ops' partials); nothing is launched (``scaled.
+    _precompile`` inside its ``compiler.batch``; ``tools/sm90_compile.py`` on a CPU device)."""
+    import torch
+    a8 = torch.zeros(64, 256, dtype=torch.float8_e4m3fn, device=device)
+    b = torch.zeros(128, 256, dtype=torch.float8_e4m3fn, device=device).t()
+    one = torch.ones(128, device=device)
+    for name, mode, dtype, with_bias in itertools.product(
+            SCALED_CONFIGS, (1, 2), tuple(out_dtypes) + (torch.float32, ), (False, True)):
+        out = torch.empty(64, 128, dtype=dtype, device=device)
+        bias = torch.zeros(128, dtype=dtype, device=device) if with_bias else None
+        WsScaledGemm(a8, b, out, bias, one, one, 1, 1, mode, sms=sms, config=name)

@@ -1,0 +1,202 @@
+"""The warp-specialized sm_90 core's fp8 (e4m3) form: ``C = (A * sa) @ (B * sb) (+ bias)``.
+
+The loader partition is the bf16 kernel's (``_ws_kernels._ws_loader``: TMA boxes of A
+``[BLOCK_M, 128]`` and of the weight ``[BLOCK_N, 128]`` into an mbarrier ring); the consumers
+differ in one thing: every K step (128 of K, one scale block) runs its fp8 wgmma into a fresh
+accumulator and promotes it into the fp32 sum in registers::
+
+    for each K step s:  part_s = wgmma(A_s, B_s)  (async, from zero)
+                        wait part_{s-1} (part_s stays in flight), release its ring slot
+                        sum += part_{s-1}                      (SCALE 1: row / tensor-wise)
+                        sum += part_{s-1} * sa[m, s-1] * sb[s-1, n // 128]   (SCALE 2: blocks)
+    epilogue:           SCALE 1: sum * sa[m] * sb[n]; + bias; round; TMA store
+
+Why promote: the fp8 wgmma's own accumulation drifts past bf16 rounding at K of a few
+thousand (``_core_kernels.tile_product``, the portable core's same rule; ``torch._scaled_mm``
+without fast accumulation promotes too), and block scales change every 128 of K. Two
+products in flight (the step's and the one being added) keep the tensor cores busy during
+the adds: three fp32 tiles live, so a warpgroup's share is 64 x 128 (64 registers each).
+
+Schedules: cooperative (one 8-warp consumer, 128x128 tiles) or ping-pong (two 4-warp
+consumers on alternate 64x128 tiles, the ``order`` barriers of the bf16 kernel: one's epilogue
+under the other's mainloop). Data parallel, persistent, grouped tile order. B is always the
+K-major weight (fp8 wgmma reads both operands K-major: ``scaled.k_major``).
+"""
+from __future__ import annotations
+
+from ._ws_kernels import HAVE_GLUON, _jit, _split_cols, _store_part, _tile_mn, _ws_loader
+
+if HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+else:
+    gluon = gl = None
+
+SCALED_REGS = 240
+"""Registers of a ping-pong worker consumer (three 64-register fp32 tiles plus addressing)."""
+_K_SCALED_REGS = gl.constexpr(SCALED_REGS) if HAVE_GLUON else SCALED_REGS
+
+
+@_jit
+def _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE: gl.constexpr):
+    """``SCALE`` 2: K step ``kk``'s scale of each row of the tile, ``sa[rows, kk] * sb[kk,
+    off_n // 128]`` (the tile is inside one 128-column block: ``BLOCK_N`` divides 128); loaded
+    before the step's product is waited for. Else a placeholder (nothing loaded)."""
+    if SCALE == 2:
+        sb = gl.load(sb_ptr + kk * sb_row + off_n // 128)
+        scale = gl.load(sa_ptr + rows * sa_row + kk) * sb
+    else:
+        scale = sa_row
+    return scale
+
+
+@_jit
+def _promote(acc, part, scale, SCALE: gl.constexpr):
+    """``acc + part`` (``SCALE`` 1), or ``acc + part * scale[m]`` (``SCALE`` 2)."""
+    if SCALE == 2:
+        acc = acc + part * gl.expand_dims(scale, 1)
+    else:
+        acc = acc + part
+    return acc
+
+
+@_jit
+def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr,
+                     sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr,
+                     SCALE: gl.constexpr, GROUP_M: gl.constexpr, SLOT: gl.constexpr,
+                     SLOTS: gl.constexpr, WARPS: gl.constexpr):
+    """Consumer ``SLOT`` of ``SLOTS`` (module docstring): the program's tiles ``SLOT, SLOT +
+    SLOTS, ...`` in the loader's order; ``WARPS`` 4 (one warpgroup) or 8 (two along M)."""
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    BLOCK_M: gl.constexpr = a_bufs.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.shape[1]
+    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+    gl.static_assert(128 % BLOCK_N == 0, "a tile inside one 128-column scale block")
+    layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 32])
+    tiles_m = gl.cdiv(M, BLOCK_M)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    p = gl.program_id(0)
+    G = gl.num_programs(0)
+    units = gl.cdiv(tiles_m * tiles_n - p, G)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
+    it = 0
+    for i in range(units):
+        if i % SLOTS == SLOT:
+            if SLOTS > 1:
+                mbarrier.wait(order.index(SLOT), ((i - 1) // 2) & 1, pred=i > 0)
+            pid_m, pid_n = _tile_mn(p + i * G, tiles_m, tiles_n, 0, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            rows = gl.minimum(off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout)),
+                              M - 1).to(gl.int64)
+            cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+            slot = it % STAGES
+            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+            prev = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero,
+                                 use_acc=False, is_async=True)
+            prev_slot = slot
+            it += 1
+            acc = zero
+            for kk in range(1, k_steps):
+                slot = it % STAGES
+                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+                cur = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)),
+                                    zero, use_acc=False, is_async=True)
+                scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk - 1, SCALE)
+                prev = warpgroup_mma_wait(1, deps=(prev, ))  # step kk - 1's product is done
+                if WARPS > 4:
+                    gl.thread_barrier()  # (the other warpgroup's too, before the release)
+                mbarrier.arrive(empty.index(prev_slot))
+                acc = _promote(acc, prev, scale, SCALE)
+                prev = cur
+                prev_slot = slot
+                it += 1
+            if SLOTS > 1:
+                mbarrier.arrive(order.index(1 - SLOT))  # the other consumer's next tile may go
+            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, k_steps - 1, SCALE)
+            prev = warpgroup_mma_wait(0, deps=(prev, ))
+            if WARPS > 4:
+                gl.thread_barrier()
+            mbarrier.arrive(empty.index(prev_slot))
+            acc = _promote(acc, prev, scale, SCALE)
+            if SCALE == 1:
+                sa = gl.load(sa_ptr + rows * sa_row)
+                sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
+                acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
+            parts = _split_cols(acc, BLOCK_N // EPI_N)
+            for c in gl.static_range(BLOCK_N // EPI_N):
+                _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, off_n, N, HAS_BIAS)
+        else:
+            it += k_steps
+    tma.store_wait(0)
+
+
+@_jit
+def _scaled_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr, sb_ptr,
+                   sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
+                   GROUP_M: gl.constexpr):
+    """The ping-pong's second consumer (a 4-warp worker partition, slot 1 of 2)."""
+    _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr,
+                     sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M, 1, 2, 4)
+
+
+def _jit_dims(fn):
+    return (gluon.jit(fn, do_not_specialize=["M", "N", "K", "sa_row", "sb_row"])
+            if HAVE_GLUON else fn)
+
+
+@_jit_dims
+def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K,
+                     SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
+                     STAGES: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr,
+                     NO: gl.constexpr = False, DP: gl.constexpr = 0):
+    """fp8 GEMM with scales (module docstring). Grid: ``(programs, )``.
+
+    ``a_desc`` fp8 ``[M, K]`` boxes ``[BLOCK_M, 128]``; ``b_desc`` the fp8 weight ``[N, K]``
+    boxes ``[BLOCK_N, 128]``; ``c_desc`` ``[M, N]`` boxes ``[BLOCK_M, EPI_N]``; ``sa_ptr`` fp32
+    A scales (``SCALE`` 1: one per row, ``sa_row`` floats apart, 0 for one tensor-wise scale;
+    2: ``[M, ceil(K / 128)]`` rows ``sa_row`` apart); ``sb_ptr`` fp32 B scales (1: one per
+    column ``sb_row`` apart, or 0; 2: ``[ceil(K / 128), ceil(N / 128)]`` rows ``sb_row``
+    apart); ``bias_ptr`` ``[N]`` (read with ``HAS_BIAS`` only). ``NO`` / ``DP``: constants
+    handed to the bf16 loader's constexpr parameters (no waits, B K-major, data parallel)."""
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape,
+                                       a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
+                                       b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(order.index(i), count=1)
+    c_smem0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    # the bf16 loader, data parallel, no waits (its signal arguments unused: sa_ptr stands in)
+    if PINGPONG:
+        c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        gl.warp_specialize([
+            (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
+                                sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
+                                GROUP_M, 0, 2, num_warps)),
+            (_scaled_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc, bias_ptr,
+                              sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
+                              GROUP_M)),
+            (_ws_loader, (a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N,
+                          K, 0, 1, 0, sa_ptr, sa_ptr, sa_ptr, sa_ptr, 0, 1, 0, 0, 0, NO,
+                          GROUP_M, DP, DP, NO)),
+        ], [4, 1], [_K_SCALED_REGS, 24])
+    else:
+        gl.warp_specialize([
+            (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
+                                sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
+                                GROUP_M, 0, 1, num_warps)),
+            (_ws_loader, (a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N,
+                          K, 0, 1, 0, sa_ptr, sa_ptr, sa_ptr, sa_ptr, 0, 1, 0, 0, 0, NO,
+                          GROUP_M, DP, DP, NO)),
+        ], [1], [24])
