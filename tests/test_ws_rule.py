@@ -341,9 +341,10 @@ def test_auto_core_keeps_the_faster_plan(monkeypatch):
     assert call(40, deterministic=False) == "ws:stub" and timed == [2]  # cached: not timed
     times.update(tl=1.0, ws=0.98)  # within the margin: the portable plan stays
     assert not call(41, deterministic=False).startswith("ws:") and timed == [2, 2]
+    monkeypatch.setattr(_core, "DET_ON_WS", False)
     call(42, deterministic=True)
     assert timed == [2, 2]
-    monkeypatch.setattr(_core, "DET_ON_WS", True)  # (where a GPU showed both cores' bits equal)
+    monkeypatch.setattr(_core, "DET_ON_WS", True)  # (a GPU showed both cores' bits equal)
     times.update(tl=1.0, ws=0.9)
     assert call(46, deterministic=True) == "ws:stub" and timed == [2, 2, 2]
     assert built[-1] is True and not any(built[:-1])  # (the WS core's deterministic plan)

@@ -61,11 +61,12 @@ from ._ws_launch import refusal as ws_refusal
 
 CORES = ("auto", "tl", "ws")
 """``matmul(core=)``: the tuned choice, the portable core, the warp-specialized one."""
-DET_ON_WS = False
+DET_ON_WS = True
 """Deterministic ``matmul`` may run on the WS core (its fixed data-parallel 128x256 plan, timed
-against the portable core's batch-invariant tiles as in the default mode): only where its rows
-carry the same bits as those tiles' at every M, which a GPU run must show
-(``tests/gpu/test_gemm_ws_gpu.py``, ``tools/det_ws_probe.py``); off until one has. Read when
+against the portable core's batch-invariant tiles as in the default mode): its rows carry the
+same bits as those tiles' at every M (``tests/gpu/test_gemm_ws_gpu.py``, ``tools/det_ws_probe.py``:
+6 model shards x M 1..8192 equal, H100 5f1bb0f), and it is faster at large M on some shards
+(0.97x against 0.89x cuBLAS at 8192x7168x1792). Read when
 a plan is built: a change reaches plans built afterwards."""
 
 
