@@ -111,7 +111,8 @@ def report(name, kernel) -> str:
     regs = re.findall(r"Used (\d+) registers", got)
     spills = re.findall(r"(\d+) bytes spill stores", got)
     md = kernel.metadata
-    return (f"{name}: regs {regs[-1] if regs else '?'}, spill stores "
+    serialized = ", wgmma SERIALIZED" if "serialized" in got else ""
+    return (f"{name}: regs {regs[-1] if regs else '?'}{serialized}, spill stores "
             f"{spills[-1] if spills else '?'} B, shared {md.shared} B, warps {md.num_warps}, "
             f"stages {md.num_stages}"
             + (f", global scratch {md.global_scratch_size} B"
@@ -454,9 +455,9 @@ def _compile_bound(made, what: str) -> list[str]:
         lines.append(line + f" ({time.time() - t0:.1f} s)" + (" SPILL" if spill else "")
                      + (" OVER" if over else ""))
         print(lines[-1], flush=True)
-    bad = [ln for ln in lines if ln.endswith(("SPILL", "OVER"))]
-    print(f"{what}: {len(lines)} variants, {len(bad)} spilling or over {SHARED_LIMIT} B",
-          flush=True)
+    bad = [ln for ln in lines if ln.endswith(("SPILL", "OVER")) or "SERIALIZED" in ln]
+    print(f"{what}: {len(lines)} variants, {len(bad)} spilling, over {SHARED_LIMIT} B or with "
+          "wgmma serialized", flush=True)
     return lines
 
 if __name__ == "__main__":

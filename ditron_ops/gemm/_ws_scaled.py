@@ -41,8 +41,8 @@ SCALED_CONFIGS = {
     "coop128x128": ScaledConfig(128, 128, 8, False),
     "pp64x128": ScaledConfig(64, 128, 4, True),
 }
-"""Three fp32 tiles live per consumer (the sum and two products): a warpgroup's share is at
-most 64 x 128 (``_ws_scaled_kernels`` module docstring)."""
+"""A warpgroup's share of a tile is 64 x 128: the sum and a product live (``_ws_scaled_kernels``
+module docstring), and block scales need a tile inside one 128-column block."""
 SCALED_DEFAULT = "pp64x128"
 
 
@@ -71,11 +71,17 @@ def refusal(a8, b, out, bias) -> Optional[str]:
 
 
 def operand_refusal(a8, b, out, bias) -> Optional[str]:
-    """``refusal``'s part that reads shapes, strides and addresses: M above ``SKINNY_M``, and
+    """``refusal``'s part that reads dtypes, shapes, strides and addresses: e4m3 operands, M
+    above ``SKINNY_M``, K and N not 0 (a consumer would wait for a K step no loader fills),
     operands TMA reads and writes as they are (``a8`` and the weight ``b.t()`` with unit column
     strides, 16-byte row pitches and bases; ``out`` likewise); ``bias`` contiguous."""
+    import torch
+    if a8.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        return "operands not float8_e4m3fn"
     if a8.shape[0] <= SKINNY_M:
         return f"M <= {SKINNY_M}"
+    if a8.shape[1] == 0 or b.shape[1] == 0:
+        return "K or N is 0"
     for name, t in (("a", a8), ("b.t()", b.t()), ("out", out)):
         if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
             return f"{name}: TMA needs unit column strides and 16-byte rows"
@@ -134,14 +140,17 @@ class WsScaledGemm:
 
 def precompile_scaled_ws(device, out_dtypes, sms: int = 132) -> None:
     """Bind every form ``WsScaledGemm`` can take (config, scale mode, C dtype, bias) for the 2-byte
-    ``out_dtypes`` and fp32 (the reducing ops' partials); nothing is launched (``scaled.
+    ``out_dtypes`` (a bias of C's dtype or none) and fp32 (the reducing ops' partials: no bias,
+    or a 2-byte one); nothing is launched (``scaled.
     _precompile`` inside its ``compiler.batch``; ``tools/sm90_compile.py`` on a CPU device)."""
     import torch
     a8 = torch.zeros(64, 256, dtype=torch.float8_e4m3fn, device=device)
     b = torch.zeros(128, 256, dtype=torch.float8_e4m3fn, device=device).t()
     one = torch.ones(128, device=device)
-    for name, mode, dtype, with_bias in itertools.product(
-            SCALED_CONFIGS, (1, 2), tuple(out_dtypes) + (torch.float32, ), (False, True)):
+    forms = [(dtype, bias_dtype) for dtype in out_dtypes for bias_dtype in (None, dtype)]
+    # fp32 C: the reducing ops' unfused partials, rank 0's with the op's 2-byte bias
+    forms += [(torch.float32, bias_dtype) for bias_dtype in (None, ) + tuple(out_dtypes)]
+    for name, mode, (dtype, bias_dtype) in itertools.product(SCALED_CONFIGS, (1, 2), forms):
         out = torch.empty(64, 128, dtype=dtype, device=device)
-        bias = torch.zeros(128, dtype=dtype, device=device) if with_bias else None
+        bias = None if bias_dtype is None else torch.zeros(128, dtype=bias_dtype, device=device)
         WsScaledGemm(a8, b, out, bias, one, one, 1, 1, mode, sms=sms, config=name)

@@ -5,17 +5,20 @@ The loader partition is the bf16 kernel's (``_ws_kernels._ws_loader``: TMA boxes
 differ in one thing: every K step (128 of K, one scale block) runs its fp8 wgmma into a fresh
 accumulator and promotes it into the fp32 sum in registers::
 
-    for each K step s:  part_s = wgmma(A_s, B_s)  (async, from zero)
-                        wait part_{s-1} (part_s stays in flight), release its ring slot
-                        sum += part_{s-1}                      (SCALE 1: row / tensor-wise)
-                        sum += part_{s-1} * sa[m, s-1] * sb[s-1, n // 128]   (SCALE 2: blocks)
+    for each K step s:  part = wgmma(A_s, B_s)  (async, from zero); the step's scales loaded
+                        wait for it, release ring slot s
+                        sum += part                              (SCALE 1: row / tensor-wise)
+                        sum += part * sa[m, s] * sb[s, n // 128] (SCALE 2: blocks)
     epilogue:           SCALE 1: sum * sa[m] * sb[n]; + bias; round; TMA store
 
 Why promote: the fp8 wgmma's own accumulation drifts past bf16 rounding at K of a few
 thousand (``_core_kernels.tile_product``, the portable core's same rule; ``torch._scaled_mm``
-without fast accumulation promotes too), and block scales change every 128 of K. Two
-products in flight (the step's and the one being added) keep the tensor cores busy during
-the adds: three fp32 tiles live, so a warpgroup's share is 64 x 128 (64 registers each).
+without fast accumulation promotes too), and block scales change every 128 of K. The product
+is read only after its wgmma is done (no wgmma in flight while registers of one are read:
+ptxas otherwise serializes every wgmma of the kernel, C7514, which a version keeping the
+next step's product in flight during the add drew); in ping-pong the other consumer's
+mainloop keeps the tensor cores busy meanwhile. Two fp32 tiles live (sum and product), a
+warpgroup's share 64 x 128.
 
 Schedules: cooperative (one 8-warp consumer, 128x128 tiles) or ping-pong (two 4-warp
 consumers on alternate 64x128 tiles, the ``order`` barriers of the bf16 kernel: one's epilogue
@@ -35,8 +38,11 @@ else:
     gluon = gl = None
 
 SCALED_REGS = 240
-"""Registers of a ping-pong worker consumer (three 64-register fp32 tiles plus addressing)."""
+"""Registers of a ping-pong worker consumer (two 64-register fp32 tiles plus addressing)."""
 _K_SCALED_REGS = gl.constexpr(SCALED_REGS) if HAVE_GLUON else SCALED_REGS
+_NO = gl.constexpr(False) if HAVE_GLUON else False
+_DP = gl.constexpr(0) if HAVE_GLUON else 0
+"""Constants for the bf16 loader's constexpr parameters (no waits, B K-major, data parallel)."""
 
 
 @_jit
@@ -95,35 +101,23 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
             rows = gl.minimum(off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout)),
                               M - 1).to(gl.int64)
             cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-            slot = it % STAGES
-            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            prev = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero,
-                                 use_acc=False, is_async=True)
-            prev_slot = slot
-            it += 1
             acc = zero
-            for kk in range(1, k_steps):
+            for kk in range(k_steps):
                 slot = it % STAGES
                 mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-                cur = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)),
-                                    zero, use_acc=False, is_async=True)
-                scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk - 1, SCALE)
-                prev = warpgroup_mma_wait(1, deps=(prev, ))  # step kk - 1's product is done
+                part = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)),
+                                     zero, use_acc=False, is_async=True)
+                scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE)
+                # Read only once no wgmma is in flight: ptxas serializes every wgmma of a kernel
+                # that reads an accumulator while another runs (C7514).
+                part = warpgroup_mma_wait(0, deps=(part, ))
                 if WARPS > 4:
                     gl.thread_barrier()  # (the other warpgroup's too, before the release)
-                mbarrier.arrive(empty.index(prev_slot))
-                acc = _promote(acc, prev, scale, SCALE)
-                prev = cur
-                prev_slot = slot
+                mbarrier.arrive(empty.index(slot))
+                acc = _promote(acc, part, scale, SCALE)
                 it += 1
             if SLOTS > 1:
                 mbarrier.arrive(order.index(1 - SLOT))  # the other consumer's next tile may go
-            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, k_steps - 1, SCALE)
-            prev = warpgroup_mma_wait(0, deps=(prev, ))
-            if WARPS > 4:
-                gl.thread_barrier()
-            mbarrier.arrive(empty.index(prev_slot))
-            acc = _promote(acc, prev, scale, SCALE)
             if SCALE == 1:
                 sa = gl.load(sa_ptr + rows * sa_row)
                 sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
@@ -153,8 +147,7 @@ def _jit_dims(fn):
 @_jit_dims
 def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K,
                      SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-                     STAGES: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr,
-                     NO: gl.constexpr = False, DP: gl.constexpr = 0):
+                     STAGES: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
     """fp8 GEMM with scales (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` fp8 ``[M, K]`` boxes ``[BLOCK_M, 128]``; ``b_desc`` the fp8 weight ``[N, K]``
@@ -162,8 +155,7 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
     A scales (``SCALE`` 1: one per row, ``sa_row`` floats apart, 0 for one tensor-wise scale;
     2: ``[M, ceil(K / 128)]`` rows ``sa_row`` apart); ``sb_ptr`` fp32 B scales (1: one per
     column ``sb_row`` apart, or 0; 2: ``[ceil(K / 128), ceil(N / 128)]`` rows ``sb_row``
-    apart); ``bias_ptr`` ``[N]`` (read with ``HAS_BIAS`` only). ``NO`` / ``DP``: constants
-    handed to the bf16 loader's constexpr parameters (no waits, B K-major, data parallel)."""
+    apart); ``bias_ptr`` ``[N]`` (read with ``HAS_BIAS`` only)."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape,
                                        a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
@@ -188,8 +180,8 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
                               sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
                               GROUP_M)),
             (_ws_loader, (a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N,
-                          K, 0, 1, 0, sa_ptr, sa_ptr, sa_ptr, sa_ptr, 0, 1, 0, 0, 0, NO,
-                          GROUP_M, DP, DP, NO)),
+                          K, 0, 1, 0, sa_ptr, sa_ptr, sa_ptr, sa_ptr, 0, 1, 0, 0, 0, _NO,
+                          GROUP_M, _DP, _DP, _NO)),
         ], [4, 1], [_K_SCALED_REGS, 24])
     else:
         gl.warp_specialize([
@@ -197,6 +189,6 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
                                 sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
                                 GROUP_M, 0, 1, num_warps)),
             (_ws_loader, (a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N,
-                          K, 0, 1, 0, sa_ptr, sa_ptr, sa_ptr, sa_ptr, 0, 1, 0, 0, 0, NO,
-                          GROUP_M, DP, DP, NO)),
+                          K, 0, 1, 0, sa_ptr, sa_ptr, sa_ptr, sa_ptr, 0, 1, 0, 0, 0, _NO,
+                          GROUP_M, _DP, _DP, _NO)),
         ], [1], [24])

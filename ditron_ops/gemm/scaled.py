@@ -267,6 +267,8 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
     from ._core import (CoreGemm, Scales, _dummies, build_ws, program_budget, scaled_config,
                         select_config)
     from ._tune import TUNE_CORES, prefer_ws, time_alternating
+    if core not in ("auto", "tl"):
+        raise ValueError(f"scaled_matmul: core {core!r} not in ('auto', 'tl')")
     cache = getattr(_PLANS, "cache", None)
     if cache is None:
         cache = _PLANS.cache = PlanCache(None)
@@ -281,20 +283,20 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
         a_desc = TensorDescriptor(a8, list(a8.shape), list(a8.stride()), [cfg.block_m, cfg.block_k])
         sig, offsets, claim, record = _dummies(a8.device)
         with compiler.batch("scaled_matmul"):
-            core = CoreGemm(a_desc, b, out, bias, group=None, wait=False, sig=sig,
-                            offsets=offsets, claim=claim, record=record, m=m, cfg=cfg,
-                            a_varies=True, scales=Scales(mode, sa, sb, sa_row, sb_row))
+            portable = _Portable(CoreGemm(
+                a_desc, b, out, bias, group=None, wait=False, sig=sig, offsets=offsets,
+                claim=claim, record=record, m=m, cfg=cfg, a_varies=True,
+                scales=Scales(mode, sa, sb, sa_row, sb_row)))
         if (deterministic or tiles or core != "auto" or not TUNE_CORES
                 or ws_scaled.refusal(a8, b, out, bias)):
-            return _Portable(core)
+            return portable
         ws = build_ws("scaled_matmul", lambda: ws_scaled.WsScaledGemm(
             a8, b, out, bias, sa, sb, sa_row, sb_row, mode))
         if ws is None:
-            return _Portable(core)
-        t_tl, t_ws = time_alternating(
-            [lambda: core.run(a8, b, out, bias, scale_a=sa, scale_b=sb),
-             lambda: ws.run(a8, b, out, bias, sa, sb)], out.device)
-        return ws if prefer_ws(t_tl, t_ws) else _Portable(core)
+            return portable
+        t_tl, t_ws = time_alternating([lambda: portable.run(a8, b, out, bias, sa, sb),
+                                       lambda: ws.run(a8, b, out, bias, sa, sb)], out.device)
+        return ws if prefer_ws(t_tl, t_ws) else portable
     return cache.get(key, build).run(a8, b, out, bias, sa, sb)
 
 

@@ -33,13 +33,20 @@ def _make_interpreter_thread_safe() -> None:
         state = {"depth": 0, "scope": None}
         lock = threading.Lock()
 
+        running = threading.local()  # this thread is inside an interpreted launch
+
         class _SharedScope:
             def restore(self) -> None:
+                running.active = False
                 with lock:
                     state["depth"] -= 1
                     if state["depth"] == 0:
                         state["scope"].restore()
                         state["scope"] = None
+
+        class _NoScope:
+            def restore(self) -> None:
+                pass
 
         import types
 
@@ -50,6 +57,13 @@ def _make_interpreter_thread_safe() -> None:
         both = types.SimpleNamespace(__globals__={"tl": tl, "core": tl.core})
 
         def shared_patch(fn):
+            # A device-function call inside a launch patches again and never restores (Triton's
+            # ``InterpretedFunction.__call__``): counted, it left the language patched for the
+            # process, and every later compile in it failed ("Only `range` and `static_range`").
+            # The launch's own patch covers its calls.
+            if getattr(running, "active", False):
+                return _NoScope()
+            running.active = True
             with lock:
                 if state["depth"] == 0:
                     state["scope"] = original_patch(both)

@@ -31,8 +31,10 @@ def _operands(m, n, k, mode, seed):
     else:
         a_deq, w_deq = a * sa.reshape(-1, 1), w * sb.reshape(-1, 1)
     want = a_deq.double() @ w_deq.double().t()
-    a8, w8 = a.to(FP8).to(DEV), w.to(FP8).to(DEV)
-    return a8, w8.t(), sa.to(DEV), sb.to(DEV), want.to(DEV)
+    # rows on 16 bytes as the ops hand them over (K 1000, 4100: padded copies)
+    a8 = scaled._aligned_rows(a.to(FP8).to(DEV))
+    b = scaled.k_major(w.to(FP8).to(DEV).t())
+    return a8, b, sa.to(DEV), sb.to(DEV), want.to(DEV)
 
 
 def _kernel_scales(sa, sb, mode):
@@ -51,7 +53,9 @@ SHAPES = [(512, 1024, 1024), (200, 384, 128), (33, 136, 1000), (1000, 1000, 4100
 def test_every_config_is_exact(config, mode):
     """Each config and scale mode, C in bf16 / fp16 / fp32, with and without bias, on M off the
     tiles (33, 200, 1000), N off 128 (136, 1000; block tails), K of one step (128) and off
-    steps (1000, 4100), back to back on one plan (new operand values)."""
+    steps (1000, 4100), back to back on one plan (new operand values); 3 programs, so each
+    takes many tiles (ring phases across tiles, both ping-pong consumers, the order
+    barriers)."""
     skip_unless_ws()
     for (m, n, k), dtype, with_bias in itertools.product(
             SHAPES, (torch.bfloat16, torch.float16, torch.float32), (False, True)):
@@ -60,7 +64,7 @@ def test_every_config_is_exact(config, mode):
         out = torch.full((m, n), float("nan"), dtype=dtype, device=DEV)
         sa_k, sa_row, sbk, sb_row, scale = _kernel_scales(sa, sb, mode)
         gemm = _ws_scaled.WsScaledGemm(a8, b, out, bias, sa_k, sbk, sa_row, sb_row, scale,
-                                       config=config)
+                                       sms=3, config=config)
         for i in range(2):
             if i:  # new values in the same tensors
                 a8.copy_((a8.float() * -1).to(FP8))
@@ -103,3 +107,20 @@ def test_scaled_matmul_on_either_core(mode):
             # one bf16 rounding (2^-8 relative) of a sum whose fp32 error is far below it
             err = ((got.double() - want).abs() / (want.abs() + 1e-3 * want.abs().max())).max()
             assert err.item() < 2 ** -7, (mode, m, n, k, who, err.item())
+
+
+def test_scaled_matmul_keeps_the_ws_plan_where_timing_prefers_it(monkeypatch):
+    """With the timing's verdict forced to the WS core, ``scaled_matmul`` runs it (its plan
+    named ``ws:``, the product exact); forced to the portable core, it runs that (``tl``)."""
+    skip_unless_ws()
+    from ditron_ops.gemm import _tune
+    for prefer, prefix in ((True, "ws:"), (False, "tl")):
+        monkeypatch.setattr(_tune, "prefer_ws", lambda t_tl, t_ws, p=prefer: p)
+        m, n, k = 640 + prefer, 768, 512  # (a new shape per verdict: a new plan)
+        a8, b, sa, sb, want = _operands(m, n, k, "row", seed=5)
+        out = torch.empty(m, n, dtype=torch.float32, device=DEV)
+        sa_k, sa_row, sbk, sb_row, scale = _kernel_scales(sa, sb, "row")
+        name = scaled.scaled_core(a8, b, sa_k, sa_row, sbk, sb_row, scale, None, out)
+        assert name.startswith(prefix), (prefer, name)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want.float()), name

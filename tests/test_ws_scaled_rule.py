@@ -1,0 +1,43 @@
+"""CPU tier: the fp8 WS core's host rules (``gemm/_ws_scaled.py``) as pure functions: what it
+refuses, and ring depths that fit shared memory."""
+import pytest
+import torch
+
+from ditron_ops.gemm import _ws_scaled
+
+FP8 = torch.float8_e4m3fn
+
+
+def _ops(m=256, n=256, k=512, dtype=FP8, out_dtype=torch.bfloat16):
+    a = torch.zeros(m, k, dtype=dtype)
+    b = torch.zeros(n, k, dtype=dtype).t()  # the weight's w.t(), as k_major gives it
+    return a, b, torch.empty(m, n, dtype=out_dtype)
+
+
+def test_operand_refusal():
+    a, b, out = _ops()
+    assert _ws_scaled.operand_refusal(a, b, out, None) is None
+    assert _ws_scaled.operand_refusal(a, b, out, torch.zeros(256, dtype=torch.bfloat16)) is None
+    assert "M <=" in _ws_scaled.operand_refusal(*_ops(m=32), None)
+    assert "e4m3" in _ws_scaled.operand_refusal(*_ops(dtype=torch.float8_e5m2), None)
+    assert "K or N" in _ws_scaled.operand_refusal(*_ops(k=0), None)
+    a, b, out = _ops(k=1000)  # 1000-byte rows: no TMA descriptor
+    assert "16-byte rows" in _ws_scaled.operand_refusal(a, b, out, None)
+    a, b, out = _ops()
+    assert "16-byte rows" in _ws_scaled.operand_refusal(a, b.t().contiguous(), out, None)
+    odd = torch.empty(256, 257, dtype=torch.bfloat16)[:, :256]  # 514-byte rows
+    assert "16-byte rows" in _ws_scaled.operand_refusal(a, b, odd, None)
+    assert "bias" in _ws_scaled.operand_refusal(a, b, out, torch.zeros(512)[::2])
+
+
+@pytest.mark.parametrize("name", list(_ws_scaled.SCALED_CONFIGS))
+@pytest.mark.parametrize("out_bytes", [2, 4])
+def test_stages_fit_shared_memory(name, out_bytes):
+    cfg = _ws_scaled.SCALED_CONFIGS[name]
+    st = _ws_scaled.stages(cfg, out_bytes)
+    staging = (2 if cfg.pingpong else 1) * cfg.block_m * _ws_scaled.epi_n(out_bytes) * out_bytes
+    used = st * (cfg.block_m + cfg.block_n) * _ws_scaled.BLOCK_K + staging
+    assert 3 <= st <= _ws_scaled.MAX_STAGES and used <= _ws_scaled.SMEM_BYTES
+    assert 128 % cfg.block_n == 0  # block scales: a tile inside one 128-column block
+    assert cfg.block_m // (cfg.num_warps // 4) == 64  # a warpgroup's 64 rows (registers)
+    assert _ws_scaled.choose(1000, 4096, 132) in _ws_scaled.SCALED_CONFIGS
