@@ -204,7 +204,8 @@ def test_pushing_producer_variants_compile(ws, name, broadcast):
 
 def test_precompile_binds_every_form_the_rule_picks(ws, monkeypatch):
     """``precompile_ws`` (``precompile``'s WS share) binds each ``rule_plans`` form per B layout
-    and bias, the reduce kernel at every split, and with ``wait`` only the data-parallel forms,
+    and bias, the deterministic plan into fp32 (data parallel, per B layout), the reduce kernel
+    at every split, and with ``wait`` only the data-parallel forms,
     waiting. Recorded, not compiled (``compiler.prepare``): the compiles of these forms are the
     tests above and the GPU's ``precompile``."""
     import torch
@@ -223,6 +224,10 @@ def test_precompile_binds_every_form_the_rule_picks(ws, monkeypatch):
     want = {(p.mode, p.stages, p.cfg.pingpong, p.cfg.block_n2, b_kn, bias, False)
             for p in plans for b_kn in (False, True) for bias in (False, True)}
     assert forms(made) == want
+    fp32_c = [k for k in made if k.name == "ws_gemm_kernel"  # (C's layout: 32-bit elements)
+              and k._templates[2][4].element_bitwidth == 32]
+    assert {(k.kwargs["MODE"], k.kwargs["PINGPONG"], k.kwargs["N2"], k.kwargs["B_KN"])
+            for k in fp32_c} == {(mod.MODE_DP, False, 0, b_kn) for b_kn in (False, True)}
     splits = {k.kwargs["SPLIT"] for k in made if k.name == "ws_reduce_kernel"}
     from ditron_ops.gemm._ws_configs import SPLITR_MAX
     assert splits == set(range(2, SPLITR_MAX + 1))

@@ -372,7 +372,8 @@ compile; the plain ``matmul`` then stays on the portable core)."""
 
 def precompile_ws(device, dtypes, wait=None, push=None) -> None:
     """Bind every kernel form the rule can choose (``rule_plans``) for the 2-byte ``dtypes``
-    (out in the same dtype), B ``[K, N]`` and ``w.t()``, with and without bias; ``wait``: the
+    (out in the same dtype), B ``[K, N]`` and ``w.t()``, with and without bias, and the
+    deterministic plan into fp32 (the reducing ops' unfused deterministic partials); ``wait``: the
     waiting consumer's forms instead, ``push``: the pushing producer's (``WsGemm``'s tuples;
     data parallel only; a producer has no bias). Nothing is launched: ``runtime.precompile``
     calls it inside its ``compiler.batch``, and ``tools/sm90_compile.py`` with a CPU device
@@ -389,6 +390,11 @@ def precompile_ws(device, dtypes, wait=None, push=None) -> None:
             for b, bias in itertools.product((a.new_ones(k, n), a.new_ones(n, k).t()), biases):
                 WsGemm(a, b, a.new_empty(cfg.block_m, n), bias, p.grid, wait=wait, plan_=p,
                        push=push)
+        if wait is None and push is None:  # deterministic mode's fp32 products (DET_ON_WS)
+            a = torch.ones(128, 256, dtype=dtype, device=device)
+            for b in (a.new_ones(256, 256), a.new_ones(256, 256).t()):
+                WsGemm(a, b, a.new_empty(128, 256, dtype=torch.float32), None, 1,
+                       deterministic=True)
 
 
 def core_refusal(device) -> Optional[str]:
