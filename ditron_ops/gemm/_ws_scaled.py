@@ -30,20 +30,26 @@ MAX_STAGES = 8
 @dataclasses.dataclass(frozen=True)
 class ScaledConfig:
     """Tile ``block_m x block_n`` of one consumer; ``pingpong``: two 4-warp consumers on
-    alternate tiles, else one of ``num_warps`` (8: two warpgroups along M)."""
+    alternate tiles, else one of ``num_warps`` (8: two warpgroups along M); ``interleave``
+    (ping-pong): both consumers' mainloops at once over an interleaved ring, else one after
+    the other (``order`` barriers)."""
     block_m: int
     block_n: int
     num_warps: int
     pingpong: bool
+    interleave: bool = False
 
 
 SCALED_CONFIGS = {
     "coop128x128": ScaledConfig(128, 128, 8, False),
     "pp64x128": ScaledConfig(64, 128, 4, True),
+    "pp64x128i": ScaledConfig(64, 128, 4, True, True),
 }
 """A warpgroup's share of a tile is 64 x 128: the sum and a product live (``_ws_scaled_kernels``
 module docstring), and block scales need a tile inside one 128-column block."""
 SCALED_DEFAULT = "pp64x128"
+RULE_CONFIGS = (SCALED_DEFAULT, )
+"""The configs ``choose`` can return (``precompile`` binds these)."""
 
 
 def epi_n(out_bytes: int) -> int:
@@ -107,7 +113,7 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
             bias if bias is not None else out, sa, sb, sa_row, sb_row, m, n, a8.shape[1])
     meta = dict(SCALE=mode, HAS_BIAS=bias is not None, GROUP_M=8,
                 STAGES=stages(cfg, out.element_size()), PINGPONG=cfg.pingpong,
-                num_warps=cfg.num_warps, maxnreg=MAXNREG)
+                num_warps=cfg.num_warps, maxnreg=MAXNREG, INTERLEAVE=cfg.interleave)
     return (max(1, min(tiles, sms)), ), args, meta
 
 
@@ -138,10 +144,10 @@ class WsScaledGemm:
         return out
 
 
-def precompile_scaled_ws(device, out_dtypes, sms: int = 132) -> None:
+def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None) -> None:
     """Bind every form ``WsScaledGemm`` can take (config, scale mode, C dtype, bias) for the 2-byte
     ``out_dtypes`` (a bias of C's dtype or none) and fp32 (the reducing ops' partials: no bias,
-    or a 2-byte one); nothing is launched (``scaled.
+    or a 2-byte one), of the configs ``choose`` picks (``configs``: these); nothing is launched (``scaled.
     _precompile`` inside its ``compiler.batch``; ``tools/sm90_compile.py`` on a CPU device)."""
     import torch
     a8 = torch.zeros(64, 256, dtype=torch.float8_e4m3fn, device=device)
@@ -150,7 +156,8 @@ def precompile_scaled_ws(device, out_dtypes, sms: int = 132) -> None:
     forms = [(dtype, bias_dtype) for dtype in out_dtypes for bias_dtype in (None, dtype)]
     # fp32 C: the reducing ops' unfused partials, rank 0's with the op's 2-byte bias
     forms += [(torch.float32, bias_dtype) for bias_dtype in (None, ) + tuple(out_dtypes)]
-    for name, mode, (dtype, bias_dtype) in itertools.product(SCALED_CONFIGS, (1, 2), forms):
+    for name, mode, (dtype, bias_dtype) in itertools.product(configs or RULE_CONFIGS, (1, 2),
+                                                              forms):
         out = torch.empty(64, 128, dtype=dtype, device=device)
         bias = None if bias_dtype is None else torch.zeros(128, dtype=bias_dtype, device=device)
         WsScaledGemm(a8, b, out, bias, one, one, 1, 1, mode, sms=sms, config=name)

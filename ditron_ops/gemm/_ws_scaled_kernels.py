@@ -69,12 +69,65 @@ def _promote(acc, part, scale, SCALE: gl.constexpr):
 
 
 @_jit
+def _pair_pos(i, kk, units, k_steps):
+    """Ring position of unit ``i``'s K step ``kk`` in ``_pair_loader``'s order: units in pairs,
+    the pair's K steps alternating (a last unit without a partner alone)."""
+    pair = i // 2
+    both = pair * 2 + 1 < units
+    return pair * 2 * k_steps + gl.where(both, 2 * kk + i % 2, kk)
+
+
+@_jit
+def _pair_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr):
+    """The interleaved ping-pong's loader: this program's units (data parallel, grouped order)
+    in pairs, each K step of the pair's first unit then the same step of its second, so both
+    consumers' mainloops run at once (``_pair_pos``)."""
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    tiles_m = gl.cdiv(M, BLOCK_M)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    p = gl.program_id(0)
+    G = gl.num_programs(0)
+    units = gl.cdiv(tiles_m * tiles_n - p, G)
+    it = 0
+    for pair in range(gl.cdiv(units, 2)):
+        i0 = 2 * pair
+        both = i0 + 1 < units
+        m0, n0 = _tile_mn(p + i0 * G, tiles_m, tiles_n, 0, GROUP_M)
+        m1, n1 = _tile_mn(p + (i0 + 1) * G, tiles_m, tiles_n, 0, GROUP_M)
+        for kk in range(k_steps):
+            for u in gl.static_range(2):
+                if (u == 0) | both:
+                    slot = it % STAGES
+                    mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+                    bar = ready.index(slot)
+                    mbarrier.expect(bar, nbytes)
+                    if u == 0:
+                        off_m = m0 * BLOCK_M
+                        off_n = n0 * BLOCK_N
+                    else:
+                        off_m = m1 * BLOCK_M
+                        off_n = n1 * BLOCK_N
+                    tma.async_copy_global_to_shared(a_desc, [off_m, kk * BLOCK_K], bar,
+                                                    a_bufs.index(slot))
+                    tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar,
+                                                    b_bufs.index(slot))
+                    it += 1
+
+
+@_jit
 def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr,
                      sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr,
                      SCALE: gl.constexpr, GROUP_M: gl.constexpr, SLOT: gl.constexpr,
-                     SLOTS: gl.constexpr, WARPS: gl.constexpr):
+                     SLOTS: gl.constexpr, WARPS: gl.constexpr, INTERLEAVE: gl.constexpr):
     """Consumer ``SLOT`` of ``SLOTS`` (module docstring): the program's tiles ``SLOT, SLOT +
-    SLOTS, ...`` in the loader's order; ``WARPS`` 4 (one warpgroup) or 8 (two along M)."""
+    SLOTS, ...`` in the loader's order; ``WARPS`` 4 (one warpgroup) or 8 (two along M).
+    ``INTERLEAVE`` (ping-pong): the ring holds both consumers' K steps alternately
+    (``_pair_loader``) and the mainloops run at once, no ``order`` barriers."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
@@ -93,7 +146,7 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
     it = 0
     for i in range(units):
         if i % SLOTS == SLOT:
-            if SLOTS > 1:
+            if SLOTS > 1 and not INTERLEAVE:
                 mbarrier.wait(order.index(SLOT), ((i - 1) // 2) & 1, pred=i > 0)
             pid_m, pid_n = _tile_mn(p + i * G, tiles_m, tiles_n, 0, GROUP_M)
             off_m = pid_m * BLOCK_M
@@ -103,6 +156,8 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
             cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
             acc = zero
             for kk in range(k_steps):
+                if INTERLEAVE:
+                    it = _pair_pos(i, kk, units, k_steps)
                 slot = it % STAGES
                 mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
                 part = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)),
@@ -116,7 +171,7 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
                 mbarrier.arrive(empty.index(slot))
                 acc = _promote(acc, part, scale, SCALE)
                 it += 1
-            if SLOTS > 1:
+            if SLOTS > 1 and not INTERLEAVE:
                 mbarrier.arrive(order.index(1 - SLOT))  # the other consumer's next tile may go
             if SCALE == 1:
                 sa = gl.load(sa_ptr + rows * sa_row)
@@ -133,10 +188,11 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
 @_jit
 def _scaled_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr, sb_ptr,
                    sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
-                   GROUP_M: gl.constexpr):
+                   GROUP_M: gl.constexpr, INTERLEAVE: gl.constexpr):
     """The ping-pong's second consumer (a 4-warp worker partition, slot 1 of 2)."""
     _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr,
-                     sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M, 1, 2, 4)
+                     sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M, 1, 2, 4,
+                     INTERLEAVE)
 
 
 def _jit_dims(fn):
@@ -147,7 +203,8 @@ def _jit_dims(fn):
 @_jit_dims
 def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K,
                      SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-                     STAGES: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+                     STAGES: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr,
+                     INTERLEAVE: gl.constexpr = False):
     """fp8 GEMM with scales (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` fp8 ``[M, K]`` boxes ``[BLOCK_M, 128]``; ``b_desc`` the fp8 weight ``[N, K]``
@@ -155,7 +212,8 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
     A scales (``SCALE`` 1: one per row, ``sa_row`` floats apart, 0 for one tensor-wise scale;
     2: ``[M, ceil(K / 128)]`` rows ``sa_row`` apart); ``sb_ptr`` fp32 B scales (1: one per
     column ``sb_row`` apart, or 0; 2: ``[ceil(K / 128), ceil(N / 128)]`` rows ``sb_row``
-    apart); ``bias_ptr`` ``[N]`` (read with ``HAS_BIAS`` only)."""
+    apart); ``bias_ptr`` ``[N]`` (read with ``HAS_BIAS`` only). ``INTERLEAVE`` (with
+    ``PINGPONG``): both consumers' mainloops at once over an interleaved ring (``_pair_loader``)."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape,
                                        a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
@@ -172,22 +230,34 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
     # the bf16 loader, data parallel, no waits (its signal arguments unused: sa_ptr stands in)
     if PINGPONG:
         c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-        gl.warp_specialize([
-            (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
-                                sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
-                                GROUP_M, 0, 2, num_warps)),
-            (_scaled_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc, bias_ptr,
-                              sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
-                              GROUP_M)),
-            (_ws_loader, (a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N,
-                          K, 0, 1, 0, sa_ptr, sa_ptr, sa_ptr, sa_ptr, 0, 1, 0, 0, 0, _NO,
-                          GROUP_M, _DP, _DP, _NO)),
-        ], [4, 1], [_K_SCALED_REGS, 24])
+        if INTERLEAVE:
+            gl.warp_specialize([
+                (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc,
+                                    bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS,
+                                    SCALE, GROUP_M, 0, 2, num_warps, INTERLEAVE)),
+                (_scaled_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc, bias_ptr,
+                                  sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
+                                  GROUP_M, INTERLEAVE)),
+                (_pair_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
+                                GROUP_M)),
+            ], [4, 1], [_K_SCALED_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc,
+                                    bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS,
+                                    SCALE, GROUP_M, 0, 2, num_warps, INTERLEAVE)),
+                (_scaled_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc, bias_ptr,
+                                  sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
+                                  GROUP_M, INTERLEAVE)),
+                (_ws_loader, (a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M,
+                              N, K, 0, 1, 0, sa_ptr, sa_ptr, sa_ptr, sa_ptr, 0, 1, 0, 0, 0, _NO,
+                              GROUP_M, _DP, _DP, _NO)),
+            ], [4, 1], [_K_SCALED_REGS, 24])
     else:
         gl.warp_specialize([
             (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
                                 sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
-                                GROUP_M, 0, 1, num_warps)),
+                                GROUP_M, 0, 1, num_warps, INTERLEAVE)),
             (_ws_loader, (a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N,
                           K, 0, 1, 0, sa_ptr, sa_ptr, sa_ptr, sa_ptr, 0, 1, 0, 0, 0, _NO,
                           GROUP_M, _DP, _DP, _NO)),
