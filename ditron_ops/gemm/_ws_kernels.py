@@ -462,6 +462,22 @@ def _fixup_coalesced(ws_ptr, first, nseg, base, q, r, c_desc, c_smem, bias_ptr, 
 
 
 @_jit
+def ring_barriers(STAGES: gl.constexpr):
+    """The ring's mbarriers, initialized: ``ready[s]`` (the loader's TMA bytes landed),
+    ``empty[s]`` (the consumer finished reading slot ``s``), and ``order[c]`` (ping-pong
+    consumer ``c`` may start its next unit's mainloop)."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(order.index(i), count=1)
+    return ready, empty, order
+
+
+@_jit
 def _stamp(trace_ptr, i, POINT: gl.constexpr, TRACE: gl.constexpr):
     """``TRACE`` only: the global timer (ns) at ``POINT`` of this program's unit ``i`` into
     ``trace_ptr`` ``[programs, TRACE_UNITS, TRACE_POINTS]`` int64 (the probe's timeline of where
@@ -749,16 +765,7 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, tr
                                             b2_desc.layout)
     else:
         b2_bufs = b_bufs
-    # ready[s]: the loader's TMA bytes landed; empty[s]: the consumer finished reading slot s.
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    # order[c]: ping-pong consumer c may start its next unit's mainloop.
-    order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(order.index(i), count=1)
+    ready, empty, order = ring_barriers(STAGES)
     # One staging tile per consumer for the subtiled TMA stores of C.
     c_smem0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
 

@@ -27,7 +27,8 @@ K-major weight (fp8 wgmma reads both operands K-major: ``scaled.k_major``).
 """
 from __future__ import annotations
 
-from ._ws_kernels import HAVE_GLUON, _jit, _split_cols, _store_part, _tile_mn, _ws_loader
+from ._ws_kernels import (HAVE_GLUON, _jit, _sched, _split_cols, _store_part, _tile_mn,
+                          _ws_loader, ring_barriers)
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -87,12 +88,10 @@ def _pair_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M:
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-    tiles_m = gl.cdiv(M, BLOCK_M)
-    tiles_n = gl.cdiv(N, BLOCK_N)
-    k_steps = gl.cdiv(K, BLOCK_K)
+    tiles_m, tiles_n, k_steps, units, _, _, _, _, _, _, _ = _sched(
+        M, N, K, 0, 1, _DP, BLOCK_M, BLOCK_N, BLOCK_K)  # (data parallel: the bf16 kernel's)
     p = gl.program_id(0)
     G = gl.num_programs(0)
-    units = gl.cdiv(tiles_m * tiles_n - p, G)
     it = 0
     for pair in range(gl.cdiv(units, 2)):
         i0 = 2 * pair
@@ -120,6 +119,18 @@ def _pair_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M:
 
 
 @_jit
+def _scaled_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr,
+                   INTERLEAVE: gl.constexpr):
+    """The loader partition: ``_pair_loader`` (``INTERLEAVE``) or the bf16 kernel's, data
+    parallel, no waits (its signal arguments unused: ``M`` stands in)."""
+    if INTERLEAVE:
+        _pair_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)
+    else:
+        _ws_loader(a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N, K, 0, 1,
+                   0, M, M, M, M, 0, 1, 0, 0, 0, _NO, GROUP_M, _DP, _DP, _NO)
+
+
+@_jit
 def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr,
                      sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr,
                      SCALE: gl.constexpr, GROUP_M: gl.constexpr, SLOT: gl.constexpr,
@@ -136,12 +147,10 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
     gl.static_assert(128 % BLOCK_N == 0, "a tile inside one 128-column scale block")
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 32])
-    tiles_m = gl.cdiv(M, BLOCK_M)
-    tiles_n = gl.cdiv(N, BLOCK_N)
-    k_steps = gl.cdiv(K, BLOCK_K)
+    tiles_m, tiles_n, k_steps, units, _, _, _, _, _, _, _ = _sched(
+        M, N, K, 0, 1, _DP, BLOCK_M, BLOCK_N, BLOCK_K)  # (data parallel: the bf16 kernel's)
     p = gl.program_id(0)
     G = gl.num_programs(0)
-    units = gl.cdiv(tiles_m * tiles_n - p, G)
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
     it = 0
     for i in range(units):
@@ -218,47 +227,25 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
                                        a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
                                        b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(order.index(i), count=1)
+    ready, empty, order = ring_barriers(STAGES)
     c_smem0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    # the bf16 loader, data parallel, no waits (its signal arguments unused: sa_ptr stands in)
     if PINGPONG:
         c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-        if INTERLEAVE:
-            gl.warp_specialize([
-                (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc,
-                                    bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS,
-                                    SCALE, GROUP_M, 0, 2, num_warps, INTERLEAVE)),
-                (_scaled_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc, bias_ptr,
-                                  sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
-                                  GROUP_M, INTERLEAVE)),
-                (_pair_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
-                                GROUP_M)),
-            ], [4, 1], [_K_SCALED_REGS, 24])
-        else:
-            gl.warp_specialize([
-                (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc,
-                                    bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS,
-                                    SCALE, GROUP_M, 0, 2, num_warps, INTERLEAVE)),
-                (_scaled_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc, bias_ptr,
-                                  sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
-                                  GROUP_M, INTERLEAVE)),
-                (_ws_loader, (a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M,
-                              N, K, 0, 1, 0, sa_ptr, sa_ptr, sa_ptr, sa_ptr, 0, 1, 0, 0, 0, _NO,
-                              GROUP_M, _DP, _DP, _NO)),
-            ], [4, 1], [_K_SCALED_REGS, 24])
+        gl.warp_specialize([
+            (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
+                                sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
+                                GROUP_M, 0, 2, num_warps, INTERLEAVE)),
+            (_scaled_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc, bias_ptr,
+                              sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M,
+                              INTERLEAVE)),
+            (_scaled_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
+                              INTERLEAVE)),
+        ], [4, 1], [_K_SCALED_REGS, 24])
     else:
         gl.warp_specialize([
             (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
                                 sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
                                 GROUP_M, 0, 1, num_warps, INTERLEAVE)),
-            (_ws_loader, (a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N,
-                          K, 0, 1, 0, sa_ptr, sa_ptr, sa_ptr, sa_ptr, 0, 1, 0, 0, 0, _NO,
-                          GROUP_M, _DP, _DP, _NO)),
+            (_scaled_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
+                              INTERLEAVE)),
         ], [1], [24])
