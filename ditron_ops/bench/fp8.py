@@ -177,8 +177,9 @@ def run(cfg: BenchConfig) -> list[Result]:
     def body(group):
         for (m, n, k), model in shapes.items():
             rows = _shape_rows(group, cfg, parts, m, n, k, model)
-            print(f"{m}x{n}x{k} ({model}): " + ", ".join(f"{r.case} {r.ratio:.3f}" for r in rows),
-                  flush=True)  # a run cut short still shows what it measured
+            print(f"{m}x{n}x{k} ({model}): " + ", ".join(
+                f"{r.case} {r.ratio:.3f}" + (f" [{r.extra['core']}]" if "core" in r.extra else "")
+                for r in rows), flush=True)  # a run cut short still shows what it measured
             out.extend(rows)
         for case in dict.fromkeys(r.case for r in out):
             rows = [r for r in out if r.case == case and r.shape != "geo-mean"]
