@@ -1,9 +1,9 @@
 """The warp-specialized sm_90 core's fp8 (e4m3) form: ``C = (A * sa) @ (B * sb) (+ bias)``.
 
-The loader partition is the bf16 kernel's (``_ws_kernels._ws_loader``: TMA boxes of A
-``[BLOCK_M, 128]`` and of the weight ``[BLOCK_N, 128]`` into an mbarrier ring); the consumers
-differ in one thing: every K step (128 of K, one scale block) runs its fp8 wgmma into a fresh
-accumulator and promotes it into the fp32 sum in registers::
+A loader partition fills an mbarrier ring with TMA boxes of A ``[BLOCK_M, 128]`` and of the
+weight ``[BLOCK_N, 128]`` (the bf16 kernel's ``_ws_loader``, or ``_pair_loader`` for the
+interleaved ping-pong); the consumers run every K step (128 of K, one scale block) as an fp8
+wgmma into a fresh accumulator and promote it into the fp32 sum in registers::
 
     for each K step s:  part = wgmma(A_s, B_s)  (async, from zero); the step's scales loaded
                         wait for it, release ring slot s
@@ -20,10 +20,12 @@ next step's product in flight during the add drew); in ping-pong the other consu
 mainloop keeps the tensor cores busy meanwhile. Two fp32 tiles live (sum and product), a
 warpgroup's share 64 x 128.
 
-Schedules: cooperative (one 8-warp consumer, 128x128 tiles) or ping-pong (two 4-warp
-consumers on alternate 64x128 tiles, the ``order`` barriers of the bf16 kernel: one's epilogue
-under the other's mainloop). Data parallel, persistent, grouped tile order. B is always the
-K-major weight (fp8 wgmma reads both operands K-major: ``scaled.k_major``).
+Schedules: cooperative (one 8-warp consumer, 128x128 tiles); ping-pong (two 4-warp consumers
+on alternate 64x128 tiles, the ``order`` barriers of the bf16 kernel: one's epilogue under the
+other's mainloop); interleaved ping-pong (the ring holds a pair of units' K steps alternately:
+both mainloops at once, one consumer's wgmma under the other's promotion). Data parallel,
+persistent, grouped tile order. B is always the K-major weight (fp8 wgmma reads both operands
+K-major: ``scaled.k_major``).
 """
 from __future__ import annotations
 
@@ -97,7 +99,9 @@ def _pair_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M:
         i0 = 2 * pair
         both = i0 + 1 < units
         m0, n0 = _tile_mn(p + i0 * G, tiles_m, tiles_n, 0, GROUP_M)
-        m1, n1 = _tile_mn(p + (i0 + 1) * G, tiles_m, tiles_n, 0, GROUP_M)
+        # (a partner-less last unit: clamped to a real tile, never loaded)
+        m1, n1 = _tile_mn(gl.minimum(p + (i0 + 1) * G, tiles_m * tiles_n - 1), tiles_m, tiles_n,
+                          0, GROUP_M)
         for kk in range(k_steps):
             for u in gl.static_range(2):
                 if (u == 0) | both:
@@ -144,6 +148,8 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[1]
     EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+    # interleaved: two consumers, and each slot's previous fill a full pair's is its own
+    gl.static_assert(not INTERLEAVE or (SLOTS == 2 and STAGES % 2 == 0))
     gl.static_assert(128 % BLOCK_N == 0, "a tile inside one 128-column scale block")
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 32])
@@ -157,6 +163,11 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
         if i % SLOTS == SLOT:
             if SLOTS > 1 and not INTERLEAVE:
                 mbarrier.wait(order.index(SLOT), ((i - 1) // 2) & 1, pred=i > 0)
+            if INTERLEAVE:
+                # A partner-less last unit fills slots consumer 1's last unit filled a lap
+                # before; a parity wait cannot tell those laps apart, so it starts once
+                # consumer 1 has consumed them.
+                mbarrier.wait(order.index(0), 0, pred=(i == units - 1) & (i % 2 == 0) & (i > 0))
             pid_m, pid_n = _tile_mn(p + i * G, tiles_m, tiles_n, 0, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
@@ -182,6 +193,8 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
                 it += 1
             if SLOTS > 1 and not INTERLEAVE:
                 mbarrier.arrive(order.index(1 - SLOT))  # the other consumer's next tile may go
+            if INTERLEAVE:
+                mbarrier.arrive(order.index(0), pred=(i == units - 2) & (units % 2 == 1))
             if SCALE == 1:
                 sa = gl.load(sa_ptr + rows * sa_row)
                 sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
