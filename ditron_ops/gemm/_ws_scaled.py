@@ -47,9 +47,13 @@ SCALED_CONFIGS = {
 }
 """A warpgroup's share of a tile is 64 x 128: the sum and a product live (``_ws_scaled_kernels``
 module docstring), and block scales need a tile inside one 128-column block."""
-SCALED_DEFAULT = "pp64x128"
-RULE_CONFIGS = (SCALED_DEFAULT, )
-"""The configs ``choose`` can return (``precompile`` binds these)."""
+SCALED_DEFAULT = "pp64x128i"
+RULE_CONFIGS = ("coop128x128", "pp64x128i")
+"""The configs ``scaled_matmul`` times per plan (``precompile`` binds these). Neither wins
+everywhere: ``tools/fp8_ws_probe.py`` (H200, 131b3c4, five model shards) block scales
+coop128x128 0.85-1.14x bf16 cuBLAS, pp64x128i 0.86-1.15x, the ordered ping-pong 0.70-0.96x;
+row scales pp64x128i 0.71-0.90x ``torch._scaled_mm``, coop128x128 0.64-0.79x, ordered
+ping-pong 0.61-0.69x (its promotions idle the tensor cores)."""
 
 
 def epi_n(out_bytes: int) -> int:
@@ -65,8 +69,8 @@ def stages(cfg: ScaledConfig, out_bytes: int) -> int:
 
 
 def choose(m: int, n: int, sms: int) -> str:
-    """The config of ``[m, K] @ [K, n]``: ping-pong 64x128 (its 64-row tiles halve the
-    last-wave waste of small M, and each epilogue runs under the other consumer's mainloop)."""
+    """The config ``WsScaledGemm`` takes without one (``scaled_matmul`` times ``RULE_CONFIGS``
+    instead): the interleaved ping-pong, the best on row scales and within 3% on blocks."""
     return SCALED_DEFAULT
 
 

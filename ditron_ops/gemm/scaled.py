@@ -257,8 +257,9 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
     ``SCALE``. ``deterministic``: the batch-invariant tiles (the reducing ops' unfused
     deterministic partials). ``tiles``: ``((field, value), ...)`` replacing the rule's
     ``TileConfig`` fields (benches comparing tiles). ``core``: ``"auto"`` (the default mode,
-    no ``tiles``, where the fp8 WS core takes the product: both cores timed once per plan, the
-    faster kept, as ``matmul``'s) or ``"tl"`` (the portable core). Plans cached per thread and
+    no ``tiles``, where the fp8 WS core takes the product: the portable plan and each WS config
+    timed once per plan, the fastest kept, a WS plan only under ``TUNE_MARGIN`` of the
+    portable one, as ``matmul``'s) or ``"tl"`` (the portable core). Plans cached per thread and
     layout."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -290,13 +291,16 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
         if (deterministic or tiles or core != "auto" or not TUNE_CORES
                 or ws_scaled.refusal(a8, b, out, bias)):
             return portable
-        ws = build_ws("scaled_matmul", lambda: ws_scaled.WsScaledGemm(
-            a8, b, out, bias, sa, sb, sa_row, sb_row, mode))
-        if ws is None:
+        plans = [p for p in (build_ws("scaled_matmul", lambda c=c: ws_scaled.WsScaledGemm(
+            a8, b, out, bias, sa, sb, sa_row, sb_row, mode, config=c))
+            for c in ws_scaled.RULE_CONFIGS) if p is not None]
+        if not plans:
             return portable
-        t_tl, t_ws = time_alternating([lambda: portable.run(a8, b, out, bias, sa, sb),
-                                       lambda: ws.run(a8, b, out, bias, sa, sb)], out.device)
-        return ws if prefer_ws(t_tl, t_ws) else portable
+        times = time_alternating([lambda: portable.run(a8, b, out, bias, sa, sb)]
+                                 + [lambda p=p: p.run(a8, b, out, bias, sa, sb) for p in plans],
+                                 out.device)
+        best = min(range(len(plans)), key=lambda i: times[1 + i])
+        return plans[best] if prefer_ws(times[0], times[1 + best]) else portable
     return cache.get(key, build).run(a8, b, out, bias, sa, sb)
 
 
