@@ -40,4 +40,5 @@ def test_stages_fit_shared_memory(name, out_bytes):
     assert 3 <= st <= _ws_scaled.MAX_STAGES and used <= _ws_scaled.SMEM_BYTES
     assert 128 % cfg.block_n == 0  # block scales: a tile inside one 128-column block
     assert cfg.block_m // (cfg.num_warps // 4) == 64  # a warpgroup's 64 rows (registers)
-    assert _ws_scaled.choose(1000, 4096, 132) in _ws_scaled.SCALED_CONFIGS
+    assert _ws_scaled.choose(1000, 4096, 132) in _ws_scaled.RULE_CONFIGS
+    assert set(_ws_scaled.RULE_CONFIGS) <= set(_ws_scaled.SCALED_CONFIGS)

@@ -70,7 +70,8 @@ def stages(cfg: ScaledConfig, out_bytes: int) -> int:
 
 def choose(m: int, n: int, sms: int) -> str:
     """The config ``WsScaledGemm`` takes without one (``scaled_matmul`` times ``RULE_CONFIGS``
-    instead): the interleaved ping-pong, the best on row scales and within 3% on blocks."""
+    instead): the interleaved ping-pong, the best on row scales in the probe
+    (``RULE_CONFIGS``' note) and close to the cooperative tiles on blocks."""
     return SCALED_DEFAULT
 
 
@@ -151,7 +152,8 @@ class WsScaledGemm:
 def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None) -> None:
     """Bind every form ``WsScaledGemm`` can take (config, scale mode, C dtype, bias) for the 2-byte
     ``out_dtypes`` (a bias of C's dtype or none) and fp32 (the reducing ops' partials: no bias,
-    or a 2-byte one), of the configs ``choose`` picks (``configs``: these); nothing is launched (``scaled.
+    or a 2-byte one), of ``RULE_CONFIGS`` (what ``scaled_matmul`` times; ``configs``: these);
+    nothing is launched (``scaled.
     _precompile`` inside its ``compiler.batch``; ``tools/sm90_compile.py`` on a CPU device)."""
     import torch
     a8 = torch.zeros(64, 256, dtype=torch.float8_e4m3fn, device=device)

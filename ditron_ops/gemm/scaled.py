@@ -291,9 +291,12 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
         if (deterministic or tiles or core != "auto" or not TUNE_CORES
                 or ws_scaled.refusal(a8, b, out, bias)):
             return portable
-        plans = [p for p in (build_ws("scaled_matmul", lambda c=c: ws_scaled.WsScaledGemm(
-            a8, b, out, bias, sa, sb, sa_row, sb_row, mode, config=c))
-            for c in ws_scaled.RULE_CONFIGS) if p is not None]
+        plans = []
+        for c in ws_scaled.RULE_CONFIGS:  # (a Gluon found broken on one: no more tries)
+            if ws_scaled.refusal(a8, b, out, bias) is None:
+                plans.append(build_ws("scaled_matmul", lambda c=c: ws_scaled.WsScaledGemm(
+                    a8, b, out, bias, sa, sb, sa_row, sb_row, mode, config=c)))
+        plans = [p for p in plans if p is not None]
         if not plans:
             return portable
         times = time_alternating([lambda: portable.run(a8, b, out, bias, sa, sb)]

@@ -103,7 +103,7 @@ def test_scaled_matmul_on_either_core(mode):
         ws_out = torch.empty_like(out)
         _ws_scaled.WsScaledGemm(a8, b, ws_out, None, sa_k, sbk, sa_row, sb_row, scale).run(
             a8, b, ws_out, None, sa_k, sbk)
-        for got, who in ((out, name), (ws_out, "ws rule")):
+        for got, who in ((out, name), (ws_out, "ws default config")):
             try:  # one rounding to bf16 plus fp32 sums of the products (|A| @ |B| bound)
                 check_close(got, a_deq, b_deq)
             except AssertionError as exc:
