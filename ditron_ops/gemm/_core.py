@@ -64,9 +64,8 @@ CORES = ("auto", "tl", "ws")
 DET_ON_WS = True
 """Deterministic ``matmul`` may run on the WS core (its fixed data-parallel 128x256 plan, timed
 against the portable core's batch-invariant tiles as in the default mode): its rows carry the
-same bits as those tiles' at every M (``tests/gpu/test_gemm_ws_gpu.py``, ``tools/det_ws_probe.py``:
-6 model shards x M 1..8192 equal, H100 5f1bb0f), and it is faster at large M on some shards
-(0.97x against 0.89x cuBLAS at 8192x7168x1792). Read when
+same bits as those tiles' at every M (``tests/gpu/test_gemm_ws_gpu.py``,
+``tools/det_ws_probe.py``; benchmarks/NOTES.md), so the timed choice moves no bit. Read when
 a plan is built: a change reaches plans built afterwards."""
 
 

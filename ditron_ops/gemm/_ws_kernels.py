@@ -463,9 +463,8 @@ def _fixup_coalesced(ws_ptr, first, nseg, base, q, r, c_desc, c_smem, bias_ptr, 
 
 @_jit
 def ring_barriers(STAGES: gl.constexpr):
-    """The ring's mbarriers, initialized: ``ready[s]`` (the loader's TMA bytes landed),
-    ``empty[s]`` (the consumer finished reading slot ``s``), and ``order[c]`` (ping-pong
-    consumer ``c`` may start its next unit's mainloop)."""
+    """The ring's mbarriers: ``ready[s]`` (slot ``s``'s TMA bytes landed), ``empty[s]`` (slot
+    ``s`` read), ``order[c]`` (ping-pong consumer ``c`` may start its next mainloop)."""
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -768,7 +767,6 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, tr
     ready, empty, order = ring_barriers(STAGES)
     # One staging tile per consumer for the subtiled TMA stores of C.
     c_smem0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-
     if PINGPONG:
         c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
         gl.warp_specialize([

@@ -30,30 +30,24 @@ MAX_STAGES = 8
 @dataclasses.dataclass(frozen=True)
 class ScaledConfig:
     """Tile ``block_m x block_n`` of one consumer; ``pingpong``: two 4-warp consumers on
-    alternate tiles, else one of ``num_warps`` (8: two warpgroups along M); ``interleave``
-    (ping-pong): both consumers' mainloops at once over an interleaved ring, else one after
-    the other (``order`` barriers)."""
+    alternate tiles (both mainloops at once over an interleaved ring), else one of
+    ``num_warps`` (8: two warpgroups along M)."""
     block_m: int
     block_n: int
     num_warps: int
     pingpong: bool
-    interleave: bool = False
 
 
 SCALED_CONFIGS = {
     "coop128x128": ScaledConfig(128, 128, 8, False),
     "pp64x128": ScaledConfig(64, 128, 4, True),
-    "pp64x128i": ScaledConfig(64, 128, 4, True, True),
 }
 """A warpgroup's share of a tile is 64 x 128: the sum and a product live (``_ws_scaled_kernels``
 module docstring), and block scales need a tile inside one 128-column block."""
-SCALED_DEFAULT = "pp64x128i"
-RULE_CONFIGS = ("coop128x128", "pp64x128i")
-"""The configs ``scaled_matmul`` times per plan (``precompile`` binds these). Neither wins
-everywhere: ``tools/fp8_ws_probe.py`` (H200, 131b3c4, five model shards) block scales
-coop128x128 0.85-1.14x bf16 cuBLAS, pp64x128i 0.86-1.15x, the ordered ping-pong 0.70-0.96x;
-row scales pp64x128i 0.71-0.90x ``torch._scaled_mm``, coop128x128 0.64-0.79x, ordered
-ping-pong 0.61-0.69x (its promotions idle the tensor cores)."""
+SCALED_DEFAULT = "pp64x128"
+RULE_CONFIGS = ("coop128x128", "pp64x128")
+"""The configs ``scaled_matmul`` times per plan (``precompile`` binds these): neither wins
+everywhere (benchmarks/NOTES.md, fp8: the WS core)."""
 
 
 def epi_n(out_bytes: int) -> int:
@@ -70,8 +64,8 @@ def stages(cfg: ScaledConfig, out_bytes: int) -> int:
 
 def choose(m: int, n: int, sms: int) -> str:
     """The config ``WsScaledGemm`` takes without one (``scaled_matmul`` times ``RULE_CONFIGS``
-    instead): the interleaved ping-pong, the best on row scales in the probe
-    (``RULE_CONFIGS``' note) and close to the cooperative tiles on blocks."""
+    instead): the ping-pong, the best on row scales and close to the cooperative tiles on
+    blocks (benchmarks/NOTES.md, fp8)."""
     return SCALED_DEFAULT
 
 
@@ -118,7 +112,7 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
             bias if bias is not None else out, sa, sb, sa_row, sb_row, m, n, a8.shape[1])
     meta = dict(SCALE=mode, HAS_BIAS=bias is not None, GROUP_M=8,
                 STAGES=stages(cfg, out.element_size()), PINGPONG=cfg.pingpong,
-                num_warps=cfg.num_warps, maxnreg=MAXNREG, INTERLEAVE=cfg.interleave)
+                num_warps=cfg.num_warps, maxnreg=MAXNREG)
     return (max(1, min(tiles, sms)), ), args, meta
 
 

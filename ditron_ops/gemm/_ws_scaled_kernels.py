@@ -2,7 +2,7 @@
 
 A loader partition fills an mbarrier ring with TMA boxes of A ``[BLOCK_M, 128]`` and of the
 weight ``[BLOCK_N, 128]`` (the bf16 kernel's ``_ws_loader``, or ``_pair_loader`` for the
-interleaved ping-pong); the consumers run every K step (128 of K, one scale block) as an fp8
+ping-pong); the consumers run every K step (128 of K, one scale block) as an fp8
 wgmma into a fresh accumulator and promote it into the fp32 sum in registers::
 
     for each K step s:  part = wgmma(A_s, B_s)  (async, from zero); the step's scales loaded
@@ -20,10 +20,11 @@ next step's product in flight during the add drew); in ping-pong the other consu
 mainloop keeps the tensor cores busy meanwhile. Two fp32 tiles live (sum and product), a
 warpgroup's share 64 x 128.
 
-Schedules: cooperative (one 8-warp consumer, 128x128 tiles); ping-pong (two 4-warp consumers
-on alternate 64x128 tiles, the ``order`` barriers of the bf16 kernel: one's epilogue under the
-other's mainloop); interleaved ping-pong (the ring holds a pair of units' K steps alternately:
-both mainloops at once, one consumer's wgmma under the other's promotion). Data parallel,
+Schedules: cooperative (one 8-warp consumer, 128x128 tiles) or ping-pong (two 4-warp consumers
+on alternate 64x128 tiles, the ring holding a pair of units' K steps alternately: both
+mainloops at once, one consumer's wgmma under the other's promotion; mainloops taking turns,
+as the bf16 kernel's ``order`` barriers make them, idled the tensor cores during each
+promotion: benchmarks/NOTES.md, fp8). Data parallel,
 persistent, grouped tile order. B is always the K-major weight (fp8 wgmma reads both operands
 K-major: ``scaled.k_major``).
 """
@@ -82,7 +83,7 @@ def _pair_pos(i, kk, units, k_steps):
 
 @_jit
 def _pair_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr):
-    """The interleaved ping-pong's loader: this program's units (data parallel, grouped order)
+    """The ping-pong's loader: this program's units (data parallel, grouped order)
     in pairs, each K step of the pair's first unit then the same step of its second, so both
     consumers' mainloops run at once (``_pair_pos``)."""
     STAGES: gl.constexpr = a_bufs.shape[0]
@@ -124,10 +125,10 @@ def _pair_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M:
 
 @_jit
 def _scaled_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr,
-                   INTERLEAVE: gl.constexpr):
-    """The loader partition: ``_pair_loader`` (``INTERLEAVE``) or the bf16 kernel's, data
+                   PINGPONG: gl.constexpr):
+    """The loader partition: ``_pair_loader`` (``PINGPONG``) or the bf16 kernel's, data
     parallel, no waits (its signal arguments unused: ``M`` stands in)."""
-    if INTERLEAVE:
+    if PINGPONG:
         _pair_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)
     else:
         _ws_loader(a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N, K, 0, 1,
@@ -138,18 +139,18 @@ def _scaled_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_
 def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr,
                      sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr,
                      SCALE: gl.constexpr, GROUP_M: gl.constexpr, SLOT: gl.constexpr,
-                     SLOTS: gl.constexpr, WARPS: gl.constexpr, INTERLEAVE: gl.constexpr):
+                     SLOTS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ``SLOT`` of ``SLOTS`` (module docstring): the program's tiles ``SLOT, SLOT +
     SLOTS, ...`` in the loader's order; ``WARPS`` 4 (one warpgroup) or 8 (two along M).
-    ``INTERLEAVE`` (ping-pong): the ring holds both consumers' K steps alternately
-    (``_pair_loader``) and the mainloops run at once, no ``order`` barriers."""
+    Two consumers: the ring holds both consumers' K steps alternately (``_pair_loader``) and
+    the mainloops run at once."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[1]
     EPI_N: gl.constexpr = c_desc.block_type.shape[1]
-    # interleaved: two consumers, and each slot's previous fill a full pair's is its own
-    gl.static_assert(not INTERLEAVE or (SLOTS == 2 and STAGES % 2 == 0))
+    # ping-pong: each slot's previous fill within a full pair is the same consumer's
+    gl.static_assert(SLOTS == 1 or STAGES % 2 == 0)
     gl.static_assert(128 % BLOCK_N == 0, "a tile inside one 128-column scale block")
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 32])
@@ -161,9 +162,7 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
     it = 0
     for i in range(units):
         if i % SLOTS == SLOT:
-            if SLOTS > 1 and not INTERLEAVE:
-                mbarrier.wait(order.index(SLOT), ((i - 1) // 2) & 1, pred=i > 0)
-            if INTERLEAVE:
+            if SLOTS > 1:
                 # A partner-less last unit fills slots consumer 1's last unit filled a lap
                 # before; a parity wait cannot tell those laps apart, so it starts once
                 # consumer 1 has consumed them.
@@ -176,7 +175,7 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
             cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
             acc = zero
             for kk in range(k_steps):
-                if INTERLEAVE:
+                if SLOTS > 1:
                     it = _pair_pos(i, kk, units, k_steps)
                 slot = it % STAGES
                 mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
@@ -191,9 +190,7 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
                 mbarrier.arrive(empty.index(slot))
                 acc = _promote(acc, part, scale, SCALE)
                 it += 1
-            if SLOTS > 1 and not INTERLEAVE:
-                mbarrier.arrive(order.index(1 - SLOT))  # the other consumer's next tile may go
-            if INTERLEAVE:
+            if SLOTS > 1:
                 mbarrier.arrive(order.index(0), pred=(i == units - 2) & (units % 2 == 1))
             if SCALE == 1:
                 sa = gl.load(sa_ptr + rows * sa_row)
@@ -210,11 +207,10 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
 @_jit
 def _scaled_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr, sb_ptr,
                    sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
-                   GROUP_M: gl.constexpr, INTERLEAVE: gl.constexpr):
+                   GROUP_M: gl.constexpr):
     """The ping-pong's second consumer (a 4-warp worker partition, slot 1 of 2)."""
     _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr,
-                     sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M, 1, 2, 4,
-                     INTERLEAVE)
+                     sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M, 1, 2, 4)
 
 
 def _jit_dims(fn):
@@ -225,8 +221,7 @@ def _jit_dims(fn):
 @_jit_dims
 def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K,
                      SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-                     STAGES: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr,
-                     INTERLEAVE: gl.constexpr = False):
+                     STAGES: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
     """fp8 GEMM with scales (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` fp8 ``[M, K]`` boxes ``[BLOCK_M, 128]``; ``b_desc`` the fp8 weight ``[N, K]``
@@ -234,8 +229,7 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
     A scales (``SCALE`` 1: one per row, ``sa_row`` floats apart, 0 for one tensor-wise scale;
     2: ``[M, ceil(K / 128)]`` rows ``sa_row`` apart); ``sb_ptr`` fp32 B scales (1: one per
     column ``sb_row`` apart, or 0; 2: ``[ceil(K / 128), ceil(N / 128)]`` rows ``sb_row``
-    apart); ``bias_ptr`` ``[N]`` (read with ``HAS_BIAS`` only). ``INTERLEAVE`` (with
-    ``PINGPONG``): both consumers' mainloops at once over an interleaved ring (``_pair_loader``)."""
+    apart); ``bias_ptr`` ``[N]`` (read with ``HAS_BIAS`` only)."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape,
                                        a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
@@ -247,18 +241,18 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
         gl.warp_specialize([
             (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
                                 sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
-                                GROUP_M, 0, 2, num_warps, INTERLEAVE)),
+                                GROUP_M, 0, 2, num_warps)),
             (_scaled_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc, bias_ptr,
-                              sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M,
-                              INTERLEAVE)),
+                              sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
+                              GROUP_M)),
             (_scaled_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
-                              INTERLEAVE)),
+                              PINGPONG)),
         ], [4, 1], [_K_SCALED_REGS, 24])
     else:
         gl.warp_specialize([
             (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
                                 sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
-                                GROUP_M, 0, 1, num_warps, INTERLEAVE)),
+                                GROUP_M, 0, 1, num_warps)),
             (_scaled_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
-                              INTERLEAVE)),
+                              PINGPONG)),
         ], [1], [24])

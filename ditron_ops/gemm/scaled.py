@@ -261,13 +261,6 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
     timed once per plan, the fastest kept, a WS plan only under ``TUNE_MARGIN`` of the
     portable one, as ``matmul``'s) or ``"tl"`` (the portable core). Plans cached per thread and
     layout."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from ..runtime import compiler
-    from . import _ws_scaled as ws_scaled
-    from ._core import (CoreGemm, Scales, _dummies, build_ws, program_budget, scaled_config,
-                        select_config)
-    from ._tune import TUNE_CORES, prefer_ws, time_alternating
     if core not in ("auto", "tl"):
         raise ValueError(f"scaled_matmul: core {core!r} not in ('auto', 'tl')")
     cache = getattr(_PLANS, "cache", None)
@@ -276,6 +269,13 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
     key = _plan_key(a8, b, sa, sa_row, sb, sb_row, mode, bias, out, tiles, deterministic, core)
 
     def build():
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        from ..runtime import compiler
+        from . import _ws_scaled as ws_scaled
+        from ._core import (CoreGemm, Scales, _dummies, build_ws, program_budget,
+                            scaled_config, select_config)
+        from ._tune import TUNE_CORES, prefer_ws, time_alternating
         m = a8.shape[0]
         budget = program_budget(a8.device, None)
         cfg = select_config(m, b.shape[1], budget, a8.device, deterministic=deterministic)
