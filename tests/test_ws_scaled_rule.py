@@ -38,7 +38,9 @@ def test_stages_fit_shared_memory(name, out_bytes):
     staging = (2 if cfg.pingpong else 1) * cfg.block_m * _ws_scaled.epi_n(out_bytes) * out_bytes
     used = st * (cfg.block_m + cfg.block_n) * _ws_scaled.BLOCK_K + staging
     assert 3 <= st <= _ws_scaled.MAX_STAGES and used <= _ws_scaled.SMEM_BYTES
-    assert 128 % cfg.block_n == 0  # block scales: a tile inside one 128-column block
-    assert cfg.block_m // (cfg.num_warps // 4) == 64  # a warpgroup's 64 rows (registers)
+    # block scales: a tile (split: each 128-column half of one) inside one 128-column block
+    assert cfg.block_n % 128 == 0 if cfg.split else 128 % cfg.block_n == 0
+    # a warpgroup's 64 rows (registers); split: two 4-warp consumers share the tile's rows
+    assert cfg.block_m // (2 if cfg.split else cfg.num_warps // 4) == 64
     assert _ws_scaled.choose(1000, 4096, 132) in _ws_scaled.RULE_CONFIGS
     assert set(_ws_scaled.RULE_CONFIGS) <= set(_ws_scaled.SCALED_CONFIGS)

@@ -462,15 +462,16 @@ def _fixup_coalesced(ws_ptr, first, nseg, base, q, r, c_desc, c_smem, bias_ptr, 
 
 
 @_jit
-def ring_barriers(STAGES: gl.constexpr):
+def ring_barriers(STAGES: gl.constexpr, READERS: gl.constexpr):
     """The ring's mbarriers: ``ready[s]`` (slot ``s``'s TMA bytes landed), ``empty[s]`` (slot
-    ``s`` read), ``order[c]`` (ping-pong consumer ``c`` may start its next mainloop)."""
+    ``s`` read by its ``READERS`` consumer partitions), ``order[c]`` (ping-pong consumer ``c``
+    may start its next mainloop)."""
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=READERS)
     for i in gl.static_range(2):
         mbarrier.init(order.index(i), count=1)
     return ready, empty, order
@@ -764,7 +765,7 @@ def ws_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, ws_ptr, cnt_ptr, p_desc, tr
                                             b2_desc.layout)
     else:
         b2_bufs = b_bufs
-    ready, empty, order = ring_barriers(STAGES)
+    ready, empty, order = ring_barriers(STAGES, 1)
     # One staging tile per consumer for the subtiled TMA stores of C.
     c_smem0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
     if PINGPONG:

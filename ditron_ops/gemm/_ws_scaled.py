@@ -36,11 +36,16 @@ class ScaledConfig:
     block_n: int
     num_warps: int
     pingpong: bool
+    split: bool = False
+    """Two 4-warp consumers each taking 64 rows of every ``block_m`` = 128 row tile, in
+    128-column halves (``block_n`` 128 or 256); ``num_warps`` 4."""
 
 
 SCALED_CONFIGS = {
     "coop128x128": ScaledConfig(128, 128, 8, False),
     "pp64x128": ScaledConfig(64, 128, 4, True),
+    "split128x128": ScaledConfig(128, 128, 4, False, True),
+    "split128x256": ScaledConfig(128, 256, 4, False, True),
 }
 """A warpgroup's share of a tile is 64 x 128: the sum and a product live (``_ws_scaled_kernels``
 module docstring), and block scales need a tile inside one 128-column block."""
@@ -58,6 +63,7 @@ def epi_n(out_bytes: int) -> int:
 def stages(cfg: ScaledConfig, out_bytes: int) -> int:
     """Ring depth: as many A/B boxes as fit beside the C staging tiles, at most ``MAX_STAGES``."""
     staging = (2 if cfg.pingpong else 1) * cfg.block_m * epi_n(out_bytes) * out_bytes
+    # (split: two 64-row staging tiles, the same bytes as one of block_m rows)
     per_stage = (cfg.block_m + cfg.block_n) * BLOCK_K
     return min(MAX_STAGES, (SMEM_BYTES - staging) // per_stage)
 
@@ -107,11 +113,14 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
     """``(grid, args, meta)`` of ``ws_scaled_kernel`` (no launch)."""
     m, n = out.shape
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    args = (_desc(a8, (cfg.block_m, BLOCK_K)), _desc(b.t(), (cfg.block_n, BLOCK_K)),
-            _desc(out, (cfg.block_m, epi_n(out.element_size()))),
+    b_rows = min(cfg.block_n, 128) if cfg.split else cfg.block_n
+    c_rows = cfg.block_m // 2 if cfg.split else cfg.block_m
+    args = (_desc(a8, (cfg.block_m, BLOCK_K)), _desc(b.t(), (b_rows, BLOCK_K)),
+            _desc(out, (c_rows, epi_n(out.element_size()))),
             bias if bias is not None else out, sa, sb, sa_row, sb_row, m, n, a8.shape[1])
     meta = dict(SCALE=mode, HAS_BIAS=bias is not None, GROUP_M=8,
                 STAGES=stages(cfg, out.element_size()), PINGPONG=cfg.pingpong,
+                SPLIT=cfg.split, HALVES=cfg.block_n // 128 if cfg.split else 1,
                 num_warps=cfg.num_warps, maxnreg=MAXNREG)
     return (max(1, min(tiles, sms)), ), args, meta
 

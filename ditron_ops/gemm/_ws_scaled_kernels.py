@@ -73,6 +73,15 @@ def _promote(acc, part, scale, SCALE: gl.constexpr):
 
 
 @_jit
+def _scaled_part(part, scale, SCALE: gl.constexpr):
+    """``part * scale[m]`` (``SCALE`` 2) in ``part``'s registers (the split consumer reuses them
+    as the next step's wgmma accumulator), or ``part``."""
+    if SCALE == 2:
+        part = part * gl.expand_dims(scale, 1)
+    return part
+
+
+@_jit
 def _pair_pos(i, kk, units, k_steps):
     """Ring position of unit ``i``'s K step ``kk`` in ``_pair_loader``'s order: units in pairs,
     the pair's K steps alternating (a last unit without a partner alone)."""
@@ -205,6 +214,98 @@ def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_p
 
 
 @_jit
+def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_ptr, sa_ptr,
+                    sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
+                    GROUP_M: gl.constexpr, SLOT: gl.constexpr, HALVES: gl.constexpr):
+    """Split consumer ``SLOT`` of 2 (4 warps): rows ``[64 SLOT, 64 SLOT + 64)`` of every tile of
+    the program, the tile ``HALVES`` x 128 columns wide (B's second 128 columns in ``b2_bufs``);
+    each K step one wgmma per 128-column half into the one product tile, promoted into that
+    half's sum. The two consumers share each slot's A box (each its 64 rows) and B boxes, and
+    each releases the slot on its own (``empty`` counts 2): no barrier between them, so one's
+    promotion runs under the other's wgmma."""
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    HALF_M: gl.constexpr = a_bufs.shape[1] // 2
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    BN: gl.constexpr = b_bufs.shape[1]
+    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+    gl.static_assert(BN == 128, "each half one 128-column scale block")
+    layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
+    tiles_m, tiles_n, k_steps, units, _, _, _, _, _, _, _ = _sched(
+        M, N, K, 0, 1, _DP, 2 * HALF_M, BN * HALVES, BLOCK_K)
+    p = gl.program_id(0)
+    G = gl.num_programs(0)
+    # (use_acc=False: each step's product reuses the last one's registers, no zero tile)
+    part = gl.zeros([HALF_M, BN], gl.float32, layout)
+    last_nb = gl.cdiv(N, BN) - 1  # (the last scale block column: a half past N reads it)
+    it = 0
+    for i in range(units):
+        pid_m, pid_n = _tile_mn(p + i * G, tiles_m, tiles_n, 0, GROUP_M)
+        off_m = pid_m * 2 * HALF_M + SLOT * HALF_M
+        off_n = pid_n * BN * HALVES
+        off_n1 = gl.minimum(pid_n * HALVES + 1, last_nb) * BN
+        rows = gl.minimum(off_m + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, layout)),
+                          M - 1).to(gl.int64)
+        acc0 = gl.zeros([HALF_M, BN], gl.float32, layout)
+        acc1 = gl.zeros([HALF_M, BN], gl.float32, layout)
+        for kk in range(k_steps):
+            slot = it % STAGES
+            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+            a = a_bufs.index(slot).slice(SLOT * HALF_M, HALF_M)
+            part = warpgroup_mma(a, b_bufs.index(slot).permute((1, 0)), part, use_acc=False,
+                                 is_async=True)
+            if SCALE == 2:
+                sa_k = gl.load(sa_ptr + rows * sa_row + kk)
+                scale = sa_k * gl.load(sb_ptr + kk * sb_row + off_n // BN)
+            else:
+                scale = sa_row
+            part = _scaled_part(warpgroup_mma_wait(0, deps=(part, )), scale, SCALE)
+            acc0 += part
+            if HALVES == 2:
+                part = warpgroup_mma(a, b2_bufs.index(slot).permute((1, 0)), part,
+                                     use_acc=False, is_async=True)
+                if SCALE == 2:
+                    scale = sa_k * gl.load(sb_ptr + kk * sb_row + off_n1 // BN)
+                part = _scaled_part(warpgroup_mma_wait(0, deps=(part, )), scale, SCALE)
+                acc1 += part
+            mbarrier.arrive(empty.index(slot))
+            it += 1
+        for h in gl.static_range(HALVES):
+            if h == 0:
+                acc = acc0
+            else:
+                acc = acc1
+            col0 = off_n + h * BN
+            if SCALE == 1:
+                cols = col0 + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+                sa = gl.load(sa_ptr + rows * sa_row)
+                sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
+                acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
+            parts = _split_cols(acc, BN // EPI_N)
+            for c in gl.static_range(BN // EPI_N):
+                _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, col0, N, HAS_BIAS)
+    tma.store_wait(0)
+
+
+@_jit
+def _split_worker(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_ptr, sa_ptr,
+                  sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
+                  GROUP_M: gl.constexpr, HALVES: gl.constexpr):
+    """The split schedule's second consumer (a 4-warp worker partition, slot 1)."""
+    _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_ptr, sa_ptr,
+                    sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M, 1, HALVES)
+
+
+@_jit
+def _split_loader(a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
+                  GROUP_M: gl.constexpr, HALVES: gl.constexpr):
+    """The split schedule's loader: the bf16 kernel's, B's second half (``HALVES`` 2) a second
+    box of the same descriptor beside the first."""
+    _ws_loader(a_desc, b_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, 0, 1,
+               0, M, M, M, M, 0, 1, 0, 0, 0, _NO, GROUP_M, _DP, (HALVES - 1) * 128, _NO)
+
+
+@_jit
 def _scaled_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr, sb_ptr,
                    sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
                    GROUP_M: gl.constexpr):
@@ -221,7 +322,8 @@ def _jit_dims(fn):
 @_jit_dims
 def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K,
                      SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-                     STAGES: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+                     STAGES: gl.constexpr, PINGPONG: gl.constexpr, SPLIT: gl.constexpr,
+                     HALVES: gl.constexpr, num_warps: gl.constexpr):
     """fp8 GEMM with scales (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` fp8 ``[M, K]`` boxes ``[BLOCK_M, 128]``; ``b_desc`` the fp8 weight ``[N, K]``
@@ -234,9 +336,26 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
                                        a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
                                        b_desc.layout)
-    ready, empty, order = ring_barriers(STAGES)
+    ready, empty, order = ring_barriers(STAGES, 2 if SPLIT else 1)
     c_smem0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    if PINGPONG:
+    if SPLIT:
+        c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        if HALVES == 2:
+            b2_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
+                                                b_desc.layout)
+        else:
+            b2_bufs = b_bufs
+        gl.warp_specialize([
+            (_split_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_smem0, c_desc, bias_ptr,
+                               sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M,
+                               0, HALVES)),
+            (_split_worker, (a_bufs, b_bufs, b2_bufs, ready, empty, c_smem1, c_desc, bias_ptr,
+                             sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M,
+                             HALVES)),
+            (_split_loader, (a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
+                             GROUP_M, HALVES)),
+        ], [4, 1], [_K_SCALED_REGS, 24])
+    elif PINGPONG:
         c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
         gl.warp_specialize([
             (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
