@@ -70,21 +70,33 @@ def test_precompile_covers_a_first_fp8_call():
         before = set(os.listdir(cache))
         row = _first_call("fp8", 2, cache)
         new = [_entry(os.path.join(cache, d)) for d in set(os.listdir(cache)) - before]
-        # each missed variant beside the precompiled one of its kernel nearest to it
-        near = [difflib.get_close_matches(e["func"], [p["func"] for p in map(
-            _entry, (os.path.join(cache, d) for d in before)) if p["name"] == e["name"]], 1, 0)
-            for e in new]
-        print(json.dumps({"missed": new, "nearest precompiled": near}, indent=1))
+        print(json.dumps({"missed": [(e["name"], e.get("options")) for e in new]}))
+        for e in new:  # the missed variant's TTIR against the nearest precompiled one's
+            same = [p for p in map(_entry, (os.path.join(cache, d) for d in before))
+                    if p["name"] == e["name"]]
+            best = max(same, key=lambda p: difflib.SequenceMatcher(
+                None, p["text"], e["text"]).ratio(), default=None)
+            if best is not None:
+                diff = difflib.unified_diff(best["text"], e["text"], "precompiled", "missed",
+                                            n=0, lineterm="")
+                print("\n".join(list(diff)[:60]))
         assert row["ok"] and not new, row  # (the printout above names what precompile missed)
 
 
 def _entry(path: str) -> dict:
     """A Triton cache entry's kernel name and TTIR signature (argument types, divisibility and
     constants: what the variant is keyed by)."""
-    out = {"name": None, "func": ""}
-    for f in os.listdir(path):
+    out = {"name": None, "func": "", "text": []}
+    for f in sorted(os.listdir(path)):
         if f.endswith((".ttir", ".source")) and not out["func"]:
             out["name"] = f.rsplit(".", 1)[0]
             with open(os.path.join(path, f)) as fh:
-                out["func"] = next((ln.strip() for ln in fh if "tt.func public" in ln), "")
+                # (locations dropped: only the body's constants and ops tell variants apart)
+                out["text"] = [ln.split(" loc(")[0].rstrip() for ln in fh]
+            out["func"] = next((ln.strip() for ln in out["text"] if "tt.func public" in ln), "")
+        elif f.endswith(".json") and not f.startswith("__grp"):
+            with open(os.path.join(path, f)) as fh:
+                meta = json.load(fh)
+            out["options"] = {k: meta.get(k) for k in ("num_warps", "num_stages", "maxnreg")}
+    out["text"] += [f"options {out.get('options')}"]
     return out
