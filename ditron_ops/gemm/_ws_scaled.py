@@ -50,7 +50,7 @@ SCALED_CONFIGS = {
 """A warpgroup's share of a tile is 64 x 128: the sum and a product live (``_ws_scaled_kernels``
 module docstring), and block scales need a tile inside one 128-column block."""
 SCALED_DEFAULT = "pp64x128"
-RULE_CONFIGS = ("coop128x128", "pp64x128")
+RULE_CONFIGS = ("coop128x128", "pp64x128", "split128x128", "split128x256")
 """The configs ``scaled_matmul`` times per plan (``precompile`` binds these): neither wins
 everywhere (benchmarks/NOTES.md, fp8: the WS core)."""
 
