@@ -35,12 +35,15 @@ def test_operand_refusal():
 def test_stages_fit_shared_memory(name, out_bytes):
     cfg = _ws_scaled.SCALED_CONFIGS[name]
     st = _ws_scaled.stages(cfg, out_bytes)
-    staging = (2 if cfg.pingpong else 1) * cfg.block_m * _ws_scaled.epi_n(out_bytes) * out_bytes
+    staging = 2 * 64 * _ws_scaled.epi_n(out_bytes) * out_bytes  # (a 64-row tile per consumer)
     used = st * (cfg.block_m + cfg.block_n) * _ws_scaled.BLOCK_K + staging
     assert 3 <= st <= _ws_scaled.MAX_STAGES and used <= _ws_scaled.SMEM_BYTES
-    # block scales: a tile (split: each 128-column half of one) inside one 128-column block
-    assert cfg.block_n % 128 == 0 if cfg.split else 128 % cfg.block_n == 0
-    # a warpgroup's 64 rows (registers); split: two 4-warp consumers share the tile's rows
-    assert cfg.block_m // (2 if cfg.split else cfg.num_warps // 4) == 64
-    assert _ws_scaled.choose(1000, 4096, 132) in _ws_scaled.RULE_CONFIGS
+    # block scales: each 128-column half of a split tile, or a ping-pong tile, inside one
+    # 128-column block; a warpgroup's 64 rows (registers); the ping-pong's ring holds pairs
+    if cfg.split:
+        assert cfg.block_m == 128 and cfg.block_n in (128, 256)
+    else:
+        assert (cfg.block_m, cfg.block_n) == (64, 128) and st % 2 == 0
+    assert set(cfg.modes) <= {1, 2} and cfg.modes
+    assert all(_ws_scaled.configs_for(mode) for mode in (1, 2))  # every mode has a WS config
     assert set(_ws_scaled.RULE_CONFIGS) <= set(_ws_scaled.SCALED_CONFIGS)

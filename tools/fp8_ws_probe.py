@@ -52,9 +52,10 @@ def main() -> None:
                 a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
                 fns["base"] = lambda: torch.matmul(a16, b16)
             errs = {}
-            for name in _ws_scaled.SCALED_CONFIGS:
+            names = _ws_scaled.configs_for(kind)
+            for name in names:
                 g = _ws_scaled.WsScaledGemm(a, b, out, None, sa, sbk, sa_row, sb_row, kind,
-                                            config=name)
+                                            name)
                 out.fill_(float("nan"))
                 g.run(a, b, out, None, sa, sbk)
                 torch.cuda.synchronize()
@@ -64,7 +65,7 @@ def main() -> None:
             t = {name: triton.testing.do_bench(fn, warmup=5, rep=40) for name, fn in fns.items()}
             base = "_scaled_mm" if mode == "row" else "bf16 cuBLAS"
             line = " ".join(f"{name} {t['base'] / t[name]:.3f} (err {errs[name]:.1e})"
-                            for name in _ws_scaled.SCALED_CONFIGS)
+                            for name in names)
             print(f"{shape} {mode}: x {base}: tl {t['base'] / t['tl']:.3f}  {line}", flush=True)
 
 

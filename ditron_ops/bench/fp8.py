@@ -15,7 +15,7 @@ Rows (``case``):
   ``fused_rs <mode>``: ``gemm_rs_scaled`` at one rank (fused path: the reduce-scatter kernel
   with nothing to exchange) vs the same;
 - ``ws <mode> <config>`` (``--only ws``, sm_90): the fp8 WS core's plan of each config
-  (``_ws_scaled.SCALED_CONFIGS``) vs the portable core alone (``scaled_matmul(core="tl")``):
+  serving the mode (``_ws_scaled.configs_for``) vs the portable core alone (``scaled_matmul(core="tl")``):
   the data of the WS config rule; the ``tensor`` / ``row`` / ``block`` rows' ``core`` column
   says which core ``scaled_matmul``'s timing kept;
 - ``tiles <mode>`` (``--only tiles``, GPU): the scaled core's two fp8 forms of the bf16 rule's
@@ -71,7 +71,7 @@ def _ws(a, b, sa, sb, mode: str, out: torch.Tensor, config: str):
     """The fp8 WS core's plan of ``config`` alone (``--only ws``)."""
     from ..gemm._ws_scaled import WsScaledGemm
     sa_k, sa_row, sbk, sb_row = _kernel_scales(sa, sb, mode)
-    gemm = WsScaledGemm(a, b, out, None, sa_k, sbk, sa_row, sb_row, MODES[mode], config=config)
+    gemm = WsScaledGemm(a, b, out, None, sa_k, sbk, sa_row, sb_row, MODES[mode], config)
     return lambda: gemm.run(a, b, out, None, sa_k, sbk)
 
 
@@ -92,10 +92,11 @@ def _forms(m: int, n: int, device):
     return tuple(tuple(dataclasses.asdict(c).items()) for c in (wide, narrow))
 
 
-def _ws_configs(a, b, out) -> tuple:
-    """The fp8 WS core's configs where it takes these operands (else none)."""
+def _ws_configs(a, b, out, mode: str) -> tuple:
+    """The fp8 WS core's configs serving ``mode`` where it takes these operands (else none)."""
     from ..gemm import _ws_scaled
-    return tuple(_ws_scaled.SCALED_CONFIGS) if _ws_scaled.refusal(a, b, out, None) is None else ()
+    return (_ws_scaled.configs_for(MODES[mode]) if _ws_scaled.refusal(a, b, out, None) is None
+            else ())
 
 
 def _core_name(a, b, sa, sb, mode: str, out) -> str:
@@ -132,7 +133,7 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                                                   impl="fused")
             fns["fused_rs"] = lambda: gemm_rs_scaled(a, b, sa, sb, group, out_dtype=out.dtype,
                                                      impl="fused")
-        ws_configs = _ws_configs(a, b, out) if "ws" in parts else ()
+        ws_configs = _ws_configs(a, b, out, mode) if "ws" in parts else ()
         if ws_configs:
             fns["tl"] = _ours(a, b, sa, sb, mode, out, core="tl")
             fns.update({c: _ws(a, b, sa, sb, mode, out, c) for c in ws_configs})

@@ -29,30 +29,33 @@ MAX_STAGES = 8
 
 @dataclasses.dataclass(frozen=True)
 class ScaledConfig:
-    """Tile ``block_m x block_n`` of one consumer; ``pingpong``: two 4-warp consumers on
-    alternate tiles (both mainloops at once over an interleaved ring), else one of
-    ``num_warps`` (8: two warpgroups along M)."""
+    """Tile ``block_m x block_n`` on two 4-warp consumers: ``split``, each taking 64 rows of
+    every tile (``block_m`` 128) in 128-column halves (``block_n`` 128 or 256), else ping-pong
+    (``block_m`` 64, ``block_n`` 128), each taking alternate tiles (both mainloops at once over
+    an interleaved ring). ``modes``: the kernel ``SCALE`` values it serves."""
     block_m: int
     block_n: int
-    num_warps: int
-    pingpong: bool
-    split: bool = False
-    """Two 4-warp consumers each taking 64 rows of every ``block_m`` = 128 row tile, in
-    128-column halves (``block_n`` 128 or 256); ``num_warps`` 4."""
+    split: bool
+    modes: tuple
 
 
 SCALED_CONFIGS = {
-    "coop128x128": ScaledConfig(128, 128, 8, False),
-    "pp64x128": ScaledConfig(64, 128, 4, True),
-    "split128x128": ScaledConfig(128, 128, 4, False, True),
-    "split128x256": ScaledConfig(128, 256, 4, False, True),
+    "split128x256": ScaledConfig(128, 256, True, (1, )),
+    "split128x128": ScaledConfig(128, 128, True, (1, 2)),
+    "pp64x128": ScaledConfig(64, 128, False, (2, )),
 }
-"""A warpgroup's share of a tile is 64 x 128: the sum and a product live (``_ws_scaled_kernels``
-module docstring), and block scales need a tile inside one 128-column block."""
-SCALED_DEFAULT = "pp64x128"
-RULE_CONFIGS = ("coop128x128", "pp64x128", "split128x128", "split128x256")
-"""The configs ``scaled_matmul`` times per plan (``precompile`` binds these): neither wins
-everywhere (benchmarks/NOTES.md, fp8: the WS core)."""
+"""A warpgroup's share of a tile is 64 x 128 (64 x 256 in two halves): the sum(s) and a product
+live (``_ws_scaled_kernels`` module docstring). ``modes`` from ``python -m ditron_ops.bench fp8
+--only ws`` (benchmarks/NOTES.md, fp8): the 256-column split spills on block scales and lost
+every block shape; the ping-pong won only block shapes."""
+RULE_CONFIGS = tuple(SCALED_CONFIGS)
+"""The configs ``scaled_matmul`` times per plan, those serving its mode (``configs_for``;
+``precompile`` binds these): none wins everywhere (benchmarks/NOTES.md, fp8: the WS core)."""
+
+
+def configs_for(mode: int) -> tuple:
+    """``RULE_CONFIGS`` serving scale ``mode`` (the kernel's ``SCALE``)."""
+    return tuple(c for c in RULE_CONFIGS if mode in SCALED_CONFIGS[c].modes)
 
 
 def epi_n(out_bytes: int) -> int:
@@ -61,18 +64,11 @@ def epi_n(out_bytes: int) -> int:
 
 
 def stages(cfg: ScaledConfig, out_bytes: int) -> int:
-    """Ring depth: as many A/B boxes as fit beside the C staging tiles, at most ``MAX_STAGES``."""
-    staging = (2 if cfg.pingpong else 1) * cfg.block_m * epi_n(out_bytes) * out_bytes
-    # (split: two 64-row staging tiles, the same bytes as one of block_m rows)
+    """Ring depth: as many A/B boxes as fit beside the two consumers' 64-row C staging tiles,
+    at most ``MAX_STAGES``."""
+    staging = 2 * 64 * epi_n(out_bytes) * out_bytes
     per_stage = (cfg.block_m + cfg.block_n) * BLOCK_K
     return min(MAX_STAGES, (SMEM_BYTES - staging) // per_stage)
-
-
-def choose(m: int, n: int, sms: int) -> str:
-    """The config ``WsScaledGemm`` takes without one (``scaled_matmul`` times ``RULE_CONFIGS``
-    instead): the ping-pong, the best on row scales and close to the cooperative tiles on
-    blocks (benchmarks/NOTES.md, fp8)."""
-    return SCALED_DEFAULT
 
 
 def refusal(a8, b, out, bias) -> Optional[str]:
@@ -113,25 +109,24 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
     """``(grid, args, meta)`` of ``ws_scaled_kernel`` (no launch)."""
     m, n = out.shape
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    b_rows = min(cfg.block_n, 128) if cfg.split else cfg.block_n
-    c_rows = cfg.block_m // 2 if cfg.split else cfg.block_m
-    args = (_desc(a8, (cfg.block_m, BLOCK_K)), _desc(b.t(), (b_rows, BLOCK_K)),
-            _desc(out, (c_rows, epi_n(out.element_size()))),
+    if mode not in cfg.modes:
+        raise ValueError(f"ws scaled: {cfg} does not serve SCALE {mode}")
+    args = (_desc(a8, (cfg.block_m, BLOCK_K)), _desc(b.t(), (128, BLOCK_K)),
+            _desc(out, (64, epi_n(out.element_size()))),
             bias if bias is not None else out, sa, sb, sa_row, sb_row, m, n, a8.shape[1])
     meta = dict(SCALE=mode, HAS_BIAS=bias is not None, GROUP_M=8,
-                STAGES=stages(cfg, out.element_size()), PINGPONG=cfg.pingpong,
-                SPLIT=cfg.split, HALVES=cfg.block_n // 128 if cfg.split else 1,
-                num_warps=cfg.num_warps, maxnreg=MAXNREG)
+                STAGES=stages(cfg, out.element_size()), SPLIT=cfg.split,
+                HALVES=cfg.block_n // 128, num_warps=4, maxnreg=MAXNREG)
     return (max(1, min(tiles, sms)), ), args, meta
 
 
 class WsScaledGemm:
-    """The fp8 product's plan on the WS core: the config the rule gives (or ``config``), its
-    kernel bound once (``runtime.launcher.BoundKernel``; descriptors made once per address);
-    ``run`` launches it with the call's tensors."""
+    """The fp8 product's plan on the WS core in ``config`` (one of ``SCALED_CONFIGS`` serving
+    ``mode``), its kernel bound once (``runtime.launcher.BoundKernel``; descriptors made once
+    per address); ``run`` launches it with the call's tensors."""
 
     def __init__(self, a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: int,
-                 sms: Optional[int] = None, config: Optional[str] = None):
+                 config: str, sms: Optional[int] = None):
         from ..runtime.launcher import BoundKernel
         why = operand_refusal(a8, b, out, bias)
         if why is not None:
@@ -139,7 +134,7 @@ class WsScaledGemm:
         if sms is None:
             dev = out.device.index if out.device.index is not None else 0
             sms = _sm_count(dev)
-        self.config = config or choose(out.shape[0], out.shape[1], sms)
+        self.config = config
         self.name = "ws:" + self.config
         grid, args, meta = scaled_operands(a8, b, out, bias, sa, sb, sa_row, sb_row, mode,
                                            SCALED_CONFIGS[self.config], sms)
@@ -165,8 +160,9 @@ def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None) -> No
     forms = [(dtype, bias_dtype) for dtype in out_dtypes for bias_dtype in (None, dtype)]
     # fp32 C: the reducing ops' unfused partials, rank 0's with the op's 2-byte bias
     forms += [(torch.float32, bias_dtype) for bias_dtype in (None, ) + tuple(out_dtypes)]
-    for name, mode, (dtype, bias_dtype) in itertools.product(configs or RULE_CONFIGS, (1, 2),
-                                                              forms):
-        out = torch.empty(64, 128, dtype=dtype, device=device)
-        bias = None if bias_dtype is None else torch.zeros(128, dtype=bias_dtype, device=device)
-        WsScaledGemm(a8, b, out, bias, one, one, 1, 1, mode, sms=sms, config=name)
+    for name, (dtype, bias_dtype) in itertools.product(configs or RULE_CONFIGS, forms):
+        for mode in SCALED_CONFIGS[name].modes:
+            out = torch.empty(64, 128, dtype=dtype, device=device)
+            bias = (None if bias_dtype is None
+                    else torch.zeros(128, dtype=bias_dtype, device=device))
+            WsScaledGemm(a8, b, out, bias, one, one, 1, 1, mode, name, sms=sms)

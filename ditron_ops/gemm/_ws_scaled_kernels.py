@@ -1,14 +1,15 @@
 """The warp-specialized sm_90 core's fp8 (e4m3) form: ``C = (A * sa) @ (B * sb) (+ bias)``.
 
 A loader partition fills an mbarrier ring with TMA boxes of A ``[BLOCK_M, 128]`` and of the
-weight ``[BLOCK_N, 128]`` (the bf16 kernel's ``_ws_loader``, or ``_pair_loader`` for the
-ping-pong); the consumers run every K step (128 of K, one scale block) as an fp8
-wgmma into a fresh accumulator and promote it into the fp32 sum in registers::
+weight ``[128, 128]``; two 4-warp consumer partitions run every K step (128 of K, one scale
+block) as an fp8 wgmma into a fresh product tile and promote it into the fp32 sum in
+registers::
 
     for each K step s:  part = wgmma(A_s, B_s)  (async, from zero); the step's scales loaded
-                        wait for it, release ring slot s
+                        wait for it
                         sum += part                              (SCALE 1: row / tensor-wise)
                         sum += part * sa[m, s] * sb[s, n // 128] (SCALE 2: blocks)
+                        release ring slot s
     epilogue:           SCALE 1: sum * sa[m] * sb[n]; + bias; round; TMA store
 
 Why promote: the fp8 wgmma's own accumulation drifts past bf16 rounding at K of a few
@@ -16,17 +17,17 @@ thousand (``_core_kernels.tile_product``, the portable core's same rule; ``torch
 without fast accumulation promotes too), and block scales change every 128 of K. The product
 is read only after its wgmma is done (no wgmma in flight while registers of one are read:
 ptxas otherwise serializes every wgmma of the kernel, C7514, which a version keeping the
-next step's product in flight during the add drew); in ping-pong the other consumer's
-mainloop keeps the tensor cores busy meanwhile. Two fp32 tiles live (sum and product), a
-warpgroup's share 64 x 128.
+next step's product in flight during the add drew); the other consumer's wgmma keeps the
+tensor cores busy meanwhile.
 
-Schedules: cooperative (one 8-warp consumer, 128x128 tiles) or ping-pong (two 4-warp consumers
-on alternate 64x128 tiles, the ring holding a pair of units' K steps alternately: both
-mainloops at once, one consumer's wgmma under the other's promotion; mainloops taking turns,
-as the bf16 kernel's ``order`` barriers make them, idled the tensor cores during each
-promotion: benchmarks/NOTES.md, fp8). Data parallel,
-persistent, grouped tile order. B is always the K-major weight (fp8 wgmma reads both operands
-K-major: ``scaled.k_major``).
+Schedules (``SPLIT``): split, both consumers on every tile of 128 rows, each its 64 rows,
+sharing each ring slot's boxes and releasing it on its own (the ``empty`` barriers count 2),
+in 128-column halves (``HALVES`` 1 or 2: one product tile at a time beside the halves' sums);
+or ping-pong, the consumers on alternate 64x128 tiles over a ring holding a pair of units' K
+steps alternately (``_pair_loader``: both mainloops at once). A cooperative 8-warp consumer
+synchronizing its two warpgroups every step ran 0.66-0.75x the split's speed on row scales
+(benchmarks/NOTES.md, fp8). Data parallel, persistent, grouped tile order. B is always the
+K-major weight (fp8 wgmma reads both operands K-major: ``scaled.k_major``).
 """
 from __future__ import annotations
 
@@ -133,84 +134,70 @@ def _pair_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M:
 
 
 @_jit
-def _scaled_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr,
-                   PINGPONG: gl.constexpr):
-    """The loader partition: ``_pair_loader`` (``PINGPONG``) or the bf16 kernel's, data
-    parallel, no waits (its signal arguments unused: ``M`` stands in)."""
-    if PINGPONG:
-        _pair_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)
-    else:
-        _ws_loader(a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N, K, 0, 1,
-                   0, M, M, M, M, 0, 1, 0, 0, 0, _NO, GROUP_M, _DP, _DP, _NO)
-
-
-@_jit
-def _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr,
-                     sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr,
-                     SCALE: gl.constexpr, GROUP_M: gl.constexpr, SLOT: gl.constexpr,
-                     SLOTS: gl.constexpr, WARPS: gl.constexpr):
-    """Consumer ``SLOT`` of ``SLOTS`` (module docstring): the program's tiles ``SLOT, SLOT +
-    SLOTS, ...`` in the loader's order; ``WARPS`` 4 (one warpgroup) or 8 (two along M).
-    Two consumers: the ring holds both consumers' K steps alternately (``_pair_loader``) and
-    the mainloops run at once."""
+def _pp_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr, sb_ptr,
+                 sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
+                 GROUP_M: gl.constexpr, SLOT: gl.constexpr):
+    """Ping-pong consumer ``SLOT`` of 2 (4 warps): the program's tiles ``SLOT, SLOT + 2, ...``;
+    the ring holds both consumers' K steps alternately (``_pair_loader``), so the mainloops
+    run at once."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[1]
-    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
-    # ping-pong: each slot's previous fill within a full pair is the same consumer's
-    gl.static_assert(SLOTS == 1 or STAGES % 2 == 0)
+    # each slot's previous fill within a full pair is the same consumer's
+    gl.static_assert(STAGES % 2 == 0)
     gl.static_assert(128 % BLOCK_N == 0, "a tile inside one 128-column scale block")
     layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 32])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
     tiles_m, tiles_n, k_steps, units, _, _, _, _, _, _, _ = _sched(
         M, N, K, 0, 1, _DP, BLOCK_M, BLOCK_N, BLOCK_K)  # (data parallel: the bf16 kernel's)
     p = gl.program_id(0)
     G = gl.num_programs(0)
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
-    it = 0
-    for i in range(units):
-        if i % SLOTS == SLOT:
-            if SLOTS > 1:
-                # A partner-less last unit fills slots consumer 1's last unit filled a lap
-                # before; a parity wait cannot tell those laps apart, so it starts once
-                # consumer 1 has consumed them.
-                mbarrier.wait(order.index(0), 0, pred=(i == units - 1) & (i % 2 == 0) & (i > 0))
-            pid_m, pid_n = _tile_mn(p + i * G, tiles_m, tiles_n, 0, GROUP_M)
-            off_m = pid_m * BLOCK_M
-            off_n = pid_n * BLOCK_N
-            rows = gl.minimum(off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout)),
-                              M - 1).to(gl.int64)
-            cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-            acc = zero
-            for kk in range(k_steps):
-                if SLOTS > 1:
-                    it = _pair_pos(i, kk, units, k_steps)
-                slot = it % STAGES
-                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-                part = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)),
-                                     zero, use_acc=False, is_async=True)
-                scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE)
-                # Read only once no wgmma is in flight: ptxas serializes every wgmma of a kernel
-                # that reads an accumulator while another runs (C7514).
-                part = warpgroup_mma_wait(0, deps=(part, ))
-                if WARPS > 4:
-                    gl.thread_barrier()  # (the other warpgroup's too, before the release)
-                mbarrier.arrive(empty.index(slot))
-                acc = _promote(acc, part, scale, SCALE)
-                it += 1
-            if SLOTS > 1:
-                mbarrier.arrive(order.index(0), pred=(i == units - 2) & (units % 2 == 1))
-            if SCALE == 1:
-                sa = gl.load(sa_ptr + rows * sa_row)
-                sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
-                acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
-            parts = _split_cols(acc, BLOCK_N // EPI_N)
-            for c in gl.static_range(BLOCK_N // EPI_N):
-                _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, off_n, N, HAS_BIAS)
-        else:
-            it += k_steps
+    for i in range(SLOT, units, 2):
+        # A partner-less last unit fills slots consumer 1's last unit filled a lap before; a
+        # parity wait cannot tell those laps apart, so it starts once consumer 1 has consumed
+        # them.
+        mbarrier.wait(order.index(0), 0, pred=(i == units - 1) & (i % 2 == 0) & (i > 0))
+        pid_m, pid_n = _tile_mn(p + i * G, tiles_m, tiles_n, 0, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        rows = gl.minimum(off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout)),
+                          M - 1).to(gl.int64)
+        acc = zero
+        for kk in range(k_steps):
+            it = _pair_pos(i, kk, units, k_steps)
+            slot = it % STAGES
+            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+            part = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)),
+                                 zero, use_acc=False, is_async=True)
+            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE)
+            # Read only once no wgmma is in flight: ptxas serializes every wgmma of a kernel
+            # that reads an accumulator while another runs (C7514).
+            part = warpgroup_mma_wait(0, deps=(part, ))
+            mbarrier.arrive(empty.index(slot))
+            acc = _promote(acc, part, scale, SCALE)
+        mbarrier.arrive(order.index(0), pred=(i == units - 2) & (units % 2 == 1))
+        _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_smem, bias_ptr, sa_ptr, sb_ptr,
+                         sa_row, sb_row, N, HAS_BIAS, SCALE)
     tma.store_wait(0)
+
+
+@_jit
+def _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_smem, bias_ptr, sa_ptr, sb_ptr, sa_row,
+                     sb_row, N, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr):
+    """A consumer's sum of columns ``[off_n, off_n + acc.shape[1])``: ``SCALE`` 1's row and
+    column scales, + bias, round, TMA stores of ``EPI_N``-column parts."""
+    BN: gl.constexpr = acc.shape[1]
+    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+    if SCALE == 1:
+        cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
+        sa = gl.load(sa_ptr + rows * sa_row)
+        sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
+        acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
+    parts = _split_cols(acc, BN // EPI_N)
+    for c in gl.static_range(BN // EPI_N):
+        _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, off_n, N, HAS_BIAS)
 
 
 @_jit
@@ -227,7 +214,6 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_
     HALF_M: gl.constexpr = a_bufs.shape[1] // 2
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     BN: gl.constexpr = b_bufs.shape[1]
-    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
     gl.static_assert(BN == 128, "each half one 128-column scale block")
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
@@ -270,20 +256,11 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_
                 acc1 += part
             mbarrier.arrive(empty.index(slot))
             it += 1
-        for h in gl.static_range(HALVES):
-            if h == 0:
-                acc = acc0
-            else:
-                acc = acc1
-            col0 = off_n + h * BN
-            if SCALE == 1:
-                cols = col0 + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
-                sa = gl.load(sa_ptr + rows * sa_row)
-                sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
-                acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
-            parts = _split_cols(acc, BN // EPI_N)
-            for c in gl.static_range(BN // EPI_N):
-                _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, col0, N, HAS_BIAS)
+        _scaled_epilogue(acc0, rows, off_m, off_n, c_desc, c_smem, bias_ptr, sa_ptr, sb_ptr,
+                         sa_row, sb_row, N, HAS_BIAS, SCALE)
+        if HALVES == 2:
+            _scaled_epilogue(acc1, rows, off_m, off_n + BN, c_desc, c_smem, bias_ptr, sa_ptr,
+                             sb_ptr, sa_row, sb_row, N, HAS_BIAS, SCALE)
     tma.store_wait(0)
 
 
@@ -306,12 +283,12 @@ def _split_loader(a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K
 
 
 @_jit
-def _scaled_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr, sb_ptr,
-                   sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
-                   GROUP_M: gl.constexpr):
-    """The ping-pong's second consumer (a 4-warp worker partition, slot 1 of 2)."""
-    _scaled_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr,
-                     sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M, 1, 2, 4)
+def _pp_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr, sb_ptr,
+               sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
+               GROUP_M: gl.constexpr):
+    """The ping-pong's second consumer (a 4-warp worker partition, slot 1)."""
+    _pp_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr, sb_ptr,
+                 sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M, 1)
 
 
 def _jit_dims(fn):
@@ -322,24 +299,25 @@ def _jit_dims(fn):
 @_jit_dims
 def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K,
                      SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-                     STAGES: gl.constexpr, PINGPONG: gl.constexpr, SPLIT: gl.constexpr,
-                     HALVES: gl.constexpr, num_warps: gl.constexpr):
+                     STAGES: gl.constexpr, SPLIT: gl.constexpr, HALVES: gl.constexpr,
+                     num_warps: gl.constexpr):
     """fp8 GEMM with scales (module docstring). Grid: ``(programs, )``.
 
-    ``a_desc`` fp8 ``[M, K]`` boxes ``[BLOCK_M, 128]``; ``b_desc`` the fp8 weight ``[N, K]``
-    boxes ``[BLOCK_N, 128]``; ``c_desc`` ``[M, N]`` boxes ``[BLOCK_M, EPI_N]``; ``sa_ptr`` fp32
-    A scales (``SCALE`` 1: one per row, ``sa_row`` floats apart, 0 for one tensor-wise scale;
-    2: ``[M, ceil(K / 128)]`` rows ``sa_row`` apart); ``sb_ptr`` fp32 B scales (1: one per
-    column ``sb_row`` apart, or 0; 2: ``[ceil(K / 128), ceil(N / 128)]`` rows ``sb_row``
-    apart); ``bias_ptr`` ``[N]`` (read with ``HAS_BIAS`` only)."""
+    ``a_desc`` fp8 ``[M, K]`` boxes ``[BLOCK_M, 128]`` (``SPLIT``: 128 rows, else 64);
+    ``b_desc`` the fp8 weight ``[N, K]`` boxes ``[128, 128]`` (``HALVES`` of them per tile and
+    K step); ``c_desc`` ``[M, N]`` boxes ``[64, EPI_N]``; ``sa_ptr`` fp32 A scales (``SCALE``
+    1: one per row, ``sa_row`` floats apart, 0 for one tensor-wise scale; 2: ``[M, ceil(K /
+    128)]`` rows ``sa_row`` apart); ``sb_ptr`` fp32 B scales (1: one per column ``sb_row``
+    apart, or 0; 2: ``[ceil(K / 128), ceil(N / 128)]`` rows ``sb_row`` apart); ``bias_ptr``
+    ``[N]`` (read with ``HAS_BIAS`` only)."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape,
                                        a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
                                        b_desc.layout)
     ready, empty, order = ring_barriers(STAGES, 2 if SPLIT else 1)
     c_smem0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
     if SPLIT:
-        c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
         if HALVES == 2:
             b2_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
                                                 b_desc.layout)
@@ -355,23 +333,12 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
             (_split_loader, (a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
                              GROUP_M, HALVES)),
         ], [4, 1], [_K_SCALED_REGS, 24])
-    elif PINGPONG:
-        c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-        gl.warp_specialize([
-            (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
-                                sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
-                                GROUP_M, 0, 2, num_warps)),
-            (_scaled_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc, bias_ptr,
-                              sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
-                              GROUP_M)),
-            (_scaled_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
-                              PINGPONG)),
-        ], [4, 1], [_K_SCALED_REGS, 24])
     else:
         gl.warp_specialize([
-            (_scaled_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
-                                sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE,
-                                GROUP_M, 0, 1, num_warps)),
-            (_scaled_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
-                              PINGPONG)),
-        ], [1], [24])
+            (_pp_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
+                            sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M,
+                            0)),
+            (_pp_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc, bias_ptr, sa_ptr,
+                          sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M)),
+            (_pair_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)),
+        ], [4, 1], [_K_SCALED_REGS, 24])

@@ -292,7 +292,7 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
                 or ws_scaled.refusal(a8, b, out, bias)):
             return portable
         plans = []
-        for c in ws_scaled.RULE_CONFIGS:  # (a Gluon found broken on one: no more tries)
+        for c in ws_scaled.configs_for(mode):  # (a Gluon found broken on one: no more tries)
             if ws_scaled.refusal(a8, b, out, bias) is None:
                 plans.append(build_ws("scaled_matmul", lambda c=c: ws_scaled.WsScaledGemm(
                     a8, b, out, bias, sa, sb, sa_row, sb_row, mode, config=c)))
