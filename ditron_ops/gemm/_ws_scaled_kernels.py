@@ -25,8 +25,8 @@ sharing each ring slot's boxes and releasing it on its own (the ``empty`` barrie
 in 128-column halves (``HALVES`` 1 or 2: one product tile at a time beside the halves' sums);
 or ping-pong, the consumers on alternate 64x128 tiles over a ring holding a pair of units' K
 steps alternately (``_pair_loader``: both mainloops at once). A cooperative 8-warp consumer
-synchronizing its two warpgroups every step ran 0.66-0.75x the split's speed on row scales
-(benchmarks/NOTES.md, fp8). Data parallel, persistent, grouped tile order. B is always the
+synchronizing its two warpgroups every step ran 0.67-0.88x the split's speed on tensor and row
+scales (benchmarks/NOTES.md, fp8). Data parallel, persistent, grouped tile order. B is always the
 K-major weight (fp8 wgmma reads both operands K-major: ``scaled.k_major``).
 """
 from __future__ import annotations
