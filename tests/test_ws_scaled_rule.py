@@ -45,5 +45,10 @@ def test_stages_fit_shared_memory(name, out_bytes):
     else:
         assert (cfg.block_m, cfg.block_n) == (64, 128) and st % 2 == 0
     assert set(cfg.modes) <= {1, 2} and cfg.modes
-    assert all(_ws_scaled.configs_for(mode) for mode in (1, 2))  # every mode has a WS config
-    assert set(_ws_scaled.RULE_CONFIGS) <= set(_ws_scaled.SCALED_CONFIGS)
+
+
+def test_every_scale_mode_has_ws_configs():
+    assert all(_ws_scaled.configs_for(mode) for mode in (1, 2))
+    assert "split128x256" not in _ws_scaled.configs_for(2)  # (no block-scale form)
+    with pytest.raises(ValueError, match="not in"):
+        _ws_scaled.WsScaledGemm(*_ops(), None, None, None, 1, 1, 1, "coop128x128")

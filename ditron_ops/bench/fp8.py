@@ -15,9 +15,9 @@ Rows (``case``):
   ``fused_rs <mode>``: ``gemm_rs_scaled`` at one rank (fused path: the reduce-scatter kernel
   with nothing to exchange) vs the same;
 - ``ws <mode> <config>`` (``--only ws``, sm_90): the fp8 WS core's plan of each config
-  serving the mode (``_ws_scaled.configs_for``) vs the portable core alone (``scaled_matmul(core="tl")``):
-  the data of the WS config rule; the ``tensor`` / ``row`` / ``block`` rows' ``core`` column
-  says which core ``scaled_matmul``'s timing kept;
+  serving the mode (``_ws_scaled.configs_for``) vs the portable core alone
+  (``scaled_matmul(core="tl")``): the data of the configs' scale modes; the ``tensor`` /
+  ``row`` / ``block`` rows' ``core`` column says which plan ``scaled_matmul``'s timing kept;
 - ``tiles <mode>`` (``--only tiles``, GPU): the scaled core's two fp8 forms of the bf16 rule's
   tile (``_core_configs.scaled_configs``: narrow 128x128 with 8 warps vs wide), whatever the
   fp8 rule picks: the data of that rule.

@@ -1,5 +1,5 @@
-"""Host side of the WS core's fp8 form (``_ws_scaled_kernels``): its configs, the rule, the
-refusal and ``WsScaledGemm``, the bound plan ``scaled.scaled_matmul`` times against the
+"""Host side of the WS core's fp8 form (``_ws_scaled_kernels``): its configs and the scale modes
+each serves, the refusal and ``WsScaledGemm``, the bound plan ``scaled.scaled_matmul`` times against the
 portable core's.
 
 Imports on a Triton without Gluon (``refusal`` then refuses).
@@ -109,7 +109,7 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
     """``(grid, args, meta)`` of ``ws_scaled_kernel`` (no launch)."""
     m, n = out.shape
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    if mode not in cfg.modes:
+    if mode not in cfg.modes:  # (split128x256 has no block-scale form)
         raise ValueError(f"ws scaled: {cfg} does not serve SCALE {mode}")
     args = (_desc(a8, (cfg.block_m, BLOCK_K)), _desc(b.t(), (128, BLOCK_K)),
             _desc(out, (64, epi_n(out.element_size()))),
@@ -128,6 +128,8 @@ class WsScaledGemm:
     def __init__(self, a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: int,
                  config: str, sms: Optional[int] = None):
         from ..runtime.launcher import BoundKernel
+        if config not in SCALED_CONFIGS:
+            raise ValueError(f"ws scaled: config {config!r} not in {tuple(SCALED_CONFIGS)}")
         why = operand_refusal(a8, b, out, bias)
         if why is not None:
             raise RuntimeError(f"ws scaled: {why}")

@@ -6,10 +6,10 @@ block) as an fp8 wgmma into a fresh product tile and promote it into the fp32 su
 registers::
 
     for each K step s:  part = wgmma(A_s, B_s)  (async, from zero); the step's scales loaded
-                        wait for it
+                        wait for it (ping-pong: release ring slot s)
                         sum += part                              (SCALE 1: row / tensor-wise)
                         sum += part * sa[m, s] * sb[s, n // 128] (SCALE 2: blocks)
-                        release ring slot s
+                        (split: release ring slot s, after both halves)
     epilogue:           SCALE 1: sum * sa[m] * sb[n]; + bias; round; TMA store
 
 Why promote: the fp8 wgmma's own accumulation drifts past bf16 rounding at K of a few
@@ -24,9 +24,9 @@ Schedules (``SPLIT``): split, both consumers on every tile of 128 rows, each its
 sharing each ring slot's boxes and releasing it on its own (the ``empty`` barriers count 2),
 in 128-column halves (``HALVES`` 1 or 2: one product tile at a time beside the halves' sums);
 or ping-pong, the consumers on alternate 64x128 tiles over a ring holding a pair of units' K
-steps alternately (``_pair_loader``: both mainloops at once). A cooperative 8-warp consumer
-synchronizing its two warpgroups every step ran 0.67-0.88x the split's speed on tensor and row
-scales (benchmarks/NOTES.md, fp8). Data parallel, persistent, grouped tile order. B is always the
+steps alternately (``_pair_loader``: both mainloops at once). An 8-warp cooperative consumer
+synchronizing its two warpgroups every step ran slower on every scale kind (benchmarks/NOTES.md,
+fp8: the WS core). Data parallel, persistent, grouped tile order. B is always the
 K-major weight (fp8 wgmma reads both operands K-major: ``scaled.k_major``).
 """
 from __future__ import annotations
@@ -43,7 +43,8 @@ else:
     gluon = gl = None
 
 SCALED_REGS = 240
-"""Registers of a ping-pong worker consumer (two 64-register fp32 tiles plus addressing)."""
+"""Registers of each consumer partition (sums and one product of 64-register fp32 tiles, two
+or three, plus addressing)."""
 _K_SCALED_REGS = gl.constexpr(SCALED_REGS) if HAVE_GLUON else SCALED_REGS
 _NO = gl.constexpr(False) if HAVE_GLUON else False
 _DP = gl.constexpr(0) if HAVE_GLUON else 0
@@ -205,9 +206,10 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_
                     sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
                     GROUP_M: gl.constexpr, SLOT: gl.constexpr, HALVES: gl.constexpr):
     """Split consumer ``SLOT`` of 2 (4 warps): rows ``[64 SLOT, 64 SLOT + 64)`` of every tile of
-    the program, the tile ``HALVES`` x 128 columns wide (B's second 128 columns in ``b2_bufs``);
-    each K step one wgmma per 128-column half into the one product tile, promoted into that
-    half's sum. The two consumers share each slot's A box (each its 64 rows) and B boxes, and
+    the program, the tile ``HALVES`` x 128 columns wide (B's second 128 columns in ``b2_bufs``;
+    two halves on ``SCALE`` 1 only: a third 64-register tile spilled on block scales); each K
+    step one wgmma per 128-column half into the one product tile, promoted into that half's
+    sum. The two consumers share each slot's A box (each its 64 rows) and B boxes, and
     each releases the slot on its own (``empty`` counts 2): no barrier between them, so one's
     promotion runs under the other's wgmma."""
     STAGES: gl.constexpr = a_bufs.shape[0]
@@ -215,6 +217,7 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     BN: gl.constexpr = b_bufs.shape[1]
     gl.static_assert(BN == 128, "each half one 128-column scale block")
+    gl.static_assert((HALVES == 1) | (SCALE == 1), "block scales: one 128-column half")
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
     tiles_m, tiles_n, k_steps, units, _, _, _, _, _, _, _ = _sched(
@@ -223,13 +226,11 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_
     G = gl.num_programs(0)
     # (use_acc=False: each step's product reuses the last one's registers, no zero tile)
     part = gl.zeros([HALF_M, BN], gl.float32, layout)
-    last_nb = gl.cdiv(N, BN) - 1  # (the last scale block column: a half past N reads it)
     it = 0
     for i in range(units):
         pid_m, pid_n = _tile_mn(p + i * G, tiles_m, tiles_n, 0, GROUP_M)
         off_m = pid_m * 2 * HALF_M + SLOT * HALF_M
         off_n = pid_n * BN * HALVES
-        off_n1 = gl.minimum(pid_n * HALVES + 1, last_nb) * BN
         rows = gl.minimum(off_m + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, layout)),
                           M - 1).to(gl.int64)
         acc0 = gl.zeros([HALF_M, BN], gl.float32, layout)
@@ -240,19 +241,13 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_
             a = a_bufs.index(slot).slice(SLOT * HALF_M, HALF_M)
             part = warpgroup_mma(a, b_bufs.index(slot).permute((1, 0)), part, use_acc=False,
                                  is_async=True)
-            if SCALE == 2:
-                sa_k = gl.load(sa_ptr + rows * sa_row + kk)
-                scale = sa_k * gl.load(sb_ptr + kk * sb_row + off_n // BN)
-            else:
-                scale = sa_row
+            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE)
             part = _scaled_part(warpgroup_mma_wait(0, deps=(part, )), scale, SCALE)
             acc0 += part
             if HALVES == 2:
                 part = warpgroup_mma(a, b2_bufs.index(slot).permute((1, 0)), part,
                                      use_acc=False, is_async=True)
-                if SCALE == 2:
-                    scale = sa_k * gl.load(sb_ptr + kk * sb_row + off_n1 // BN)
-                part = _scaled_part(warpgroup_mma_wait(0, deps=(part, )), scale, SCALE)
+                part = warpgroup_mma_wait(0, deps=(part, ))
                 acc1 += part
             mbarrier.arrive(empty.index(slot))
             it += 1

@@ -5,6 +5,7 @@ their times; ``precompile`` fills a cache that a later first call then only load
 import difflib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -92,7 +93,8 @@ def _entry(path: str) -> dict:
             out["name"] = f.rsplit(".", 1)[0]
             with open(os.path.join(path, f)) as fh:
                 # (locations dropped: only the body's constants and ops tell variants apart)
-                out["text"] = [ln.split(" loc(")[0].rstrip() for ln in fh]
+                out["text"] = [re.sub(r" loc\((?:[^()]|\([^()]*\))*\)", "", ln).rstrip()
+                               for ln in fh]
             out["func"] = next((ln.strip() for ln in out["text"] if "tt.func public" in ln), "")
         elif f.endswith(".json") and not f.startswith("__grp"):
             with open(os.path.join(path, f)) as fh:

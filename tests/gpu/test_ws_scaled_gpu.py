@@ -79,8 +79,8 @@ def test_every_config_is_exact(config, mode):
 
 @pytest.mark.parametrize("mode", ["tensor", "row", "block"])
 def test_scaled_matmul_on_either_core(mode):
-    """``scaled_matmul`` (the default mode: the core its timing keeps) and the WS core's rule
-    config on random operands: within e4m3 products and one bf16 rounding of the float64
+    """``scaled_matmul`` (the default mode: the core its timing keeps) and each WS config
+    serving the mode on random operands: within e4m3 products and one bf16 rounding of the float64
     product of the dequantized operands, K up to 7168."""
     skip_unless_ws()
     for m, n, k in [(2048, 4096, 4096), (777, 1536, 2176), (4096, 7168, 7168)]:
@@ -101,11 +101,12 @@ def test_scaled_matmul_on_either_core(mode):
         sa_k, sa_row, sbk, sb_row, scale = _kernel_scales(sa, sb, mode)
         out = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
         name = scaled.scaled_core(a8, b, sa_k, sa_row, sbk, sb_row, scale, None, out)
-        ws_out = torch.empty_like(out)
-        config = _ws_scaled.configs_for(scale)[-1]  # (the one the plan may not have kept)
-        _ws_scaled.WsScaledGemm(a8, b, ws_out, None, sa_k, sbk, sa_row, sb_row, scale,
-                                config).run(a8, b, ws_out, None, sa_k, sbk)
-        for got, who in ((out, name), (ws_out, config)):
+        outs = [(out, name)]
+        for config in _ws_scaled.configs_for(scale):
+            outs.append((torch.empty_like(out), config))
+            _ws_scaled.WsScaledGemm(a8, b, outs[-1][0], None, sa_k, sbk, sa_row, sb_row, scale,
+                                    config).run(a8, b, outs[-1][0], None, sa_k, sbk)
+        for got, who in outs:
             try:  # one rounding to bf16 plus fp32 sums of the products (|A| @ |B| bound)
                 check_close(got, a_deq, b_deq)
             except AssertionError as exc:
