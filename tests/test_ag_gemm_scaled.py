@@ -35,6 +35,19 @@ def test_each_producer(monkeypatch, producer):
     assert ditron_ops.launch(body, 2) == [True, True]
 
 
+def test_ws_consumer_setting(monkeypatch):
+    """``SCALED_CONSUMER_CORE = "ws"`` where the fp8 WS core refuses (no sm_90 here): the
+    portable consumer, same results; a value it does not know: ValueError at plan build."""
+    monkeypatch.setattr(_ag_launch, "PRODUCER", "copy")
+    monkeypatch.setattr(_ag_launch, "SCALED_CONSUMER_CORE", "ws")
+    body = (lambda g: check_ag_gemm_scaled(g, [40, 24], 144, 32, "row", out_dtype=torch.float16))
+    assert ditron_ops.launch(body, 2) == [True, True]
+    monkeypatch.setattr(_ag_launch, "SCALED_CONSUMER_CORE", "fast")
+    with pytest.raises(Exception, match="SCALED_CONSUMER_CORE"):
+        ditron_ops.launch(lambda g: check_ag_gemm_scaled(g, [16], 144, 32, "row",
+                                                         out_dtype=torch.float16), 1)
+
+
 def test_packed_rows_halve_the_gather():
     """fp8 rows and their scales: about half the bf16 op's bytes (and exact layout rules)."""
     assert packed_row(4096, "row") == packed_row(4096, "tensor")

@@ -39,8 +39,13 @@ core where it takes the gathered product (``_ws_launch.refusal``) and the plain 
 times it faster on these operands (``_core.prefers_ws``: its choice for the gathered buffer,
 B, bias and out, made once per plan), else the portable one; ``"tl"`` / ``"ws"`` force one
 (tests, benches; ``"ws"`` still falls back where the WS core refuses). Ranks may differ: each
-rank's consumer only waits for flags. The push producer and fp8 rows run the portable core
-(its kernel pushes the rows; the WS core has no fp8 path)."""
+rank's consumer only waits for flags. The push producer runs the portable core (its kernel
+pushes the rows); fp8 rows follow ``SCALED_CONSUMER_CORE``."""
+SCALED_CONSUMER_CORE = "tl"
+"""The copy and pull producers' consumer of fp8 rows (``ag_gemm_scaled``): ``"ws"``, the fp8 WS
+core's split kernel waiting for chunks (``_ws_scaled.consumer_config``) where it takes the
+operands, else the portable core; ``"tl"`` the portable core. Default ``"tl"`` until the
+waiting fp8 kernel has a GPU run (benchmarks/NOTES.md, fp8)."""
 PUSH_MAX_BYTES = 1 << 20
 """``"auto"`` pushes gathers (``ΣM_r · K`` elements) of at most this many bytes: the call is
 then host-bound (a fused call with copy engines costs four launches, a copy, and a stream fork
@@ -97,7 +102,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
             else "copy"
     if tensor_keys is None:
         tensor_keys = (tensor_key(a), tensor_key(b), tensor_key(bias))
-    key = ("ag_gemm", producer, CONSUMER_CORE, *tensor_keys, None if own_out else tensor_key(out), tuple(shard_sizes),
+    key = ("ag_gemm", producer, CONSUMER_CORE, SCALED_CONSUMER_CORE, *tensor_keys, None if own_out else tensor_key(out), tuple(shard_sizes),
            scaled, None if scaled is None else tensor_key(scale_b), out.dtype)
     plan = group.plans.get(key, lambda previous=None: AgGemmPlan(
         group, a, b, bias, out, shard_sizes, producer, previous, scaled, scale_b))
@@ -196,7 +201,7 @@ class AgGemmPlan:
         self.core = None
         self.ws_core = self._ws_consumer(b, out, bias, producer, scaled, budget, previous,
                                          (sig, offsets, claim, record, rank, w, timeout,
-                                          op_id("ag_gemm")))
+                                          op_id("ag_gemm")), scale_b)
         if self.ws_core is None:
             self.core = CoreGemm(a_desc, b, out, bias, group=group, wait=True, sig=sig,
                                  offsets=offsets, claim=claim, record=record, m=m,
@@ -204,7 +209,7 @@ class AgGemmPlan:
                                  b_pad=previous.core._b_pad if previous and previous.core
                                  else None, scales=scales)
 
-    def _ws_consumer(self, b, out, bias, producer, scaled, budget, previous, wait):
+    def _ws_consumer(self, b, out, bias, producer, scaled, budget, previous, wait, scale_b):
         """The waiting WS consumer where ``CONSUMER_CORE`` and the product allow it, else None
         (the portable consumer). A stale plan's rebuild (possibly under graph capture: nothing
         timed there) keeps the previous plan's choice; a WS build or compile failure falls
@@ -213,8 +218,10 @@ class AgGemmPlan:
         if core not in CONSUMER_CORES:
             raise ValueError(f"ditron.ag_gemm: CONSUMER_CORE must be one of {CONSUMER_CORES}")
         a = self.gathered_view
-        if (core == "tl" or producer == "push" or scaled is not None
-                or ws_refusal(a, b, out, bias) is not None):
+        if scaled is not None:
+            return self._ws_scaled_consumer(b, out, bias, producer, scaled, budget, previous,
+                                            wait, scale_b)
+        if (core == "tl" or producer == "push" or ws_refusal(a, b, out, bias) is not None):
             return None
         if previous is not None:
             if previous.ws_core is None:
@@ -226,6 +233,30 @@ class AgGemmPlan:
         # kernel's SMs.
         sms = max(1, budget - 1) if producer == "copy" else budget
         return build_ws("ag_gemm", lambda: WsGemm(a, b, out, bias, sms, wait))
+
+    def _ws_scaled_consumer(self, b, out, bias, producer, scaled, budget, previous, wait,
+                            scale_b):
+        """``_ws_consumer``'s fp8 form (``SCALED_CONSUMER_CORE``): the gathered rows' fp8 values
+        and scales as ``WsScaledGemm`` reads them, in ``_ws_scaled.consumer_config``'s kernel,
+        waiting; None where the core or its refusal says the portable one."""
+        from . import _ws_scaled
+        if SCALED_CONSUMER_CORE not in ("tl", "ws"):
+            raise ValueError("ditron.ag_gemm: SCALED_CONSUMER_CORE must be 'tl' or 'ws'")
+        if (SCALED_CONSUMER_CORE == "tl" or producer == "push"
+                or (previous is not None and previous.ws_core is None)):
+            return None
+        m, pitch = self.gathered_view.shape[0], self.gathered_view.stride(0)
+        words = self.data.local.view(torch.float32)
+        a8 = torch.as_strided(words.view(torch.float8_e4m3fn), (m, scaled.k), (pitch * 4, 1))
+        sa = words[scaled.scale_word:]
+        if _ws_scaled.refusal(a8, b, out, bias) is not None:
+            return None
+        sms = max(1, budget - 1) if producer == "copy" else budget  # (as _ws_consumer's)
+        gemm = build_ws("ag_gemm", lambda: _ws_scaled.WsScaledGemm(
+            a8, b, out, bias, sa, scale_b, pitch, scaled.b_row, scaled.mode,
+            _ws_scaled.consumer_config(scaled.mode), sms=sms, wait=wait))
+        self._a8, self._sa = a8, sa
+        return gemm
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the views are of a freed buffer."""
@@ -275,7 +306,9 @@ class AgGemmPlan:
                 cuda_driver.wait(side, fork)
                 self._produce_on(side, src)
                 cuda_driver.record(join, side)
-                if self.ws_core is not None:
+                if self.ws_core is not None and scale_b is not None:
+                    self.ws_core.run(self._a8, b, out, bias, self._sa, scale_b)
+                elif self.ws_core is not None:
                     self.ws_core.run(self.gathered_view, b, out, bias)
                 else:
                     self.core.run(None, b, out, bias, scale_b=scale_b)

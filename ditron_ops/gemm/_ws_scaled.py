@@ -105,8 +105,11 @@ def _desc(t, block):
 
 
 def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: int,
-                    cfg: ScaledConfig, sms: int):
-    """``(grid, args, meta)`` of ``ws_scaled_kernel`` (no launch)."""
+                    cfg: ScaledConfig, sms: int, wait=None):
+    """``(grid, args, meta)`` of ``ws_scaled_kernel`` (no launch); ``wait``: the ag_gemm
+    consumer's ``(sig, offsets, claim, record, rank, world_size, timeout_us, op_id)`` (the
+    kernel's ``WAIT``; a split config), else none."""
+    from ._core import _dummies
     m, n = out.shape
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     if mode not in cfg.modes:  # (split128x256 has no block-scale form)
@@ -114,19 +117,23 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
     args = (_desc(a8, (cfg.block_m, BLOCK_K)), _desc(b.t(), (128, BLOCK_K)),
             _desc(out, (64, epi_n(out.element_size()))),
             bias if bias is not None else out, sa, sb, sa_row, sb_row, m, n, a8.shape[1])
+    if wait is not None and not cfg.split:
+        raise ValueError(f"ws scaled: a waiting consumer is split, not {cfg}")
+    args += tuple(wait) if wait is not None else _dummies(out.device) + (0, 1, 0, 0)
     meta = dict(SCALE=mode, HAS_BIAS=bias is not None, GROUP_M=8,
                 STAGES=stages(cfg, out.element_size()), SPLIT=cfg.split,
-                HALVES=cfg.block_n // 128, num_warps=4, maxnreg=MAXNREG)
+                HALVES=cfg.block_n // 128, WAIT=wait is not None, num_warps=4, maxnreg=MAXNREG)
     return (max(1, min(tiles, sms)), ), args, meta
 
 
 class WsScaledGemm:
     """The fp8 product's plan on the WS core in ``config`` (one of ``SCALED_CONFIGS`` serving
     ``mode``), its kernel bound once (``runtime.launcher.BoundKernel``; descriptors made once
-    per address); ``run`` launches it with the call's tensors."""
+    per address); ``run`` launches it with the call's tensors. ``wait``: the ag_gemm consumer
+    (``scaled_operands``; ``a8`` the gathered rows, ``sa`` their scales)."""
 
     def __init__(self, a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: int,
-                 config: str, sms: Optional[int] = None):
+                 config: str, sms: Optional[int] = None, wait=None):
         from ..runtime.launcher import BoundKernel
         if config not in SCALED_CONFIGS:
             raise ValueError(f"ws scaled: config {config!r} not in {tuple(SCALED_CONFIGS)}")
@@ -139,7 +146,7 @@ class WsScaledGemm:
         self.config = config
         self.name = "ws:" + self.config
         grid, args, meta = scaled_operands(a8, b, out, bias, sa, sb, sa_row, sb_row, mode,
-                                           SCALED_CONFIGS[self.config], sms)
+                                           SCALED_CONFIGS[self.config], sms, wait)
         self.kernel = BoundKernel(ws_scaled_kernel, grid, args, meta,
                                   vary=("a_desc", "b_desc", "c_desc", "bias_ptr", "sa_ptr",
                                         "sb_ptr"), device=out.device)
@@ -149,22 +156,35 @@ class WsScaledGemm:
         return out
 
 
-def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None) -> None:
+def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None, wait=False) -> None:
     """Bind every form ``WsScaledGemm`` can take (config, scale mode, C dtype, bias) for the 2-byte
     ``out_dtypes`` (a bias of C's dtype or none) and fp32 (the reducing ops' partials: no bias,
     or a 2-byte one), of ``RULE_CONFIGS`` (what ``scaled_matmul`` times; ``configs``: these);
-    nothing is launched (``scaled.
-    _precompile`` inside its ``compiler.batch``; ``tools/sm90_compile.py`` on a CPU device)."""
+    ``wait``: also the ag_gemm consumer's (``consumer_config``'s, C in ``out_dtypes`` with and
+    without bias). Nothing is launched (``scaled._precompile`` inside its ``compiler.batch``;
+    ``tools/sm90_compile.py`` on a CPU device)."""
     import torch
+
+    from ._core import _dummies
     a8 = torch.zeros(64, 256, dtype=torch.float8_e4m3fn, device=device)
     b = torch.zeros(128, 256, dtype=torch.float8_e4m3fn, device=device).t()
     one = torch.ones(128, device=device)
     forms = [(dtype, bias_dtype) for dtype in out_dtypes for bias_dtype in (None, dtype)]
     # fp32 C: the reducing ops' unfused partials, rank 0's with the op's 2-byte bias
-    forms += [(torch.float32, bias_dtype) for bias_dtype in (None, ) + tuple(out_dtypes)]
-    for name, (dtype, bias_dtype) in itertools.product(configs or RULE_CONFIGS, forms):
-        for mode in SCALED_CONFIGS[name].modes:
-            out = torch.empty(64, 128, dtype=dtype, device=device)
-            bias = (None if bias_dtype is None
-                    else torch.zeros(128, dtype=bias_dtype, device=device))
-            WsScaledGemm(a8, b, out, bias, one, one, 1, 1, mode, name, sms=sms)
+    plain = forms + [(torch.float32, bias_dtype) for bias_dtype in (None, ) + tuple(out_dtypes)]
+    binds = [(name, mode, form, None) for name, form in itertools.product(
+        configs or RULE_CONFIGS, plain) for mode in SCALED_CONFIGS[name].modes]
+    if wait:
+        waits = _dummies(device) + (0, 2, 10**6, 0)
+        binds += [(consumer_config(mode), mode, form, waits) for mode in (1, 2) for form in forms]
+    for name, mode, (dtype, bias_dtype), waits in binds:
+        out = torch.empty(64, 128, dtype=dtype, device=device)
+        bias = None if bias_dtype is None else torch.zeros(128, dtype=bias_dtype, device=device)
+        WsScaledGemm(a8, b, out, bias, one, one, 1, 1, mode, name, sms=sms, wait=waits)
+
+
+def consumer_config(mode: int) -> str:
+    """The ag_gemm consumer's config for scale ``mode`` (a waiting kernel cannot be timed alone):
+    the split config ``scaled_matmul``'s timing kept on most model shards (benchmarks/NOTES.md,
+    fp8)."""
+    return "split128x256" if mode == 1 else "split128x128"

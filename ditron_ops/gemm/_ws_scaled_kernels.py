@@ -31,8 +31,9 @@ K-major weight (fp8 wgmma reads both operands K-major: ``scaled.k_major``).
 """
 from __future__ import annotations
 
-from ._ws_kernels import (HAVE_GLUON, _jit, _sched, _split_cols, _store_part, _tile_mn,
-                          _ws_loader, ring_barriers)
+from ..language import gluon_signals as gs
+from ._ws_kernels import (HAVE_GLUON, _jit, _loader_regs, _sched, _split_cols, _store_part,
+                          _tile_mn, _ws_loader, ring_barriers)
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -48,17 +49,22 @@ or three, plus addressing)."""
 _K_SCALED_REGS = gl.constexpr(SCALED_REGS) if HAVE_GLUON else SCALED_REGS
 _NO = gl.constexpr(False) if HAVE_GLUON else False
 _DP = gl.constexpr(0) if HAVE_GLUON else 0
-"""Constants for the bf16 loader's constexpr parameters (no waits, B K-major, data parallel)."""
+_L1 = gl.constexpr("") if HAVE_GLUON else ""
+_L2 = gl.constexpr(".cg") if HAVE_GLUON else ".cg"
+"""Constants for the bf16 loader's constexpr parameters (no waits, B K-major, data parallel) and
+the A scales' cache modifiers (the default; past L1)."""
 
 
 @_jit
-def _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE: gl.constexpr):
+def _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE: gl.constexpr,
+                SA_CACHE: gl.constexpr):
     """``SCALE`` 2: K step ``kk``'s scale of each row of the tile, ``sa[rows, kk] * sb[kk,
     off_n // 128]`` (the tile is inside one 128-column block: ``BLOCK_N`` divides 128); loaded
-    before the step's product is waited for. Else a placeholder (nothing loaded)."""
+    before the step's product is waited for (``SA_CACHE`` the A scales' cache modifier). Else a
+    placeholder (nothing loaded)."""
     if SCALE == 2:
         sb = gl.load(sb_ptr + kk * sb_row + off_n // 128)
-        scale = gl.load(sa_ptr + rows * sa_row + kk) * sb
+        scale = gl.load(sa_ptr + rows * sa_row + kk, cache_modifier=SA_CACHE) * sb
     else:
         scale = sa_row
     return scale
@@ -172,7 +178,7 @@ def _pp_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
             part = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)),
                                  zero, use_acc=False, is_async=True)
-            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE)
+            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE, _L1)
             # Read only once no wgmma is in flight: ptxas serializes every wgmma of a kernel
             # that reads an accumulator while another runs (C7514).
             part = warpgroup_mma_wait(0, deps=(part, ))
@@ -180,20 +186,21 @@ def _pp_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
             acc = _promote(acc, part, scale, SCALE)
         mbarrier.arrive(order.index(0), pred=(i == units - 2) & (units % 2 == 1))
         _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_smem, bias_ptr, sa_ptr, sb_ptr,
-                         sa_row, sb_row, N, HAS_BIAS, SCALE)
+                         sa_row, sb_row, N, HAS_BIAS, SCALE, _L1)
     tma.store_wait(0)
 
 
 @_jit
 def _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_smem, bias_ptr, sa_ptr, sb_ptr, sa_row,
-                     sb_row, N, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr):
+                     sb_row, N, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
+                     SA_CACHE: gl.constexpr):
     """A consumer's sum of columns ``[off_n, off_n + acc.shape[1])``: ``SCALE`` 1's row and
     column scales, + bias, round, TMA stores of ``EPI_N``-column parts."""
     BN: gl.constexpr = acc.shape[1]
     EPI_N: gl.constexpr = c_desc.block_type.shape[1]
     if SCALE == 1:
         cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
-        sa = gl.load(sa_ptr + rows * sa_row)
+        sa = gl.load(sa_ptr + rows * sa_row, cache_modifier=SA_CACHE)
         sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
         acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
     parts = _split_cols(acc, BN // EPI_N)
@@ -203,15 +210,22 @@ def _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_smem, bias_ptr, sa_ptr, 
 
 @_jit
 def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_ptr, sa_ptr,
-                    sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
-                    GROUP_M: gl.constexpr, SLOT: gl.constexpr, HALVES: gl.constexpr):
+                    sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
+                    SCALE: gl.constexpr, GROUP_M: gl.constexpr, SLOT: gl.constexpr,
+                    HALVES: gl.constexpr, WAIT: gl.constexpr):
     """Split consumer ``SLOT`` of 2 (4 warps): rows ``[64 SLOT, 64 SLOT + 64)`` of every tile of
     the program, the tile ``HALVES`` x 128 columns wide (B's second 128 columns in ``b2_bufs``;
     two halves on ``SCALE`` 1 only: a third 64-register tile spilled on block scales); each K
     step one wgmma per 128-column half into the one product tile, promoted into that half's
     sum. The two consumers share each slot's A box (each its 64 rows) and B boxes, and
     each releases the slot on its own (``empty`` counts 2): no barrier between them, so one's
-    promotion runs under the other's wgmma."""
+    promotion runs under the other's wgmma. ``WAIT`` (the ag_gemm consumer): tile rows rotated
+    by ``shift``, as the loader visits them; A's scales (in the gathered rows, which peers
+    write during the kernel) read past L1 (``.cg``)."""
+    if WAIT:
+        SA_CACHE: gl.constexpr = _L2
+    else:
+        SA_CACHE: gl.constexpr = _L1
     STAGES: gl.constexpr = a_bufs.shape[0]
     HALF_M: gl.constexpr = a_bufs.shape[1] // 2
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
@@ -228,7 +242,7 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_
     part = gl.zeros([HALF_M, BN], gl.float32, layout)
     it = 0
     for i in range(units):
-        pid_m, pid_n = _tile_mn(p + i * G, tiles_m, tiles_n, 0, GROUP_M)
+        pid_m, pid_n = _tile_mn(p + i * G, tiles_m, tiles_n, shift, GROUP_M)
         off_m = pid_m * 2 * HALF_M + SLOT * HALF_M
         off_n = pid_n * BN * HALVES
         rows = gl.minimum(off_m + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, layout)),
@@ -241,7 +255,8 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_
             a = a_bufs.index(slot).slice(SLOT * HALF_M, HALF_M)
             part = warpgroup_mma(a, b_bufs.index(slot).permute((1, 0)), part, use_acc=False,
                                  is_async=True)
-            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE)
+            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE,
+                                SA_CACHE)
             part = _scaled_part(warpgroup_mma_wait(0, deps=(part, )), scale, SCALE)
             acc0 += part
             if HALVES == 2:
@@ -252,29 +267,34 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_
             mbarrier.arrive(empty.index(slot))
             it += 1
         _scaled_epilogue(acc0, rows, off_m, off_n, c_desc, c_smem, bias_ptr, sa_ptr, sb_ptr,
-                         sa_row, sb_row, N, HAS_BIAS, SCALE)
+                         sa_row, sb_row, N, HAS_BIAS, SCALE, SA_CACHE)
         if HALVES == 2:
             _scaled_epilogue(acc1, rows, off_m, off_n + BN, c_desc, c_smem, bias_ptr, sa_ptr,
-                             sb_ptr, sa_row, sb_row, N, HAS_BIAS, SCALE)
+                             sb_ptr, sa_row, sb_row, N, HAS_BIAS, SCALE, SA_CACHE)
     tma.store_wait(0)
 
 
 @_jit
 def _split_worker(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_ptr, sa_ptr,
-                  sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
-                  GROUP_M: gl.constexpr, HALVES: gl.constexpr):
+                  sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
+                  SCALE: gl.constexpr, GROUP_M: gl.constexpr, HALVES: gl.constexpr,
+                  WAIT: gl.constexpr):
     """The split schedule's second consumer (a 4-warp worker partition, slot 1)."""
     _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_ptr, sa_ptr,
-                    sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M, 1, HALVES)
+                    sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE, GROUP_M, 1, HALVES,
+                    WAIT)
 
 
 @_jit
-def _split_loader(a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
-                  GROUP_M: gl.constexpr, HALVES: gl.constexpr):
-    """The split schedule's loader: the bf16 kernel's, B's second half (``HALVES`` 2) a second
-    box of the same descriptor beside the first."""
+def _split_loader(a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, shift,
+                  sig_ptr, offsets_ptr, err_claim, err_record, rank, world_size, epoch, deadline,
+                  op_id, GROUP_M: gl.constexpr, HALVES: gl.constexpr, WAIT: gl.constexpr):
+    """The split schedule's loader: the bf16 kernel's (``WAIT``: its wait for each unit's
+    gathered chunks), B's second half (``HALVES`` 2) a second box of the same descriptor beside
+    the first."""
     _ws_loader(a_desc, b_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, 0, 1,
-               0, M, M, M, M, 0, 1, 0, 0, 0, _NO, GROUP_M, _DP, (HALVES - 1) * 128, _NO)
+               shift, sig_ptr, offsets_ptr, err_claim, err_record, rank, world_size, epoch,
+               deadline, op_id, _NO, GROUP_M, _DP, (HALVES - 1) * 128, WAIT)
 
 
 @_jit
@@ -287,15 +307,17 @@ def _pp_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa
 
 
 def _jit_dims(fn):
-    return (gluon.jit(fn, do_not_specialize=["M", "N", "K", "sa_row", "sb_row"])
+    return (gluon.jit(fn, do_not_specialize=["M", "N", "K", "sa_row", "sb_row", "rank",
+                                             "world_size", "timeout_us", "op_id"])
             if HAVE_GLUON else fn)
 
 
 @_jit_dims
 def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K,
-                     SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
+                     sig_ptr, offsets_ptr, err_claim, err_record, rank, world_size, timeout_us,
+                     op_id, SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
                      STAGES: gl.constexpr, SPLIT: gl.constexpr, HALVES: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     WAIT: gl.constexpr, num_warps: gl.constexpr):
     """fp8 GEMM with scales (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` fp8 ``[M, K]`` boxes ``[BLOCK_M, 128]`` (``SPLIT``: 128 rows, else 64);
@@ -304,7 +326,20 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
     1: one per row, ``sa_row`` floats apart, 0 for one tensor-wise scale; 2: ``[M, ceil(K /
     128)]`` rows ``sa_row`` apart); ``sb_ptr`` fp32 B scales (1: one per column ``sb_row``
     apart, or 0; 2: ``[ceil(K / 128), ceil(N / 128)]`` rows ``sb_row`` apart); ``bias_ptr``
-    ``[N]`` (read with ``HAS_BIAS`` only)."""
+    ``[N]`` (read with ``HAS_BIAS`` only).
+    ``WAIT`` (split only): the ag_gemm consumer over the gathered fp8 rows ``a_desc``, their
+    scales in the rows (``sa_ptr``): the loader waits for each unit's chunks as the bf16
+    kernel's does (``ws_gemm_kernel``'s wait arguments), tiles from this rank's own rows first
+    (else the wait arguments are unused)."""
+    gl.static_assert(SPLIT | (not WAIT), "a waiting consumer is split")
+    if WAIT:
+        shift = gl.load(offsets_ptr + rank) // a_desc.block_type.shape[0]
+        epoch = gl.load(sig_ptr + 3 * world_size, volatile=True).to(gl.int64)
+        deadline = gs.now_ns() + timeout_us.to(gl.int64) * 1000
+    else:  # (constants: no waiting code in the plain kernel)
+        shift = 0
+        epoch = 0
+        deadline = 0
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape,
                                        a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
@@ -320,14 +355,15 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
             b2_bufs = b_bufs
         gl.warp_specialize([
             (_split_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_smem0, c_desc, bias_ptr,
-                               sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M,
-                               0, HALVES)),
+                               sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
+                               GROUP_M, 0, HALVES, WAIT)),
             (_split_worker, (a_bufs, b_bufs, b2_bufs, ready, empty, c_smem1, c_desc, bias_ptr,
-                             sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M,
-                             HALVES)),
+                             sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
+                             GROUP_M, HALVES, WAIT)),
             (_split_loader, (a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
-                             GROUP_M, HALVES)),
-        ], [4, 1], [_K_SCALED_REGS, 24])
+                             shift, sig_ptr, offsets_ptr, err_claim, err_record, rank,
+                             world_size, epoch, deadline, op_id, GROUP_M, HALVES, WAIT)),
+        ], [4, 1], [_K_SCALED_REGS, _loader_regs(WAIT)])
     else:
         gl.warp_specialize([
             (_pp_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,

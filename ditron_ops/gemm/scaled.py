@@ -367,7 +367,8 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
             _rs_launch.precompile_scaled(device, out_dtype, cfg, mode)
     from . import _ws_scaled
     if _ws_scaled.core_refusal(device) is None:  # (sm_90: the fp8 WS forms scaled_matmul times)
-        _ws_scaled.precompile_scaled_ws(device, outs)
+        _ws_scaled.precompile_scaled_ws(device, outs,
+                                        wait=_ag_launch.SCALED_CONSUMER_CORE == "ws")
 
 
 register_precompile("gemm_scaled", _precompile,

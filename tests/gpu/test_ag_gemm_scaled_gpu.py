@@ -38,6 +38,32 @@ def test_scaled_each_producer(monkeypatch, producer, mode):
         [True] * 3
 
 
+@pytest.mark.parametrize("producer", ["copy", "pull"])
+@pytest.mark.parametrize("mode", MODES)
+def test_scaled_ws_consumer(monkeypatch, producer, mode):
+    """``SCALED_CONSUMER_CORE = "ws"``: the waiting fp8 split kernel consumes the gathered rows
+    (built on every rank: ``consumer_config`` asked), twice per plan, a rank without rows, N and
+    K off the tiles, with and without bias."""
+    from ditron_ops.gemm import _ag_launch, _ws_scaled
+    from ditron_ops.gemm._ws_launch import core_refusal
+    if core_refusal(torch.device("cuda")) is not None:
+        pytest.skip(core_refusal(torch.device("cuda")))
+    monkeypatch.setattr(_ag_launch, "PRODUCER", producer)
+    monkeypatch.setattr(_ag_launch, "SCALED_CONSUMER_CORE", "ws")
+    built = []
+    config = _ws_scaled.consumer_config
+    monkeypatch.setattr(_ws_scaled, "consumer_config", lambda m: built.append(m) or config(m))
+    sizes = [300, 0, 517]
+
+    def body(group):
+        for _ in range(2):
+            check_ag_gemm_scaled(group, sizes, 2176, 384, mode)
+            check_ag_gemm_scaled(group, sizes, 1000, 1000, mode, bias=True, seed=1)
+        return True
+    assert ditron_ops.launch(body, 3) == [True] * 3
+    assert len(built) >= 3 * 2, built  # (each rank's two plans)
+
+
 def _captured(group, step):
     """``step`` run once, then captured in a CUDA graph (one rank at a time); returns
     ``(graph, output)`` once every rank has captured."""
