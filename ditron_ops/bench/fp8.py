@@ -13,7 +13,9 @@ Rows (``case``):
   the workspace, the consumer reading them) vs the scaled core GEMM alone: the fused op's
   overhead with data present (target <= 3%); ``gathered_bytes`` and ``bf16_bytes`` columns;
   ``fused_rs <mode>``: ``gemm_rs_scaled`` at one rank (fused path: the reduce-scatter kernel
-  with nothing to exchange) vs the same;
+  with nothing to exchange) vs the same; ``fused_ws <mode>`` (``--only fused_ws``):
+  ``ag_gemm_scaled`` with the WS consumer (``_ag_launch.SCALED_CONSUMER_CORE = "ws"``) vs the
+  same;
 - ``ws <mode> <config>`` (``--only ws``, sm_90): the fp8 WS core's plan of each config
   serving the mode (``_ws_scaled.configs_for``) vs the portable core alone
   (``scaled_matmul(core="tl")``): the data of the configs' scale modes; the ``tensor`` /
@@ -23,7 +25,7 @@ Rows (``case``):
   fp8 rule picks: the data of that rule.
 
 Times: paired CUDA-graph replay on one GPU (``paired_graph_times``); the interpreter runs one
-tiny shape for plumbing. ``--only tensor,row,block,fused,tiles,ws`` runs parts.
+tiny shape for plumbing. ``--only tensor,row,block,fused,fused_ws,tiles,ws`` runs parts.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from ..runtime.virtual import launch
 from .gemm_sweep import models_shapes
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 
-PARTS = ("tensor", "row", "block", "fused", "tiles", "ws")
+PARTS = ("tensor", "row", "block", "fused", "fused_ws", "tiles", "ws")
 FP8 = torch.float8_e4m3fn
 
 
@@ -99,6 +101,16 @@ def _ws_configs(a, b, out, mode: str) -> tuple:
             else ())
 
 
+def _on_ws_consumer(call):
+    """``call`` with ``_ag_launch.SCALED_CONSUMER_CORE = "ws"`` (its plans keyed apart)."""
+    from ..gemm import _ag_launch
+    saved, _ag_launch.SCALED_CONSUMER_CORE = _ag_launch.SCALED_CONSUMER_CORE, "ws"
+    try:
+        return call()
+    finally:
+        _ag_launch.SCALED_CONSUMER_CORE = saved
+
+
 def _core_name(a, b, sa, sb, mode: str, out) -> str:
     """The core ``scaled_matmul``'s timing kept for these operands."""
     from ..gemm.scaled import scaled_core
@@ -112,7 +124,7 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
     shape = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model)
     gpu = dev.type == "cuda"
     for mode in ("tensor", "row", "block"):
-        if mode not in parts and not {"fused", "tiles", "ws"} & set(parts):
+        if mode not in parts and not {"fused", "fused_ws", "tiles", "ws"} & set(parts):
             continue
         a, b, sa, sb = _inputs(m, n, k, mode, dev)
         out = torch.empty(m, n, dtype=torch.bfloat16 if gpu else torch.float16, device=dev)
@@ -133,6 +145,9 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                                                   impl="fused")
             fns["fused_rs"] = lambda: gemm_rs_scaled(a, b, sa, sb, group, out_dtype=out.dtype,
                                                      impl="fused")
+        if "fused_ws" in parts:
+            fns["fused_ws"] = lambda: _on_ws_consumer(lambda: ag_gemm_scaled(
+                a, b, sa, sb, group, out_dtype=out.dtype, impl="fused"))
         ws_configs = _ws_configs(a, b, out, mode) if "ws" in parts else ()
         if ws_configs:
             fns["tl"] = _ours(a, b, sa, sb, mode, out, core="tl")
@@ -162,6 +177,10 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                                       "bf16_bytes": 2 * m * k}))
             rows.append(Result("fp8", f"fused_rs {mode}", 1, "e4m3", f"gemm_rs_scaled {mode}",
                                t["fused_rs"], f"scaled core {mode}", t["ours"], **shape))
+        if "fused_ws" in parts:
+            rows.append(Result("fp8", f"fused_ws {mode}", 1, "e4m3",
+                               f"ag_gemm_scaled {mode}, WS consumer", t["fused_ws"],
+                               f"scaled core {mode}", t["ours"], **shape))
     return rows
 
 
@@ -169,7 +188,8 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                       "scales vs bf16 cuBLAS, ag_gemm_scaled's overhead and bytes (models set)",
           world_sizes=(1,), quick_world_sizes=(1,))
 def run(cfg: BenchConfig) -> list[Result]:
-    parts = [p for p in PARTS if p in cfg.only] or [p for p in PARTS if p not in ("tiles", "ws")]
+    parts = [p for p in PARTS if p in cfg.only] or [p for p in PARTS
+                                                     if p not in ("tiles", "ws", "fused_ws")]
     gpu = cfg.device.type == "cuda"
     # two draws per model config (about 20 shapes): every new shape compiles fp8 plans
     shapes = models_shapes(per_config=2) if gpu and not cfg.quick else {(40, 48, 160): "quick"}
