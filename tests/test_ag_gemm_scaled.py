@@ -43,7 +43,7 @@ def test_ws_consumer_setting(monkeypatch):
     body = (lambda g: check_ag_gemm_scaled(g, [40, 24], 144, 32, "row", out_dtype=torch.float16))
     assert ditron_ops.launch(body, 2) == [True, True]
     monkeypatch.setattr(_ag_launch, "SCALED_CONSUMER_CORE", "fast")
-    with pytest.raises(Exception, match="SCALED_CONSUMER_CORE"):
+    with pytest.raises(ValueError, match="SCALED_CONSUMER_CORE"):
         ditron_ops.launch(lambda g: check_ag_gemm_scaled(g, [16], 144, 32, "row",
                                                          out_dtype=torch.float16), 1)
 

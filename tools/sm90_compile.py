@@ -417,7 +417,8 @@ def ws(dtypes=("bf16", "fp16")) -> list[str]:
 
 def ws_scaled() -> list[str]:
     """Every form ``precompile`` binds of the WS core's fp8 form (``_ws_scaled.
-    precompile_scaled_ws``: config, scale mode, C dtype, bias), compiled for sm_90a."""
+    precompile_scaled_ws``: config, scale mode, C dtype, bias; the waiting ag_gemm consumer's
+    too), compiled for sm_90a."""
     import torch
 
     from ditron_ops.gemm import _ws_scaled
@@ -426,7 +427,7 @@ def ws_scaled() -> list[str]:
     made = []
     compiler.prepare = made.append
     _ws_scaled.precompile_scaled_ws(torch.device("cpu"), (torch.bfloat16, torch.float16),
-                                    wait=True)
+                                    configs=tuple(_ws_scaled.SCALED_CONFIGS), wait=True)
     return _compile_bound(made, "ws_scaled")
 
 

@@ -102,10 +102,11 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
             else "copy"
     if tensor_keys is None:
         tensor_keys = (tensor_key(a), tensor_key(b), tensor_key(bias))
-    key = ("ag_gemm", producer, CONSUMER_CORE, SCALED_CONSUMER_CORE, *tensor_keys, None if own_out else tensor_key(out), tuple(shard_sizes),
-           scaled, None if scaled is None else tensor_key(scale_b), out.dtype)
+    core = CONSUMER_CORE if scaled is None else SCALED_CONSUMER_CORE  # (read once: the key's)
+    key = ("ag_gemm", producer, core, *tensor_keys, None if own_out else tensor_key(out),
+           tuple(shard_sizes), scaled, None if scaled is None else tensor_key(scale_b), out.dtype)
     plan = group.plans.get(key, lambda previous=None: AgGemmPlan(
-        group, a, b, bias, out, shard_sizes, producer, previous, scaled, scale_b))
+        group, a, b, bias, out, shard_sizes, producer, previous, scaled, scale_b, core))
     plan.run(a, b, bias, out, gathered, scale_b)
 
 
@@ -117,7 +118,8 @@ class AgGemmPlan:
     def __init__(self, group: Group, a: torch.Tensor, b: torch.Tensor,
                  bias: Optional[torch.Tensor], out: torch.Tensor, shard_sizes: list[int],
                  producer: str, previous: "AgGemmPlan | None" = None,
-                 scaled: Optional[ScaledRows] = None, scale_b: Optional[torch.Tensor] = None):
+                 scaled: Optional[ScaledRows] = None, scale_b: Optional[torch.Tensor] = None,
+                 core: Optional[str] = None):
         if producer not in PRODUCERS:
             raise ValueError(f"ditron.ag_gemm: producer must be one of {PRODUCERS}, got {producer!r}")
         self.group, self.producer = group, producer
@@ -199,9 +201,12 @@ class AgGemmPlan:
                 tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
                 programs = max(1, min(consumer_programs(a.device, group, tiles), budget))
         self.core = None
+        self._a8 = self._sa = None  # (the fp8 WS consumer's views)
         self.ws_core = self._ws_consumer(b, out, bias, producer, scaled, budget, previous,
                                          (sig, offsets, claim, record, rank, w, timeout,
-                                          op_id("ag_gemm")), scale_b)
+                                          op_id("ag_gemm")), scale_b,
+                                         core or (CONSUMER_CORE if scaled is None
+                                                  else SCALED_CONSUMER_CORE))
         if self.ws_core is None:
             self.core = CoreGemm(a_desc, b, out, bias, group=group, wait=True, sig=sig,
                                  offsets=offsets, claim=claim, record=record, m=m,
@@ -209,18 +214,19 @@ class AgGemmPlan:
                                  b_pad=previous.core._b_pad if previous and previous.core
                                  else None, scales=scales)
 
-    def _ws_consumer(self, b, out, bias, producer, scaled, budget, previous, wait, scale_b):
-        """The waiting WS consumer where ``CONSUMER_CORE`` and the product allow it, else None
-        (the portable consumer). A stale plan's rebuild (possibly under graph capture: nothing
+    def _ws_consumer(self, b, out, bias, producer, scaled, budget, previous, wait, scale_b,
+                     core):
+        """The waiting WS consumer where ``core`` (``CONSUMER_CORE``, or ``SCALED_CONSUMER_CORE``
+        for fp8 rows: the plan key's) and the product allow it, else None (the portable
+        consumer). A stale plan's rebuild (possibly under graph capture: nothing
         timed there) keeps the previous plan's choice; a WS build or compile failure falls
         back (``_core.build_ws``, as ``matmul``'s tuning does)."""
-        core = CONSUMER_CORE
+        if scaled is not None:
+            return self._ws_scaled_consumer(b, out, bias, producer, scaled, budget, previous,
+                                            wait, scale_b, core)
         if core not in CONSUMER_CORES:
             raise ValueError(f"ditron.ag_gemm: CONSUMER_CORE must be one of {CONSUMER_CORES}")
         a = self.gathered_view
-        if scaled is not None:
-            return self._ws_scaled_consumer(b, out, bias, producer, scaled, budget, previous,
-                                            wait, scale_b)
         if (core == "tl" or producer == "push" or ws_refusal(a, b, out, bias) is not None):
             return None
         if previous is not None:
@@ -235,26 +241,27 @@ class AgGemmPlan:
         return build_ws("ag_gemm", lambda: WsGemm(a, b, out, bias, sms, wait))
 
     def _ws_scaled_consumer(self, b, out, bias, producer, scaled, budget, previous, wait,
-                            scale_b):
-        """``_ws_consumer``'s fp8 form (``SCALED_CONSUMER_CORE``): the gathered rows' fp8 values
-        and scales as ``WsScaledGemm`` reads them, in ``_ws_scaled.consumer_config``'s kernel,
-        waiting; None where the core or its refusal says the portable one."""
+                            scale_b, core):
+        """``_ws_consumer``'s fp8 form (``core``: ``SCALED_CONSUMER_CORE``): the gathered rows'
+        fp8 values and scales as ``WsScaledGemm`` reads them, in ``_ws_scaled.consumer_config``'s
+        kernel, waiting; None where the core or its refusal says the portable one."""
         from . import _ws_scaled
-        if SCALED_CONSUMER_CORE not in ("tl", "ws"):
+        if core not in ("tl", "ws"):
             raise ValueError("ditron.ag_gemm: SCALED_CONSUMER_CORE must be 'tl' or 'ws'")
-        if (SCALED_CONSUMER_CORE == "tl" or producer == "push"
+        if (core == "tl" or producer == "push"
                 or (previous is not None and previous.ws_core is None)):
             return None
         m, pitch = self.gathered_view.shape[0], self.gathered_view.stride(0)
         words = self.data.local.view(torch.float32)
-        a8 = torch.as_strided(words.view(torch.float8_e4m3fn), (m, scaled.k), (pitch * 4, 1))
+        a8 = torch.as_strided(words.view(torch.float8_e4m3fn), (m, scaled.k),
+                              (pitch * words.element_size(), 1))
         sa = words[scaled.scale_word:]
         if _ws_scaled.refusal(a8, b, out, bias) is not None:
             return None
         sms = max(1, budget - 1) if producer == "copy" else budget  # (as _ws_consumer's)
         gemm = build_ws("ag_gemm", lambda: _ws_scaled.WsScaledGemm(
             a8, b, out, bias, sa, scale_b, pitch, scaled.b_row, scaled.mode,
-            _ws_scaled.consumer_config(scaled.mode), sms=sms, wait=wait))
+            _ws_scaled.consumer_config(scaled.mode, b.shape[1]), sms=sms, wait=wait))
         self._a8, self._sa = a8, sa
         return gemm
 
@@ -306,7 +313,7 @@ class AgGemmPlan:
                 cuda_driver.wait(side, fork)
                 self._produce_on(side, src)
                 cuda_driver.record(join, side)
-                if self.ws_core is not None and scale_b is not None:
+                if self.ws_core is not None and self._a8 is not None:  # (fp8 rows)
                     self.ws_core.run(self._a8, b, out, bias, self._sa, scale_b)
                 elif self.ws_core is not None:
                     self.ws_core.run(self.gathered_view, b, out, bias)

@@ -1,6 +1,7 @@
 """Host side of the WS core's fp8 form (``_ws_scaled_kernels``): its configs and the scale modes
-each serves, the refusal and ``WsScaledGemm``, the bound plan ``scaled.scaled_matmul`` times against the
-portable core's.
+each serves, the refusal and ``WsScaledGemm``, the bound plan ``scaled.scaled_matmul`` times
+against the portable core's and, waiting (``consumer_config``), the ``ag_gemm_scaled``
+consumer's.
 
 Imports on a Triton without Gluon (``refusal`` then refuses).
 """
@@ -176,15 +177,17 @@ def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None, wait=
         configs or RULE_CONFIGS, plain) for mode in SCALED_CONFIGS[name].modes]
     if wait:
         waits = _dummies(device) + (0, 2, 10**6, 0)
-        binds += [(consumer_config(mode), mode, form, waits) for mode in (1, 2) for form in forms]
+        consumers = dict.fromkeys((mode, consumer_config(mode, n)) for mode in (1, 2)
+                                  for n in (128, 256))
+        binds += [(name, mode, form, waits) for mode, name in consumers for form in forms]
     for name, mode, (dtype, bias_dtype), waits in binds:
         out = torch.empty(64, 128, dtype=dtype, device=device)
         bias = None if bias_dtype is None else torch.zeros(128, dtype=bias_dtype, device=device)
         WsScaledGemm(a8, b, out, bias, one, one, 1, 1, mode, name, sms=sms, wait=waits)
 
 
-def consumer_config(mode: int) -> str:
-    """The ag_gemm consumer's config for scale ``mode`` (a waiting kernel cannot be timed alone):
-    the split config ``scaled_matmul``'s timing kept on most model shards (benchmarks/NOTES.md,
-    fp8)."""
-    return "split128x256" if mode == 1 else "split128x128"
+def consumer_config(mode: int, n: int) -> str:
+    """The ag_gemm consumer's config for scale ``mode`` and ``n`` columns (a waiting kernel
+    cannot be timed alone): the split config ``scaled_matmul``'s timing kept on most model
+    shards (benchmarks/NOTES.md, fp8), 128 wide where a 256-wide tile would be half empty."""
+    return "split128x256" if mode == 1 and n > 128 else "split128x128"

@@ -26,7 +26,8 @@ in 128-column halves (``HALVES`` 1 or 2: one product tile at a time beside the h
 or ping-pong, the consumers on alternate 64x128 tiles over a ring holding a pair of units' K
 steps alternately (``_pair_loader``: both mainloops at once). An 8-warp cooperative consumer
 synchronizing its two warpgroups every step ran slower on every scale kind (benchmarks/NOTES.md,
-fp8: the WS core). Data parallel, persistent, grouped tile order. B is always the
+fp8: the WS core). Data parallel, persistent, grouped tile order (``WAIT``: this rank's own
+rows first). B is always the
 K-major weight (fp8 wgmma reads both operands K-major: ``scaled.k_major``).
 """
 from __future__ import annotations
@@ -44,15 +45,16 @@ else:
     gluon = gl = None
 
 SCALED_REGS = 240
-"""Registers of each consumer partition (sums and one product of 64-register fp32 tiles, two
-or three, plus addressing)."""
+"""Registers of the worker consumer partition (sums and one product of 64-register fp32 tiles,
+two or three, plus addressing); the default consumer gets what the loader leaves (240, or 224
+beside a waiting loader's 40)."""
 _K_SCALED_REGS = gl.constexpr(SCALED_REGS) if HAVE_GLUON else SCALED_REGS
 _NO = gl.constexpr(False) if HAVE_GLUON else False
 _DP = gl.constexpr(0) if HAVE_GLUON else 0
 _L1 = gl.constexpr("") if HAVE_GLUON else ""
 _L2 = gl.constexpr(".cg") if HAVE_GLUON else ".cg"
-"""Constants for the bf16 loader's constexpr parameters (no waits, B K-major, data parallel) and
-the A scales' cache modifiers (the default; past L1)."""
+"""Constants for the bf16 loader's constexpr parameters (B K-major, data parallel; no waits in
+the ping-pong) and the A scales' cache modifiers (the default; past L1)."""
 
 
 @_jit

@@ -52,7 +52,8 @@ def test_scaled_ws_consumer(monkeypatch, producer, mode):
     monkeypatch.setattr(_ag_launch, "SCALED_CONSUMER_CORE", "ws")
     built = []
     config = _ws_scaled.consumer_config
-    monkeypatch.setattr(_ws_scaled, "consumer_config", lambda m: built.append(m) or config(m))
+    monkeypatch.setattr(_ws_scaled, "consumer_config",
+                        lambda *args: built.append(args) or config(*args))
     sizes = [300, 0, 517]
 
     def body(group):
