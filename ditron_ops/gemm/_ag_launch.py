@@ -102,12 +102,18 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.T
             else "copy"
     if tensor_keys is None:
         tensor_keys = (tensor_key(a), tensor_key(b), tensor_key(bias))
-    core = CONSUMER_CORE if scaled is None else SCALED_CONSUMER_CORE  # (read once: the key's)
+    core = _consumer_core(scaled)  # (read once: the key's and the plan's)
     key = ("ag_gemm", producer, core, *tensor_keys, None if own_out else tensor_key(out),
            tuple(shard_sizes), scaled, None if scaled is None else tensor_key(scale_b), out.dtype)
     plan = group.plans.get(key, lambda previous=None: AgGemmPlan(
         group, a, b, bias, out, shard_sizes, producer, previous, scaled, scale_b, core))
     plan.run(a, b, bias, out, gathered, scale_b)
+
+
+def _consumer_core(scaled: Optional[ScaledRows]) -> str:
+    """The consumer core setting of a call: ``CONSUMER_CORE``, or ``SCALED_CONSUMER_CORE`` for
+    fp8 rows."""
+    return CONSUMER_CORE if scaled is None else SCALED_CONSUMER_CORE
 
 
 class AgGemmPlan:
@@ -119,7 +125,7 @@ class AgGemmPlan:
                  bias: Optional[torch.Tensor], out: torch.Tensor, shard_sizes: list[int],
                  producer: str, previous: "AgGemmPlan | None" = None,
                  scaled: Optional[ScaledRows] = None, scale_b: Optional[torch.Tensor] = None,
-                 core: Optional[str] = None):
+                 core: Optional[str] = None):  # (core: _consumer_core(scaled) if None)
         if producer not in PRODUCERS:
             raise ValueError(f"ditron.ag_gemm: producer must be one of {PRODUCERS}, got {producer!r}")
         self.group, self.producer = group, producer
@@ -205,8 +211,7 @@ class AgGemmPlan:
         self.ws_core = self._ws_consumer(b, out, bias, producer, scaled, budget, previous,
                                          (sig, offsets, claim, record, rank, w, timeout,
                                           op_id("ag_gemm")), scale_b,
-                                         core or (CONSUMER_CORE if scaled is None
-                                                  else SCALED_CONSUMER_CORE))
+                                         core or _consumer_core(scaled))
         if self.ws_core is None:
             self.core = CoreGemm(a_desc, b, out, bias, group=group, wait=True, sig=sig,
                                  offsets=offsets, claim=claim, record=record, m=m,

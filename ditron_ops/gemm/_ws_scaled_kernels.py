@@ -84,8 +84,9 @@ def _promote(acc, part, scale, SCALE: gl.constexpr):
 
 @_jit
 def _scaled_part(part, scale, SCALE: gl.constexpr):
-    """``part * scale[m]`` (``SCALE`` 2) in ``part``'s registers (the split consumer reuses them
-    as the next step's wgmma accumulator), or ``part``."""
+    """``part * scale[m]`` (``SCALE`` 2), or ``part``: the split consumer's promotion is this
+    product rounded, then added (``_promote``'s form, one fused multiply-add, is the ping-pong's
+    and the portable core's; the split's form is the one its GPU tests ran)."""
     if SCALE == 2:
         part = part * gl.expand_dims(scale, 1)
     return part

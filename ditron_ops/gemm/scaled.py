@@ -258,9 +258,9 @@ def scaled_matmul(a8: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sa_row: i
     deterministic partials). ``tiles``: ``((field, value), ...)`` replacing the rule's
     ``TileConfig`` fields (benches comparing tiles). ``core``: ``"auto"`` (the default mode,
     no ``tiles``, where the fp8 WS core takes the product: the portable plan and each WS config
-    serving ``mode`` timed once per plan, the fastest kept, a WS plan only under ``TUNE_MARGIN`` of the
-    portable one, as ``matmul``'s) or ``"tl"`` (the portable core). Plans cached per thread and
-    layout."""
+    serving ``mode`` timed once per plan, the fastest kept, a WS plan only under ``TUNE_MARGIN``
+    of the portable one, as ``matmul``'s) or ``"tl"`` (the portable core). Plans cached per
+    thread and layout."""
     if core not in ("auto", "tl"):
         raise ValueError(f"scaled_matmul: core {core!r} not in ('auto', 'tl')")
     cache = getattr(_PLANS, "cache", None)
