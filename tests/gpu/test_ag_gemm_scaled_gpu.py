@@ -161,3 +161,42 @@ def test_reduce_scaled_graph_replay_with_bias(op):
         check_close(out, a64, b64, bias)
         return True
     assert ditron_ops.launch(body, 2) == [True, True]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("op", ["ag_tl", "ag_ws", "rs"])
+def test_scaled_back_to_back(monkeypatch, op, world_size):
+    """Fused calls queued back to back with no host synchronization between them (a decode
+    loop, a bench's timing) finish, and each gives the float64 reference: tensor scales, the
+    bench's first model shard (753x4096x7168, the copy producer). ``bench fp8 --only fused``
+    never finished such a queue of three (H100, 530d906); this names the op that stalls."""
+    from ditron_ops.gemm import _ag_launch
+    from ditron_ops.gemm._ws_launch import core_refusal
+    if op == "ag_ws":
+        if core_refusal(torch.device("cuda")) is not None:
+            pytest.skip(core_refusal(torch.device("cuda")))
+        monkeypatch.setattr(_ag_launch, "SCALED_CONSUMER_CORE", "ws")
+    m, n, k = 753, 4096, 7168
+
+    def body(group):
+        if op == "rs":
+            parts = reduce_inputs(m * group.world_size, [k] * group.world_size, n, "tensor",
+                                  group.device)
+            a, sa, b, sb = parts[group.rank]
+            rows = slice(m * group.rank, m * (group.rank + 1))
+            a64, b64 = reduce_operands(parts, "tensor", rows)
+            call = lambda: ditron_ops.gemm_rs_scaled(a, b, sa, sb, group, impl="fused")  # noqa: E731
+        else:
+            a_list, sa_list, b, sb = scaled_inputs([m] * group.world_size, k, n, "tensor",
+                                                   group.device)
+            a, sa = a_list[group.rank], sa_list[group.rank]
+            a64, b64 = dequantized(a_list, sa_list, b, sb, "tensor")
+            call = lambda: ditron_ops.ag_gemm_scaled(a, b, sa, sb, group, impl="fused")  # noqa: E731
+        call()
+        group.synchronize()
+        outs = [call() for _ in range(3)]  # (queued: nothing waits for them until here)
+        group.synchronize()
+        for out in outs:
+            check_close(out, a64, b64)
+        return True
+    assert ditron_ops.launch(body, world_size) == [True] * world_size
