@@ -35,7 +35,7 @@ def test_operand_refusal():
 def test_stages_fit_shared_memory(name, out_bytes):
     cfg = _ws_scaled.SCALED_CONFIGS[name]
     st = _ws_scaled.stages(cfg, out_bytes)
-    staging = 2 * 64 * _ws_scaled.epi_n(out_bytes) * out_bytes  # (a 64-row tile per consumer)
+    staging = 2 * cfg.epi_bufs * 64 * _ws_scaled.epi_n(out_bytes) * out_bytes  # (per consumer)
     used = st * (cfg.block_m + cfg.block_n) * _ws_scaled.BLOCK_K + staging
     assert 3 <= st <= _ws_scaled.MAX_STAGES and used <= _ws_scaled.SMEM_BYTES
     # block scales: each 128-column half of a split tile, or a ping-pong tile, inside one
@@ -50,5 +50,9 @@ def test_stages_fit_shared_memory(name, out_bytes):
 def test_every_scale_mode_has_ws_configs():
     assert all(_ws_scaled.configs_for(mode) for mode in (1, 2))
     assert "split128x256" not in _ws_scaled.configs_for(2)  # (no block-scale form)
+    for mode in (1, 2):  # scaled_matmul times the rule's configs; the bench every one
+        every = _ws_scaled.configs_for(mode, every=True)
+        assert set(_ws_scaled.configs_for(mode)) < set(every)
+        assert all(mode in _ws_scaled.SCALED_CONFIGS[c].modes for c in every)
     with pytest.raises(ValueError, match="not in"):
         _ws_scaled.WsScaledGemm(*_ops(), None, None, None, 1, 1, 1, "coop128x128")

@@ -17,7 +17,7 @@ Rows (``case``):
   ``ag_gemm_scaled`` with the WS consumer (``_ag_launch.SCALED_CONSUMER_CORE = "ws"``) vs the
   same;
 - ``ws <mode> <config>`` (``--only ws``, sm_90): the fp8 WS core's plan of each config
-  serving the mode (``_ws_scaled.configs_for``) vs the portable core alone
+  serving the mode (``_ws_scaled.configs_for(every=True)``) vs the portable core alone
   (``scaled_matmul(core="tl")``): the data of the configs' scale modes; the ``tensor`` /
   ``row`` / ``block`` rows' ``core`` column says which plan ``scaled_matmul``'s timing kept;
 - ``tiles <mode>`` (``--only tiles``, GPU): the scaled core's two fp8 forms of the bf16 rule's
@@ -95,10 +95,11 @@ def _forms(m: int, n: int, device):
 
 
 def _ws_configs(a, b, out, mode: str) -> tuple:
-    """The fp8 WS core's configs serving ``mode`` where it takes these operands (else none)."""
+    """The fp8 WS core's configs serving ``mode`` where it takes these operands (else none),
+    every one (those ``scaled_matmul`` does not time too: their data)."""
     from ..gemm import _ws_scaled
-    return (_ws_scaled.configs_for(MODES[mode]) if _ws_scaled.refusal(a, b, out, None) is None
-            else ())
+    return (_ws_scaled.configs_for(MODES[mode], every=True)
+            if _ws_scaled.refusal(a, b, out, None) is None else ())
 
 
 def _on_ws_consumer(call):

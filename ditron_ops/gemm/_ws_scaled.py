@@ -33,30 +33,39 @@ class ScaledConfig:
     """Tile ``block_m x block_n`` on two 4-warp consumers: ``split``, each taking 64 rows of
     every tile (``block_m`` 128) in 128-column halves (``block_n`` 128 or 256), else ping-pong
     (``block_m`` 64, ``block_n`` 128), each taking alternate tiles (both mainloops at once over
-    an interleaved ring). ``modes``: the kernel ``SCALE`` values it serves."""
+    an interleaved ring). ``modes``: the kernel ``SCALE`` values it serves. ``epi_bufs``: C
+    staging tiles per consumer (2: a part's TMA store drains while the next part is staged,
+    where 1 waits for it)."""
     block_m: int
     block_n: int
     split: bool
     modes: tuple
+    epi_bufs: int = 1
 
 
 SCALED_CONFIGS = {
     "split128x256": ScaledConfig(128, 256, True, (1, )),
     "split128x128": ScaledConfig(128, 128, True, (1, 2)),
     "pp64x128": ScaledConfig(64, 128, False, (2, )),
+    "split128x256e2": ScaledConfig(128, 256, True, (1, ), 2),
+    "split128x128e2": ScaledConfig(128, 128, True, (1, 2), 2),
 }
 """A warpgroup's share of a tile is 64 x 128 (64 x 256 in two halves): the sum(s) and a product
 live (``_ws_scaled_kernels`` module docstring). ``modes`` from ``python -m ditron_ops.bench fp8
 --only ws`` (benchmarks/NOTES.md, fp8): the 256-column split spills on block scales and lost
-every block shape; the ping-pong won only block shapes."""
-RULE_CONFIGS = tuple(SCALED_CONFIGS)
+every block shape; the ping-pong won only block shapes. The ``e2`` forms (double-buffered C
+staging) are not GPU-measured yet: ``bench fp8 --only ws`` times every config, ``scaled_matmul``
+only ``RULE_CONFIGS``."""
+RULE_CONFIGS = ("split128x256", "split128x128", "pp64x128")
 """The configs ``scaled_matmul`` times per plan, those serving its mode (``configs_for``;
 ``precompile`` binds these): none wins everywhere (benchmarks/NOTES.md, fp8: the WS core)."""
 
 
-def configs_for(mode: int) -> tuple:
-    """``RULE_CONFIGS`` serving scale ``mode`` (the kernel's ``SCALE``)."""
-    return tuple(c for c in RULE_CONFIGS if mode in SCALED_CONFIGS[c].modes)
+def configs_for(mode: int, every: bool = False) -> tuple:
+    """``RULE_CONFIGS`` (``every``: ``SCALED_CONFIGS``) serving scale ``mode`` (the kernel's
+    ``SCALE``)."""
+    return tuple(c for c in (SCALED_CONFIGS if every else RULE_CONFIGS)
+                 if mode in SCALED_CONFIGS[c].modes)
 
 
 def epi_n(out_bytes: int) -> int:
@@ -65,9 +74,9 @@ def epi_n(out_bytes: int) -> int:
 
 
 def stages(cfg: ScaledConfig, out_bytes: int) -> int:
-    """Ring depth: as many A/B boxes as fit beside the two consumers' 64-row C staging tiles,
-    at most ``MAX_STAGES``."""
-    staging = 2 * 64 * epi_n(out_bytes) * out_bytes
+    """Ring depth: as many A/B boxes as fit beside the two consumers' 64-row C staging tiles
+    (``epi_bufs`` each), at most ``MAX_STAGES``."""
+    staging = 2 * cfg.epi_bufs * 64 * epi_n(out_bytes) * out_bytes
     per_stage = (cfg.block_m + cfg.block_n) * BLOCK_K
     return min(MAX_STAGES, (SMEM_BYTES - staging) // per_stage)
 
@@ -123,7 +132,8 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
     args += tuple(wait) if wait is not None else _dummies(out.device) + (0, 1, 0, 0)
     meta = dict(SCALE=mode, HAS_BIAS=bias is not None, GROUP_M=8,
                 STAGES=stages(cfg, out.element_size()), SPLIT=cfg.split,
-                HALVES=cfg.block_n // 128, WAIT=wait is not None, num_warps=4, maxnreg=MAXNREG)
+                HALVES=cfg.block_n // 128, EPI_BUFS=cfg.epi_bufs, WAIT=wait is not None,
+                num_warps=4, maxnreg=MAXNREG)
     return (max(1, min(tiles, sms)), ), args, meta
 
 

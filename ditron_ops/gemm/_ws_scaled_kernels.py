@@ -33,13 +33,14 @@ K-major weight (fp8 wgmma reads both operands K-major: ``scaled.k_major``).
 from __future__ import annotations
 
 from ..language import gluon_signals as gs
-from ._ws_kernels import (HAVE_GLUON, _jit, _loader_regs, _sched, _split_cols, _store_part,
+from ._ws_kernels import (HAVE_GLUON, _jit, _loader_regs, _plus_bias, _sched, _split_cols,
                           _tile_mn, _ws_loader, ring_barriers)
 
 if HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
+                                                                  tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
 else:
     gluon = gl = None
@@ -144,7 +145,7 @@ def _pair_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M:
 
 
 @_jit
-def _pp_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr, sb_ptr,
+def _pp_consumer(a_bufs, b_bufs, ready, empty, order, c_bufs, c_desc, bias_ptr, sa_ptr, sb_ptr,
                  sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
                  GROUP_M: gl.constexpr, SLOT: gl.constexpr):
     """Ping-pong consumer ``SLOT`` of 2 (4 warps): the program's tiles ``SLOT, SLOT + 2, ...``;
@@ -188,19 +189,37 @@ def _pp_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, 
             mbarrier.arrive(empty.index(slot))
             acc = _promote(acc, part, scale, SCALE)
         mbarrier.arrive(order.index(0), pred=(i == units - 2) & (units % 2 == 1))
-        _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_smem, bias_ptr, sa_ptr, sb_ptr,
+        _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
                          sa_row, sb_row, N, HAS_BIAS, SCALE, _L1)
     tma.store_wait(0)
 
 
 @_jit
-def _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_smem, bias_ptr, sa_ptr, sb_ptr, sa_row,
+def _stage_part(part, i: gl.constexpr, c_desc, c_bufs, bias_ptr, off_m, off_n, N,
+                HAS_BIAS: gl.constexpr):
+    """Epilogue of column block ``i``: + bias, round, stage in tile ``i % BUFS`` of ``c_bufs``,
+    TMA store (left in flight). Before staging, every store but the last ``BUFS - 1`` has read
+    its tile: with two tiles the previous part's store drains while this one is staged (parts
+    alternate tiles: every epilogue stages an even number of parts)."""
+    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+    BUFS: gl.constexpr = c_bufs.shape[0]
+    out = _plus_bias(part, bias_ptr, off_n + i * EPI_N, N, HAS_BIAS).to(c_desc.dtype)
+    tma.store_wait(BUFS - 1)
+    buf = c_bufs.index(i % BUFS)
+    buf.store(out)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n + i * EPI_N], buf)
+
+
+@_jit
+def _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr, sa_row,
                      sb_row, N, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
                      SA_CACHE: gl.constexpr):
     """A consumer's sum of columns ``[off_n, off_n + acc.shape[1])``: ``SCALE`` 1's row and
-    column scales, + bias, round, TMA stores of ``EPI_N``-column parts."""
+    column scales, + bias, round, TMA stores of ``EPI_N``-column parts (``_stage_part``)."""
     BN: gl.constexpr = acc.shape[1]
     EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+    gl.static_assert((BN // EPI_N) % c_bufs.shape[0] == 0, "parts alternate staging tiles")
     if SCALE == 1:
         cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
         sa = gl.load(sa_ptr + rows * sa_row, cache_modifier=SA_CACHE)
@@ -208,11 +227,11 @@ def _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_smem, bias_ptr, sa_ptr, 
         acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
     parts = _split_cols(acc, BN // EPI_N)
     for c in gl.static_range(BN // EPI_N):
-        _store_part(parts[c], c, c_desc, c_smem, bias_ptr, off_m, off_n, N, HAS_BIAS)
+        _stage_part(parts[c], c, c_desc, c_bufs, bias_ptr, off_m, off_n, N, HAS_BIAS)
 
 
 @_jit
-def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_ptr, sa_ptr,
+def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
                     sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
                     SCALE: gl.constexpr, GROUP_M: gl.constexpr, SLOT: gl.constexpr,
                     HALVES: gl.constexpr, WAIT: gl.constexpr):
@@ -269,21 +288,21 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_
                 acc1 += part
             mbarrier.arrive(empty.index(slot))
             it += 1
-        _scaled_epilogue(acc0, rows, off_m, off_n, c_desc, c_smem, bias_ptr, sa_ptr, sb_ptr,
+        _scaled_epilogue(acc0, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
                          sa_row, sb_row, N, HAS_BIAS, SCALE, SA_CACHE)
         if HALVES == 2:
-            _scaled_epilogue(acc1, rows, off_m, off_n + BN, c_desc, c_smem, bias_ptr, sa_ptr,
+            _scaled_epilogue(acc1, rows, off_m, off_n + BN, c_desc, c_bufs, bias_ptr, sa_ptr,
                              sb_ptr, sa_row, sb_row, N, HAS_BIAS, SCALE, SA_CACHE)
     tma.store_wait(0)
 
 
 @_jit
-def _split_worker(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_ptr, sa_ptr,
+def _split_worker(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
                   sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
                   SCALE: gl.constexpr, GROUP_M: gl.constexpr, HALVES: gl.constexpr,
                   WAIT: gl.constexpr):
     """The split schedule's second consumer (a 4-warp worker partition, slot 1)."""
-    _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c_desc, bias_ptr, sa_ptr,
+    _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
                     sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE, GROUP_M, 1, HALVES,
                     WAIT)
 
@@ -301,11 +320,11 @@ def _split_loader(a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K
 
 
 @_jit
-def _pp_worker(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr, sb_ptr,
+def _pp_worker(a_bufs, b_bufs, ready, empty, order, c_bufs, c_desc, bias_ptr, sa_ptr, sb_ptr,
                sa_row, sb_row, M, N, K, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
                GROUP_M: gl.constexpr):
     """The ping-pong's second consumer (a 4-warp worker partition, slot 1)."""
-    _pp_consumer(a_bufs, b_bufs, ready, empty, order, c_smem, c_desc, bias_ptr, sa_ptr, sb_ptr,
+    _pp_consumer(a_bufs, b_bufs, ready, empty, order, c_bufs, c_desc, bias_ptr, sa_ptr, sb_ptr,
                  sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M, 1)
 
 
@@ -320,12 +339,13 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
                      sig_ptr, offsets_ptr, err_claim, err_record, rank, world_size, timeout_us,
                      op_id, SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
                      STAGES: gl.constexpr, SPLIT: gl.constexpr, HALVES: gl.constexpr,
-                     WAIT: gl.constexpr, num_warps: gl.constexpr):
+                     EPI_BUFS: gl.constexpr, WAIT: gl.constexpr, num_warps: gl.constexpr):
     """fp8 GEMM with scales (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` fp8 ``[M, K]`` boxes ``[BLOCK_M, 128]`` (``SPLIT``: 128 rows, else 64);
     ``b_desc`` the fp8 weight ``[N, K]`` boxes ``[128, 128]`` (``HALVES`` of them per tile and
-    K step); ``c_desc`` ``[M, N]`` boxes ``[64, EPI_N]``; ``sa_ptr`` fp32 A scales (``SCALE``
+    K step); ``c_desc`` ``[M, N]`` boxes ``[64, EPI_N]``, staged in ``EPI_BUFS`` tiles per
+    consumer; ``sa_ptr`` fp32 A scales (``SCALE``
     1: one per row, ``sa_row`` floats apart, 0 for one tensor-wise scale; 2: ``[M, ceil(K /
     128)]`` rows ``sa_row`` apart); ``sb_ptr`` fp32 B scales (1: one per column ``sb_row``
     apart, or 0; 2: ``[ceil(K / 128), ceil(N / 128)]`` rows ``sb_row`` apart); ``bias_ptr``
@@ -348,8 +368,11 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
                                        b_desc.layout)
     ready, empty, order = ring_barriers(STAGES, 2 if SPLIT else 1)
-    c_smem0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    c_smem1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    # each consumer's C staging tiles (EPI_BUFS: ScaledConfig.epi_bufs)
+    c_bufs0 = gl.allocate_shared_memory(c_desc.dtype, [EPI_BUFS] + c_desc.block_type.shape,
+                                        c_desc.layout)
+    c_bufs1 = gl.allocate_shared_memory(c_desc.dtype, [EPI_BUFS] + c_desc.block_type.shape,
+                                        c_desc.layout)
     if SPLIT:
         if HALVES == 2:
             b2_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
@@ -357,10 +380,10 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
         else:
             b2_bufs = b_bufs
         gl.warp_specialize([
-            (_split_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_smem0, c_desc, bias_ptr,
+            (_split_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs0, c_desc, bias_ptr,
                                sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
                                GROUP_M, 0, HALVES, WAIT)),
-            (_split_worker, (a_bufs, b_bufs, b2_bufs, ready, empty, c_smem1, c_desc, bias_ptr,
+            (_split_worker, (a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs1, c_desc, bias_ptr,
                              sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
                              GROUP_M, HALVES, WAIT)),
             (_split_loader, (a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
@@ -369,10 +392,10 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
         ], [4, 1], [_K_SCALED_REGS, _loader_regs(WAIT)])
     else:
         gl.warp_specialize([
-            (_pp_consumer, (a_bufs, b_bufs, ready, empty, order, c_smem0, c_desc, bias_ptr,
+            (_pp_consumer, (a_bufs, b_bufs, ready, empty, order, c_bufs0, c_desc, bias_ptr,
                             sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M,
                             0)),
-            (_pp_worker, (a_bufs, b_bufs, ready, empty, order, c_smem1, c_desc, bias_ptr, sa_ptr,
+            (_pp_worker, (a_bufs, b_bufs, ready, empty, order, c_bufs1, c_desc, bias_ptr, sa_ptr,
                           sb_ptr, sa_row, sb_row, M, N, K, HAS_BIAS, SCALE, GROUP_M)),
             (_pair_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)),
         ], [4, 1], [_K_SCALED_REGS, 24])
