@@ -165,14 +165,16 @@ def test_reduce_scaled_graph_replay_with_bias(op):
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-@pytest.mark.parametrize("op", ["ag_tl", "ag_ws", "rs"])
+@pytest.mark.parametrize("op", ["ag_tl", "ag_ws", "rs", "ag_bf16", "rs_bf16"])
 def test_scaled_back_to_back(monkeypatch, op, world_size):
     """Fused calls queued back to back with no host synchronization between them (a decode
     loop, a bench's timing) finish within a bound, and each gives the float64 reference:
     tensor scales, the bench's first model shard (753x4096x7168, the copy producer). ``bench fp8
     --only tensor,row,block,fused,fused_ws`` never finished such a queue of three (H100,
     530d906; benchmarks/NOTES.md, fp8): this names the op that stalls (the queue is polled, so
-    a stall fails the test instead of hanging it; the stalled work then holds the GPU)."""
+    a stall fails the test instead of hanging it; the stalled work then holds the GPU). The
+    bf16 ops on the same path (``*_bf16``: relative error against a float64 product) tell
+    whether a stall is the fp8 ops' own."""
     from ditron_ops.gemm import _ag_launch
     from ditron_ops.gemm._ws_launch import core_refusal
     if op == "ag_ws":
@@ -182,7 +184,25 @@ def test_scaled_back_to_back(monkeypatch, op, world_size):
     m, n, k = 753, 4096, 7168
 
     def body(group):
-        if op == "rs":
+        w, r = group.world_size, group.rank
+        if op.endswith("bf16"):
+            gen = torch.Generator().manual_seed(3)
+            rows = m * w if op == "rs_bf16" else m
+            a_all = [torch.randn(rows, k, generator=gen).to(torch.bfloat16).to(group.device)
+                     for _ in range(w)]
+            b_all = [torch.randn(k, n, generator=gen).div(k ** 0.5).to(torch.bfloat16)
+                     .to(group.device) for _ in range(w if op == "rs_bf16" else 1)]
+            a, b = a_all[r], b_all[r if op == "rs_bf16" else 0]
+            if op == "rs_bf16":  # rows [m r, m (r + 1)) of the sum over ranks
+                want = sum(x[m * r:m * (r + 1)].double() @ y.double()
+                           for x, y in zip(a_all, b_all))
+                call = lambda: ditron_ops.gemm_rs(a, b, group, impl="fused")  # noqa: E731
+            else:
+                want = torch.cat(a_all).double() @ b_all[0].double()
+                call = lambda: ditron_ops.ag_gemm(a, b, group, impl="fused")  # noqa: E731
+            check = lambda out: torch.testing.assert_close(  # noqa: E731
+                out.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+        elif op == "rs":
             parts = reduce_inputs(m * group.world_size, [k] * group.world_size, n, "tensor",
                                   group.device)
             a, sa, b, sb = parts[group.rank]
@@ -195,6 +215,8 @@ def test_scaled_back_to_back(monkeypatch, op, world_size):
             a, sa = a_list[group.rank], sa_list[group.rank]
             a64, b64 = dequantized(a_list, sa_list, b, sb, "tensor")
             call = lambda: ditron_ops.ag_gemm_scaled(a, b, sa, sb, group, impl="fused")  # noqa: E731
+        if not op.endswith("bf16"):
+            check = lambda out: check_close(out, a64, b64)  # noqa: E731
         call()
         group.synchronize()
         outs = [call() for _ in range(3)]  # (queued: nothing waits for them until here)
@@ -207,6 +229,6 @@ def test_scaled_back_to_back(monkeypatch, op, world_size):
             time.sleep(0.01)
         group.synchronize()
         for out in outs:
-            check_close(out, a64, b64)
+            check(out)
         return True
     assert ditron_ops.launch(body, world_size) == [True] * world_size
