@@ -266,3 +266,19 @@ def test_fp8_quick_fused_ws_rows(tmp_path):
     rows = list(csv.DictReader(open(next(tmp_path.glob("fp8-*.csv")))))
     assert {r["case"] for r in rows} == {f"fused_ws {m}" for m in ("tensor", "row", "block")}
     assert _ag_launch.SCALED_CONSUMER_CORE == "tl"
+
+
+def test_fp8_quick_present_rows(tmp_path):
+    """``bench fp8 --only present`` (the interpreter: the portable waiting consumer only): a row
+    per mode, the consumer over packed rows with every chunk present giving the scaled core's
+    product (fp16 C: the interpreter's bf16 arithmetic is off)."""
+    import csv
+
+    from ditron_ops.bench.__main__ import main
+
+    assert main(["fp8", "--quick", "--only", "present", "--rounds", "1",
+                 "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(next(tmp_path.glob("fp8-*.csv")))))
+    rows = [r for r in rows if r["shape"] != "geo-mean"]
+    assert {r["case"] for r in rows} == {f"present {m}" for m in ("tensor", "row", "block")}
+    assert all(float(r["rel_err"]) < 1e-2 for r in rows), rows

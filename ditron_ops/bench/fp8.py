@@ -16,6 +16,12 @@ Rows (``case``):
   with nothing to exchange) vs the same; ``fused_ws <mode>`` (``--only fused_ws``):
   ``ag_gemm_scaled`` with the WS consumer (``_ag_launch.SCALED_CONSUMER_CORE = "ws"``) vs the
   same;
+- ``present <mode>`` / ``present_ws <mode>`` (``--only present``): ``ag_gemm_scaled``'s waiting
+  consumer alone over this rank's packed rows with every chunk already present (a W = 1 pad
+  pre-set, as ``bench ag_gemm``'s P2 rows), the portable one / the fp8 WS one
+  (``_ws_scaled.consumer_config``), vs the scaled core GEMM on the unpacked operands: the
+  fused op's overhead with data present (target <= 3%) without the producer, and the data of
+  ``_ag_launch.SCALED_CONSUMER_CORE``'s default;
 - ``ws <mode> <config>`` (``--only ws``, sm_90): the fp8 WS core's plan of each config
   serving the mode (``_ws_scaled.configs_for(every=True)``) vs the portable core alone
   (``scaled_matmul(core="tl")``): the data of the configs' scale modes; the ``tensor`` /
@@ -25,7 +31,8 @@ Rows (``case``):
   fp8 rule picks: the data of that rule.
 
 Times: paired CUDA-graph replay on one GPU (``paired_graph_times``); the interpreter runs one
-tiny shape for plumbing. ``--only tensor,row,block,fused,fused_ws,tiles,ws`` runs parts.
+tiny shape for plumbing. ``--only tensor,row,block,fused,fused_ws,present,tiles,ws`` runs
+parts.
 """
 from __future__ import annotations
 
@@ -39,7 +46,7 @@ from ..runtime.virtual import launch
 from .gemm_sweep import models_shapes
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 
-PARTS = ("tensor", "row", "block", "fused", "fused_ws", "tiles", "ws")
+PARTS = ("tensor", "row", "block", "fused", "fused_ws", "present", "tiles", "ws")
 FP8 = torch.float8_e4m3fn
 
 
@@ -75,6 +82,48 @@ def _ws(a, b, sa, sb, mode: str, out: torch.Tensor, config: str):
     sa_k, sa_row, sbk, sb_row = _kernel_scales(sa, sb, mode)
     gemm = WsScaledGemm(a, b, out, None, sa_k, sbk, sa_row, sb_row, MODES[mode], config)
     return lambda: gemm.run(a, b, out, None, sa_k, sbk)
+
+
+def _present(group, a, b, sa, sb, mode: str, out) -> tuple[dict, dict]:
+    """``present`` / ``present_ws`` calls (module docstring) and their outputs (each its own,
+    like ``out``): the waiting consumers as ``_ag_launch.AgGemmPlan`` builds them over this
+    rank's packed rows (``scaled.pack_rows``), every flag of a one-rank pad set (epoch 1, ``m``
+    rows), no producer; the WS one only where the fp8 WS core takes the rows."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from ..gemm import _ws_scaled
+    from ..gemm._core import CoreGemm, Scales, program_budget, scaled_config, select_config
+    from ..gemm.scaled import k_major, pack_rows, packed_row
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    dev, scale = a.device, MODES[mode]
+    words = pack_rows(a, sa, mode)  # [m, pitch] fp32 words
+    pitch, scale_word = words.shape[1], packed_row(k, mode).scale_offset // 4
+    flat = words.view(-1)
+    bk = k_major(b)
+    sbk, sb_row = _b_scales(sb, mode)
+    sig = torch.zeros(16, dtype=torch.int64, device=dev)
+    sig[0], sig[2], sig[3] = 1, m, 1  # W = 1: flag[0] = epoch = 1, rows[0] = m
+    offsets = torch.tensor([0, m], dtype=torch.int32, device=dev)
+    record, claim = group._error_tensors()
+    budget = program_budget(dev, group)
+    cfg = scaled_config(select_config(m, n, budget, dev, deterministic=False), scale, m, n,
+                        budget)
+    a_desc = TensorDescriptor(flat.view(FP8), [m, k], [pitch * 4, 1], [cfg.block_m, cfg.block_k])
+    outs = {"present": torch.empty_like(out)}
+    core = CoreGemm(a_desc, bk, outs["present"], None, group=group, wait=True, sig=sig,
+                    offsets=offsets, claim=claim, record=record, m=m, cfg=cfg,
+                    scales=Scales(scale, flat[scale_word:], sbk, pitch, sb_row, a_varies=False))
+    fns = {"present": lambda: core.run(None, bk, outs["present"], None, scale_b=sbk)}
+    a8 = torch.as_strided(flat.view(FP8), (m, k), (pitch * 4, 1))
+    if dev.type == "cuda" and _ws_scaled.refusal(a8, bk, out, None) is None:
+        outs["present_ws"] = torch.empty_like(out)
+        ws = _ws_scaled.WsScaledGemm(a8, bk, outs["present_ws"], None, flat[scale_word:], sbk,
+                                     pitch, sb_row, scale, _ws_scaled.consumer_config(scale, n),
+                                     sms=budget, wait=(sig, offsets, claim, record, 0, 1, 10**7,
+                                                       0))
+        fns["present_ws"] = lambda: ws.run(a8, bk, outs["present_ws"], None,
+                                           flat[scale_word:], sbk)
+    return fns, outs
 
 
 def _times(group, fns: dict, cfg: BenchConfig) -> dict:
@@ -125,7 +174,7 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
     shape = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model)
     gpu = dev.type == "cuda"
     for mode in ("tensor", "row", "block"):
-        if mode not in parts and not {"fused", "fused_ws", "tiles", "ws"} & set(parts):
+        if mode not in parts and not {"fused", "fused_ws", "present", "tiles", "ws"} & set(parts):
             continue
         a, b, sa, sb = _inputs(m, n, k, mode, dev)
         out = torch.empty(m, n, dtype=torch.bfloat16 if gpu else torch.float16, device=dev)
@@ -149,6 +198,10 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
         if "fused_ws" in parts:
             fns["fused_ws"] = lambda: _on_ws_consumer(lambda: ag_gemm_scaled(
                 a, b, sa, sb, group, out_dtype=out.dtype, impl="fused"))
+        present_outs = {}
+        if "present" in parts:
+            present, present_outs = _present(group, a, b, sa, sb, mode, out)
+            fns.update(present)
         ws_configs = _ws_configs(a, b, out, mode) if "ws" in parts else ()
         if ws_configs:
             fns["tl"] = _ours(a, b, sa, sb, mode, out, core="tl")
@@ -178,6 +231,13 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                                       "bf16_bytes": 2 * m * k}))
             rows.append(Result("fp8", f"fused_rs {mode}", 1, "e4m3", f"gemm_rs_scaled {mode}",
                                t["fused_rs"], f"scaled core {mode}", t["ours"], **shape))
+        for name, got in present_outs.items():  # (rel_err: against the scaled core's out)
+            err = ((got.float() - out.float()).abs().max() / out.float().abs().max()).item()
+            rows.append(Result("fp8", f"{name} {mode}", 1, "e4m3",
+                               f"ag_gemm_scaled consumer{' (WS)' if name[-1] == 's' else ''}"
+                               ", chunks present", t[name], f"scaled core {mode}", t["ours"],
+                               extra={"overhead_pct": round(100 * (t[name] / t["ours"] - 1), 2),
+                                      "rel_err": f"{err:.1e}"}, **shape))
         if "fused_ws" in parts:
             rows.append(Result("fp8", f"fused_ws {mode}", 1, "e4m3",
                                f"ag_gemm_scaled {mode}, WS consumer", t["fused_ws"],
@@ -190,7 +250,8 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
           world_sizes=(1,), quick_world_sizes=(1,))
 def run(cfg: BenchConfig) -> list[Result]:
     parts = [p for p in PARTS if p in cfg.only] or [p for p in PARTS
-                                                     if p not in ("tiles", "ws", "fused_ws")]
+                                                     if p not in ("tiles", "ws", "fused_ws",
+                                                                  "present")]
     gpu = cfg.device.type == "cuda"
     # two draws per model config (about 20 shapes): every new shape compiles fp8 plans
     shapes = models_shapes(per_config=2) if gpu and not cfg.quick else {(40, 48, 160): "quick"}
