@@ -45,6 +45,10 @@ def test_stages_fit_shared_memory(name, out_bytes):
     else:
         assert (cfg.block_m, cfg.block_n) == (64, 128) and st % 2 == 0
     assert set(cfg.modes) <= {1, 2} and cfg.modes
+    # two K steps a promotion: split tiles on tensor / row scales only (block scales change
+    # every step); double-buffered staging: an even number of parts per 128 columns
+    assert cfg.promote == 1 or (cfg.promote == 2 and cfg.split and cfg.modes == (1, ))
+    assert cfg.epi_bufs in (1, 2)
 
 
 def test_every_scale_mode_has_ws_configs():

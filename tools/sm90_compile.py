@@ -450,7 +450,7 @@ def _compile_bound(made, what: str) -> list[str]:
         compiled = k.fn.warmup(*k.args, grid=k.grid, **k.kwargs)
         flags = " ".join(f"{n}={int(v)}" for n, v in kw.items()
                          if n in ("MODE", "STAGES", "PINGPONG", "N2", "B_KN", "HAS_BIAS", "WAIT",
-                                  "PUSH", "SPLIT", "HALVES", "EPI_BUFS", "SCALE"))
+                                  "PUSH", "SPLIT", "HALVES", "EPI_BUFS", "PROMOTE", "SCALE"))
         line = report(f"{k.name} {flags} {dts[0] if dts else ''}", compiled)
         spill = not re.search(r"spill stores 0 B", line)
         over = compiled.metadata.shared > SHARED_LIMIT

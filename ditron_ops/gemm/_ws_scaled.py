@@ -35,12 +35,15 @@ class ScaledConfig:
     (``block_m`` 64, ``block_n`` 128), each taking alternate tiles (both mainloops at once over
     an interleaved ring). ``modes``: the kernel ``SCALE`` values it serves. ``epi_bufs``: C
     staging tiles per consumer (2: a part's TMA store drains while the next part is staged,
-    where 1 waits for it)."""
+    where 1 waits for it). ``promote``: K steps of 128 per promotion into the fp32 sum (2: two
+    steps' wgmmas chained into one product, half the waits and adds; ``SCALE`` 1 only, as
+    block scales change every step)."""
     block_m: int
     block_n: int
     split: bool
     modes: tuple
     epi_bufs: int = 1
+    promote: int = 1
 
 
 SCALED_CONFIGS = {
@@ -49,12 +52,13 @@ SCALED_CONFIGS = {
     "pp64x128": ScaledConfig(64, 128, False, (2, )),
     "split128x256e2": ScaledConfig(128, 256, True, (1, ), 2),
     "split128x128e2": ScaledConfig(128, 128, True, (1, 2), 2),
+    "split128x256p2": ScaledConfig(128, 256, True, (1, ), 1, 2),
 }
 """A warpgroup's share of a tile is 64 x 128 (64 x 256 in two halves): the sum(s) and a product
 live (``_ws_scaled_kernels`` module docstring). ``modes`` from ``python -m ditron_ops.bench fp8
 --only ws`` (benchmarks/NOTES.md, fp8): the 256-column split spills on block scales and lost
 every block shape; the ping-pong won only block shapes. The ``e2`` forms (double-buffered C
-staging) are not GPU-measured yet: ``bench fp8 --only ws`` times every config, ``scaled_matmul``
+staging) and ``p2`` (a promotion every 256 of K) are not GPU-measured yet: ``bench fp8 --only ws`` times every config, ``scaled_matmul``
 only ``RULE_CONFIGS``."""
 RULE_CONFIGS = ("split128x256", "split128x128", "pp64x128")
 """The configs ``scaled_matmul`` times per plan, those serving its mode (``configs_for``;
@@ -132,8 +136,8 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
     args += tuple(wait) if wait is not None else _dummies(out.device) + (0, 1, 0, 0)
     meta = dict(SCALE=mode, HAS_BIAS=bias is not None, GROUP_M=8,
                 STAGES=stages(cfg, out.element_size()), SPLIT=cfg.split,
-                HALVES=cfg.block_n // 128, EPI_BUFS=cfg.epi_bufs, WAIT=wait is not None,
-                num_warps=4, maxnreg=MAXNREG)
+                HALVES=cfg.block_n // 128, EPI_BUFS=cfg.epi_bufs, PROMOTE=cfg.promote,
+                WAIT=wait is not None, num_warps=4, maxnreg=MAXNREG)
     return (max(1, min(tiles, sms)), ), args, meta
 
 

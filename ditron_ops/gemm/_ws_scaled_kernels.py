@@ -231,19 +231,45 @@ def _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, 
 
 
 @_jit
+def _chain(a_bufs, b_bufs, ready, it, SLOT: gl.constexpr, part, TWO: gl.constexpr,
+           BOX: gl.constexpr):
+    """Issue the split consumer's wgmma chain into ``part`` (from zero; async, not waited):
+    ring slot ``it``'s K step, and with ``TWO`` slot ``it + 1``'s after it into the same
+    product (no register read between the two). ``BOX``: first wait for the slots' boxes (the
+    tile's first half; the second half's chain finds them landed)."""
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    HALF_M: gl.constexpr = a_bufs.shape[1] // 2
+    slot = it % STAGES
+    if BOX:
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+    part = warpgroup_mma(a_bufs.index(slot).slice(SLOT * HALF_M, HALF_M),
+                         b_bufs.index(slot).permute((1, 0)), part, use_acc=False, is_async=True)
+    if TWO:
+        slot2 = (it + 1) % STAGES
+        if BOX:
+            mbarrier.wait(ready.index(slot2), ((it + 1) // STAGES) & 1)
+        part = warpgroup_mma(a_bufs.index(slot2).slice(SLOT * HALF_M, HALF_M),
+                             b_bufs.index(slot2).permute((1, 0)), part, use_acc=True,
+                             is_async=True)
+    return part
+
+
+@_jit
 def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
                     sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
                     SCALE: gl.constexpr, GROUP_M: gl.constexpr, SLOT: gl.constexpr,
-                    HALVES: gl.constexpr, WAIT: gl.constexpr):
+                    HALVES: gl.constexpr, PROMOTE: gl.constexpr, WAIT: gl.constexpr):
     """Split consumer ``SLOT`` of 2 (4 warps): rows ``[64 SLOT, 64 SLOT + 64)`` of every tile of
     the program, the tile ``HALVES`` x 128 columns wide (B's second 128 columns in ``b2_bufs``;
     two halves on ``SCALE`` 1 only: a third 64-register tile spilled on block scales); each K
     step one wgmma per 128-column half into the one product tile, promoted into that half's
-    sum. The two consumers share each slot's A box (each its 64 rows) and B boxes, and
-    each releases the slot on its own (``empty`` counts 2): no barrier between them, so one's
-    promotion runs under the other's wgmma. ``WAIT`` (the ag_gemm consumer): tile rows rotated
-    by ``shift``, as the loader visits them; A's scales (in the gathered rows, which peers
-    write during the kernel) read past L1 (``.cg``)."""
+    sum (``PROMOTE`` 2, ``SCALE`` 1 only: two K steps' wgmmas chained into one product, then
+    one promotion; ``K`` is then a multiple of 256, the kernel's rounding: the boxes past the
+    operands' K land as zeros). The two consumers share each slot's A box (each its
+    64 rows) and B boxes, and each releases the slot on its own (``empty`` counts 2): no
+    barrier between them, so one's promotion runs under the other's wgmma. ``WAIT`` (the
+    ag_gemm consumer): tile rows rotated by ``shift``, as the loader visits them; A's scales
+    (in the gathered rows, which peers write during the kernel) read past L1 (``.cg``)."""
     if WAIT:
         SA_CACHE: gl.constexpr = _L2
     else:
@@ -254,6 +280,7 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
     BN: gl.constexpr = b_bufs.shape[1]
     gl.static_assert(BN == 128, "each half one 128-column scale block")
     gl.static_assert((HALVES == 1) | (SCALE == 1), "block scales: one 128-column half")
+    gl.static_assert((PROMOTE == 1) | (SCALE == 1), "block scales change every K step")
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
     tiles_m, tiles_n, k_steps, units, _, _, _, _, _, _, _ = _sched(
@@ -271,23 +298,20 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
                           M - 1).to(gl.int64)
         acc0 = gl.zeros([HALF_M, BN], gl.float32, layout)
         acc1 = gl.zeros([HALF_M, BN], gl.float32, layout)
-        for kk in range(k_steps):
-            slot = it % STAGES
-            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            a = a_bufs.index(slot).slice(SLOT * HALF_M, HALF_M)
-            part = warpgroup_mma(a, b_bufs.index(slot).permute((1, 0)), part, use_acc=False,
-                                 is_async=True)
+        for kk in range(k_steps // PROMOTE):
+            part = _chain(a_bufs, b_bufs, ready, it, SLOT, part, PROMOTE == 2, True)
+            # (the step's scales after its boxes landed: in WAIT, after the loader's wait)
             scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE,
                                 SA_CACHE)
             part = _scaled_part(warpgroup_mma_wait(0, deps=(part, )), scale, SCALE)
             acc0 += part
             if HALVES == 2:
-                part = warpgroup_mma(a, b2_bufs.index(slot).permute((1, 0)), part,
-                                     use_acc=False, is_async=True)
+                part = _chain(a_bufs, b2_bufs, ready, it, SLOT, part, PROMOTE == 2, False)
                 part = warpgroup_mma_wait(0, deps=(part, ))
                 acc1 += part
-            mbarrier.arrive(empty.index(slot))
-            it += 1
+            for j in gl.static_range(PROMOTE):
+                mbarrier.arrive(empty.index((it + j) % STAGES))
+            it += PROMOTE
         _scaled_epilogue(acc0, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
                          sa_row, sb_row, N, HAS_BIAS, SCALE, SA_CACHE)
         if HALVES == 2:
@@ -300,11 +324,11 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
 def _split_worker(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
                   sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
                   SCALE: gl.constexpr, GROUP_M: gl.constexpr, HALVES: gl.constexpr,
-                  WAIT: gl.constexpr):
+                  PROMOTE: gl.constexpr, WAIT: gl.constexpr):
     """The split schedule's second consumer (a 4-warp worker partition, slot 1)."""
     _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
                     sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE, GROUP_M, 1, HALVES,
-                    WAIT)
+                    PROMOTE, WAIT)
 
 
 @_jit
@@ -339,13 +363,14 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
                      sig_ptr, offsets_ptr, err_claim, err_record, rank, world_size, timeout_us,
                      op_id, SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
                      STAGES: gl.constexpr, SPLIT: gl.constexpr, HALVES: gl.constexpr,
-                     EPI_BUFS: gl.constexpr, WAIT: gl.constexpr, num_warps: gl.constexpr):
+                     EPI_BUFS: gl.constexpr, PROMOTE: gl.constexpr, WAIT: gl.constexpr,
+                     num_warps: gl.constexpr):
     """fp8 GEMM with scales (module docstring). Grid: ``(programs, )``.
 
     ``a_desc`` fp8 ``[M, K]`` boxes ``[BLOCK_M, 128]`` (``SPLIT``: 128 rows, else 64);
     ``b_desc`` the fp8 weight ``[N, K]`` boxes ``[128, 128]`` (``HALVES`` of them per tile and
     K step); ``c_desc`` ``[M, N]`` boxes ``[64, EPI_N]``, staged in ``EPI_BUFS`` tiles per
-    consumer; ``sa_ptr`` fp32 A scales (``SCALE``
+    consumer; ``PROMOTE`` (split, ``SCALE`` 1): K steps per promotion; ``sa_ptr`` fp32 A scales (``SCALE``
     1: one per row, ``sa_row`` floats apart, 0 for one tensor-wise scale; 2: ``[M, ceil(K /
     128)]`` rows ``sa_row`` apart); ``sb_ptr`` fp32 B scales (1: one per column ``sb_row``
     apart, or 0; 2: ``[ceil(K / 128), ceil(N / 128)]`` rows ``sb_row`` apart); ``bias_ptr``
@@ -363,6 +388,8 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
         shift = 0
         epoch = 0
         deadline = 0
+    if PROMOTE == 2:  # an even number of K steps: a last, odd one pairs with a zero box
+        K = (K + 255) // 256 * 256
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape,
                                        a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
@@ -382,10 +409,10 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
         gl.warp_specialize([
             (_split_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs0, c_desc, bias_ptr,
                                sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
-                               GROUP_M, 0, HALVES, WAIT)),
+                               GROUP_M, 0, HALVES, PROMOTE, WAIT)),
             (_split_worker, (a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs1, c_desc, bias_ptr,
                              sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
-                             GROUP_M, HALVES, WAIT)),
+                             GROUP_M, HALVES, PROMOTE, WAIT)),
             (_split_loader, (a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
                              shift, sig_ptr, offsets_ptr, err_claim, err_record, rank,
                              world_size, epoch, deadline, op_id, GROUP_M, HALVES, WAIT)),
