@@ -46,7 +46,7 @@ def test_stages_fit_shared_memory(name, out_bytes):
         assert (cfg.block_m, cfg.block_n) == (64, 128) and st % 2 == 0
     assert set(cfg.modes) <= {1, 2} and cfg.modes
     # two K steps a promotion: split tiles on tensor / row scales only (block scales change
-    # every step); double-buffered staging: an even number of parts per 128 columns
+    # every step); one or two C staging tiles a consumer
     assert cfg.promote == 1 or (cfg.promote == 2 and cfg.split and cfg.modes == (1, ))
     assert cfg.epi_bufs in (1, 2)
 

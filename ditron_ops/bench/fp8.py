@@ -117,10 +117,11 @@ def _present(group, a, b, sa, sb, mode: str, out) -> tuple[dict, dict]:
     a8 = torch.as_strided(flat.view(FP8), (m, k), (pitch * 4, 1))
     if dev.type == "cuda" and _ws_scaled.refusal(a8, bk, out, None) is None:
         outs["present_ws"] = torch.empty_like(out)
+        # (one SM short of the share, as the op's under its default copy producer)
         ws = _ws_scaled.WsScaledGemm(a8, bk, outs["present_ws"], None, flat[scale_word:], sbk,
                                      pitch, sb_row, scale, _ws_scaled.consumer_config(scale, n),
-                                     sms=budget, wait=(sig, offsets, claim, record, 0, 1, 10**7,
-                                                       0))
+                                     sms=max(1, budget - 1),
+                                     wait=(sig, offsets, claim, record, 0, 1, 10**7, 0))
         fns["present_ws"] = lambda: ws.run(a8, bk, outs["present_ws"], None,
                                            flat[scale_word:], sbk)
     return fns, outs
@@ -231,13 +232,16 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                                       "bf16_bytes": 2 * m * k}))
             rows.append(Result("fp8", f"fused_rs {mode}", 1, "e4m3", f"gemm_rs_scaled {mode}",
                                t["fused_rs"], f"scaled core {mode}", t["ours"], **shape))
+        labels = {"present": "ag_gemm_scaled consumer, chunks present",
+                  "present_ws": "ag_gemm_scaled WS consumer, chunks present"}
         for name, got in present_outs.items():  # (rel_err: against the scaled core's out)
             err = ((got.float() - out.float()).abs().max() / out.float().abs().max()).item()
-            rows.append(Result("fp8", f"{name} {mode}", 1, "e4m3",
-                               f"ag_gemm_scaled consumer{' (WS)' if name[-1] == 's' else ''}"
-                               ", chunks present", t[name], f"scaled core {mode}", t["ours"],
+            rows.append(Result("fp8", f"{name} {mode}", 1, "e4m3", labels[name], t[name],
+                               f"scaled core {mode} ({_core_name(a, b, sa, sb, mode, out)})",
+                               t["ours"], **shape,
                                extra={"overhead_pct": round(100 * (t[name] / t["ours"] - 1), 2),
-                                      "rel_err": f"{err:.1e}"}, **shape))
+                                      "rel_err": f"{err:.1e}",
+                                      "no_error": int(group._error_tensors()[0][0]) == 0}))
         if "fused_ws" in parts:
             rows.append(Result("fp8", f"fused_ws {mode}", 1, "e4m3",
                                f"ag_gemm_scaled {mode}, WS consumer", t["fused_ws"],

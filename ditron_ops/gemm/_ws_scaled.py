@@ -58,8 +58,8 @@ SCALED_CONFIGS = {
 live (``_ws_scaled_kernels`` module docstring). ``modes`` from ``python -m ditron_ops.bench fp8
 --only ws`` (benchmarks/NOTES.md, fp8): the 256-column split spills on block scales and lost
 every block shape; the ping-pong won only block shapes. The ``e2`` forms (double-buffered C
-staging) and ``p2`` (a promotion every 256 of K) are not GPU-measured yet: ``bench fp8 --only ws`` times every config, ``scaled_matmul``
-only ``RULE_CONFIGS``."""
+staging) and ``p2`` (a promotion every 256 of K) are not GPU-measured yet: ``bench fp8 --only
+ws`` times every config, ``scaled_matmul`` only ``RULE_CONFIGS``."""
 RULE_CONFIGS = ("split128x256", "split128x128", "pp64x128")
 """The configs ``scaled_matmul`` times per plan, those serving its mode (``configs_for``;
 ``precompile`` binds these): none wins everywhere (benchmarks/NOTES.md, fp8: the WS core)."""

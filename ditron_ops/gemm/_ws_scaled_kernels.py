@@ -12,6 +12,9 @@ registers::
                         (split: release ring slot s, after both halves)
     epilogue:           SCALE 1: sum * sa[m] * sb[n]; + bias; round; TMA store
 
+(A split config's ``PROMOTE`` 2, ``SCALE`` 1: steps s and s + 1 chained into one product,
+then one wait and one add.)
+
 Why promote: the fp8 wgmma's own accumulation drifts past bf16 rounding at K of a few
 thousand (``_core_kernels.tile_product``, the portable core's same rule; ``torch._scaled_mm``
 without fast accumulation promotes too), and block scales change every 128 of K. The product
@@ -370,8 +373,8 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
     ``a_desc`` fp8 ``[M, K]`` boxes ``[BLOCK_M, 128]`` (``SPLIT``: 128 rows, else 64);
     ``b_desc`` the fp8 weight ``[N, K]`` boxes ``[128, 128]`` (``HALVES`` of them per tile and
     K step); ``c_desc`` ``[M, N]`` boxes ``[64, EPI_N]``, staged in ``EPI_BUFS`` tiles per
-    consumer; ``PROMOTE`` (split, ``SCALE`` 1): K steps per promotion; ``sa_ptr`` fp32 A scales (``SCALE``
-    1: one per row, ``sa_row`` floats apart, 0 for one tensor-wise scale; 2: ``[M, ceil(K /
+    consumer; ``PROMOTE`` (split, ``SCALE`` 1): K steps per promotion; ``sa_ptr`` fp32 A
+    scales (``SCALE`` 1: one per row, ``sa_row`` floats apart, 0 for one tensor-wise scale; 2: ``[M, ceil(K /
     128)]`` rows ``sa_row`` apart); ``sb_ptr`` fp32 B scales (1: one per column ``sb_row``
     apart, or 0; 2: ``[ceil(K / 128), ceil(N / 128)]`` rows ``sb_row`` apart); ``bias_ptr``
     ``[N]`` (read with ``HAS_BIAS`` only).
