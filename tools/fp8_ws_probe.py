@@ -1,6 +1,7 @@
 """Quick GPU probe of the fp8 WS core (``gemm/_ws_scaled.py``) on a few model shards: each config
 serving the scale mode against the portable core and ``torch._scaled_mm`` (row-wise) or bf16
-cuBLAS (block-wise), and each config's largest difference from the portable core's product (relative to its scale)::
+cuBLAS (block-wise), and each config's largest difference from the portable core's product
+(relative to its scale)::
 
     python tools/fp8_ws_probe.py [--shapes 2048x4096x4096,...]
 

@@ -92,15 +92,18 @@ def _present(group, a, b, sa, sb, mode: str, out) -> tuple[dict, dict]:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from ..gemm import _ws_scaled
+    from ..gemm._ag_launch import ScaledRows
     from ..gemm._core import CoreGemm, Scales, program_budget, scaled_config, select_config
     from ..gemm.scaled import k_major, pack_rows, packed_row
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     dev, scale = a.device, MODES[mode]
     words = pack_rows(a, sa, mode)  # [m, pitch] fp32 words
-    pitch, scale_word = words.shape[1], packed_row(k, mode).scale_offset // 4
-    flat = words.view(-1)
+    pitch = words.shape[1]
     bk = k_major(b)
     sbk, sb_row = _b_scales(sb, mode)
+    # (the plan's views of the gathered rows: here this rank's, as one rank gathers them)
+    a8, sa_rows = ScaledRows(k, scale, packed_row(k, mode).scale_offset // 4, sb_row).views(
+        words.view(-1), m, pitch)
     sig = torch.zeros(16, dtype=torch.int64, device=dev)
     sig[0], sig[2], sig[3] = 1, m, 1  # W = 1: flag[0] = epoch = 1, rows[0] = m
     offsets = torch.tensor([0, m], dtype=torch.int32, device=dev)
@@ -108,22 +111,20 @@ def _present(group, a, b, sa, sb, mode: str, out) -> tuple[dict, dict]:
     budget = program_budget(dev, group)
     cfg = scaled_config(select_config(m, n, budget, dev, deterministic=False), scale, m, n,
                         budget)
-    a_desc = TensorDescriptor(flat.view(FP8), [m, k], [pitch * 4, 1], [cfg.block_m, cfg.block_k])
+    a_desc = TensorDescriptor(a8, [m, k], list(a8.stride()), [cfg.block_m, cfg.block_k])
     outs = {"present": torch.empty_like(out)}
     core = CoreGemm(a_desc, bk, outs["present"], None, group=group, wait=True, sig=sig,
                     offsets=offsets, claim=claim, record=record, m=m, cfg=cfg,
-                    scales=Scales(scale, flat[scale_word:], sbk, pitch, sb_row, a_varies=False))
+                    scales=Scales(scale, sa_rows, sbk, pitch, sb_row, a_varies=False))
     fns = {"present": lambda: core.run(None, bk, outs["present"], None, scale_b=sbk)}
-    a8 = torch.as_strided(flat.view(FP8), (m, k), (pitch * 4, 1))
     if dev.type == "cuda" and _ws_scaled.refusal(a8, bk, out, None) is None:
         outs["present_ws"] = torch.empty_like(out)
         # (one SM short of the share, as the op's under its default copy producer)
-        ws = _ws_scaled.WsScaledGemm(a8, bk, outs["present_ws"], None, flat[scale_word:], sbk,
-                                     pitch, sb_row, scale, _ws_scaled.consumer_config(scale, n),
+        ws = _ws_scaled.WsScaledGemm(a8, bk, outs["present_ws"], None, sa_rows, sbk, pitch,
+                                     sb_row, scale, _ws_scaled.consumer_config(scale, n),
                                      sms=max(1, budget - 1),
                                      wait=(sig, offsets, claim, record, 0, 1, 10**7, 0))
-        fns["present_ws"] = lambda: ws.run(a8, bk, outs["present_ws"], None,
-                                           flat[scale_word:], sbk)
+        fns["present_ws"] = lambda: ws.run(a8, bk, outs["present_ws"], None, sa_rows, sbk)
     return fns, outs
 
 

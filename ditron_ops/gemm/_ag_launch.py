@@ -82,6 +82,14 @@ class ScaledRows:
     scale_word: int
     b_row: int
 
+    def views(self, words: torch.Tensor, m: int, pitch: int) -> tuple:
+        """``(a8, sa)`` of ``m`` packed rows ``pitch`` words apart from the start of the flat
+        fp32 ``words``: the e4m3 values ``[m, k]`` a consumer reads, and the base of their
+        scales (a row's ``pitch`` floats after the last's)."""
+        a8 = torch.as_strided(words.view(torch.float8_e4m3fn), (m, self.k),
+                              (pitch * words.element_size(), 1))
+        return a8, words[self.scale_word:]
+
 
 def fused(group: Group, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
           out: torch.Tensor, shard_sizes: list[int], gathered: Optional[torch.Tensor],
@@ -152,14 +160,14 @@ class AgGemmPlan:
                               "no peer tensors for copy-engine transfers")
         buf = data.local.view(a.dtype)
         self.gathered_view = buf[:m * pitch].view(m, pitch)[:, :k]
-        scales = None
+        scales = self._fp8 = None
         if scaled is None:
             a_desc = TensorDescriptor(buf, [m, k], [pitch, 1], [cfg.block_m, cfg.block_k])
         else:  # fp8 values at the start of each packed row, its scales from scale_word
-            a_desc = TensorDescriptor(data.local.view(torch.float8_e4m3fn), [m, scaled.k],
-                                      [pitch * elem, 1], [cfg.block_m, cfg.block_k])
-            scales = Scales(scaled.mode, buf[scaled.scale_word:], scale_b, pitch, scaled.b_row,
-                            a_varies=False)
+            self._fp8 = a8, sa = scaled.views(buf, m, pitch)
+            a_desc = TensorDescriptor(a8, [m, scaled.k], list(a8.stride()),
+                                      [cfg.block_m, cfg.block_k])
+            scales = Scales(scaled.mode, sa, scale_b, pitch, scaled.b_row, a_varies=False)
         offsets = ws.row_offsets(shard_sizes, "ag_gemm")
         rows, first = shard_sizes[rank], sum(shard_sizes[:rank])
         # one contiguous [rows, pitch] region per chunk; for the pull kernel also 16-byte aligned
@@ -207,7 +215,6 @@ class AgGemmPlan:
                 tiles = -(-m // cfg.block_m) * -(-b.shape[1] // cfg.block_n)
                 programs = max(1, min(consumer_programs(a.device, group, tiles), budget))
         self.core = None
-        self._a8 = self._sa = None  # (the fp8 WS consumer's views)
         self.ws_core = self._ws_consumer(b, out, bias, producer, scaled, budget, previous,
                                          (sig, offsets, claim, record, rank, w, timeout,
                                           op_id("ag_gemm")), scale_b,
@@ -256,19 +263,14 @@ class AgGemmPlan:
         if (core == "tl" or producer == "push"
                 or (previous is not None and previous.ws_core is None)):
             return None
-        m, pitch = self.gathered_view.shape[0], self.gathered_view.stride(0)
-        words = self.data.local.view(torch.float32)
-        a8 = torch.as_strided(words.view(torch.float8_e4m3fn), (m, scaled.k),
-                              (pitch * words.element_size(), 1))
-        sa = words[scaled.scale_word:]
+        a8, sa = self._fp8
         if _ws_scaled.refusal(a8, b, out, bias) is not None:
             return None
         sms = max(1, budget - 1) if producer == "copy" else budget  # (as _ws_consumer's)
-        gemm = build_ws("ag_gemm", lambda: _ws_scaled.WsScaledGemm(
-            a8, b, out, bias, sa, scale_b, pitch, scaled.b_row, scaled.mode,
-            _ws_scaled.consumer_config(scaled.mode, b.shape[1]), sms=sms, wait=wait))
-        self._a8, self._sa = a8, sa
-        return gemm
+        return build_ws("ag_gemm", lambda: _ws_scaled.WsScaledGemm(
+            a8, b, out, bias, sa, scale_b, self.gathered_view.stride(0), scaled.b_row,
+            scaled.mode, _ws_scaled.consumer_config(scaled.mode, b.shape[1]), sms=sms,
+            wait=wait))
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the views are of a freed buffer."""
@@ -318,8 +320,8 @@ class AgGemmPlan:
                 cuda_driver.wait(side, fork)
                 self._produce_on(side, src)
                 cuda_driver.record(join, side)
-                if self.ws_core is not None and self._a8 is not None:  # (fp8 rows)
-                    self.ws_core.run(self._a8, b, out, bias, self._sa, scale_b)
+                if self.ws_core is not None and self._fp8 is not None:  # (fp8 rows)
+                    self.ws_core.run(self._fp8[0], b, out, bias, self._fp8[1], scale_b)
                 elif self.ws_core is not None:
                     self.ws_core.run(self.gathered_view, b, out, bias)
                 else:
