@@ -14,6 +14,7 @@ from .._library import define_op, direct
 from .._validation import check_tensor, memo
 from ..deterministic import resolve_deterministic
 from ..errors import DitronInputError
+from ..runtime import compiler
 from ..runtime.agreement import agree
 from ..runtime.group import Group, call_group, op_id, resolve_group, sm_count
 from ..runtime.lazy import lazy_import
@@ -300,6 +301,7 @@ def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, er
     rank): ``o_part`` is the output and holds the result."""
     args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct,
                                         errors, table)
+    compiler.settle_cache_keys()  # (a launch outside any plan may compile)
     _kernels.split_kv_kernel[grid](*args, **kwargs)
 
 

@@ -349,6 +349,8 @@ def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = 
     if plan_.pad_a or plan_.pad_b:
         a, b = _lined(a, b, plan_)
     args, meta = ws_operands(a, b, out, bias, plan_, trace)
+    from ..runtime.compiler import settle_cache_keys
+    settle_cache_keys()  # (a launch outside any plan compiles here)
     ws_gemm_kernel[(plan_.grid, )](*args, **meta)
     if plan_.mode == MODE_SPLITR:
         grid, rargs, rmeta = ws_reduce_operands(out, bias, plan_, args[4])

@@ -32,6 +32,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from .. import _env
+
 _async_compile = None
 """Triton's asynchronous-compile hook (``JITFunction._do_compile`` asks ``active_mode``), imported
 by the first ``batch`` (``import ditron_ops`` imports no Triton); None on a Triton without it."""
@@ -125,6 +127,48 @@ def wait(futures) -> None:
         _, pending = concurrent.futures.wait(pending, timeout=0.25)
         with _lock:
             progress.tick()
+
+
+# -- cache keys -------------------------------------------------------------------------------
+_settle_lock = threading.Lock()
+_settled: set = set()  # ids of the JIT functions whose cache keys are settled (never reset)
+_scanned_modules = -1  # len(sys.modules) at the last scan
+
+
+def settle_cache_keys() -> None:
+    """Give every JIT function of ditron_ops (``dl.jit`` and Gluon kernels) the cache key it
+    has when each function it calls was keyed first, whatever order this process asks in.
+
+    Why: Triton's ``JITFunction.cache_key`` merges a callee's global constexprs before it
+    computes that callee's key, so a kernel keyed before its helpers misses their globals and
+    gets another on-disk key (Triton 3.6; 3.9 keyed these alike): ``precompile``, which keys
+    the core kernels first, cached an ``ag_gemm_push_kernel`` that a fresh process's first
+    fused fp8 call, keying it first, compiled again (5.7 s; tests/gpu/test_cold_start_gpu.py).
+    Here every unsettled function is re-keyed until no key changes (each pass carries the
+    callees' globals one call level up), so the keys are those of a callee-first order.
+    Functions settled once keep their keys (they and everything they call are complete).
+    Called before any kernel of ours is compiled (``BoundKernel`` requests, direct launches)."""
+    global _scanned_modules
+    if _scanned_modules == len(sys.modules) or _env.use_interpreter():
+        return
+    from triton.runtime.jit import JITFunction
+    with _settle_lock:
+        seen = len(sys.modules)
+        fresh = [fn for name, module in list(sys.modules.items())
+                 if name.startswith("ditron_ops") and module is not None
+                 for fn in list(vars(module).values())
+                 if isinstance(fn, JITFunction) and id(fn) not in _settled]
+        fresh = list({id(fn): fn for fn in fresh}.values())
+        keys = None
+        while True:
+            for fn in fresh:
+                fn.hash = None
+            now = [fn.cache_key for fn in fresh]
+            if now == keys:
+                break
+            keys = now
+        _settled.update(id(fn) for fn in fresh)
+        _scanned_modules = seen  # (last: a thread arriving meanwhile waits for the lock)
 
 
 # -- batches ----------------------------------------------------------------------------------
