@@ -132,10 +132,7 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
         table_row = table_ptr + b.to(tl.int64) * stride_tb
         no_bad = seq_len // PAGE + 1  # past every table column
         bad_first = tl.full((BLOCK_N,), 0, tl.int32) + no_bad
-        # (the first block's entries bounded by the table's capacity, not by ``hi``: the load
-        # then does not wait for this sequence's length, one memory round trip off the
-        # program's first K/V load; entries past ``hi`` are read, never used unmasked)
-        entries = _table_entries(table_row, lo + tl.arange(0, BLOCK_N), seq_len, PAGE)
+        entries = _table_entries(table_row, lo + tl.arange(0, BLOCK_N), hi, PAGE)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
