@@ -60,3 +60,20 @@ def test_every_scale_mode_has_ws_configs():
         assert all(mode in _ws_scaled.SCALED_CONFIGS[c].modes for c in every)
     with pytest.raises(ValueError, match="not in"):
         _ws_scaled.WsScaledGemm(*_ops(), None, None, None, 1, 1, 1, "coop128x128")
+
+
+def test_consumer_config_rule():
+    """The ag_gemm consumer's config (a rule: a waiting kernel cannot be timed): block scales
+    the 128-wide split; tensor / row scales 128 wide where 256-wide tiles leave most SMs idle
+    or a near-empty last wave (1280x1152, 384x4608, 1280x4096 at 132 programs), 256 wide
+    where they fill the waves (753x4096: 96 tiles, one wave either way; 7040x7168); every
+    answer one of the precompiled ``CONSUMER_FORMS``."""
+    pick = _ws_scaled.consumer_config
+    assert pick(2, 7040, 7168, 132) == "split128x128"
+    for m, n in ((1280, 1152), (384, 4608), (1280, 4096), (971, 4608)):
+        assert pick(1, m, n, 132) == "split128x128", (m, n)
+    for m, n in ((753, 4096), (7040, 7168), (256, 16384), (2165, 7168)):
+        assert pick(1, m, n, 132) == "split128x256", (m, n)
+    forms = {(mode, pick(mode, m, n, sms)) for mode in (1, 2) for m in (1, 100, 1280, 9000)
+             for n in (64, 1152, 4096, 29568) for sms in (1, 66, 131, 132)}
+    assert forms == set(_ws_scaled.CONSUMER_FORMS)

@@ -121,7 +121,8 @@ def _present(group, a, b, sa, sb, mode: str, out) -> tuple[dict, dict]:
         outs["present_ws"] = torch.empty_like(out)
         # (one SM short of the share, as the op's under its default copy producer)
         ws = _ws_scaled.WsScaledGemm(a8, bk, outs["present_ws"], None, sa_rows, sbk, pitch,
-                                     sb_row, scale, _ws_scaled.consumer_config(scale, n),
+                                     sb_row, scale,
+                                     _ws_scaled.consumer_config(scale, m, n, max(1, budget - 1)),
                                      sms=max(1, budget - 1),
                                      wait=(sig, offsets, claim, record, 0, 1, 10**7, 0))
         fns["present_ws"] = lambda: ws.run(a8, bk, outs["present_ws"], None, sa_rows, sbk)

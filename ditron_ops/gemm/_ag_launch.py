@@ -41,11 +41,14 @@ B, bias and out, made once per plan), else the portable one; ``"tl"`` / ``"ws"``
 (tests, benches; ``"ws"`` still falls back where the WS core refuses). Ranks may differ: each
 rank's consumer only waits for flags. The push producer runs the portable core (its kernel
 pushes the rows); fp8 rows follow ``SCALED_CONSUMER_CORE``."""
-SCALED_CONSUMER_CORE = "tl"
+SCALED_CONSUMER_CORE = "ws"
 """The copy and pull producers' consumer of fp8 rows (``ag_gemm_scaled``): ``"ws"``, the fp8 WS
 core's split kernel waiting for chunks (``_ws_scaled.consumer_config``) where it takes the
-operands, else the portable core; ``"tl"`` the portable core. Default ``"tl"`` until the
-waiting fp8 kernel has a GPU run (benchmarks/NOTES.md, fp8)."""
+operands, else the portable core; ``"tl"`` the portable core. Default ``"ws"``: with every
+chunk present and tensor scales it ran 0.91-1.04x the scaled core GEMM on 16 of 22 model
+shards (0.57-0.85x on the rest, where its 256-wide tiles were few: ``consumer_config``'s wave
+rule takes 128 there since), the portable consumer 0.60-0.78x on all (``bench fp8 --only
+present``, H100, 02696f4; benchmarks/NOTES.md, fp8)."""
 PUSH_MAX_BYTES = 1 << 20
 """``"auto"`` pushes gathers (``ΣM_r · K`` elements) of at most this many bytes: the call is
 then host-bound (a fused call with copy engines costs four launches, a copy, and a stream fork
@@ -269,8 +272,8 @@ class AgGemmPlan:
         sms = max(1, budget - 1) if producer == "copy" else budget  # (as _ws_consumer's)
         return build_ws("ag_gemm", lambda: _ws_scaled.WsScaledGemm(
             a8, b, out, bias, sa, scale_b, self.gathered_view.stride(0), scaled.b_row,
-            scaled.mode, _ws_scaled.consumer_config(scaled.mode, b.shape[1]), sms=sms,
-            wait=wait))
+            scaled.mode, _ws_scaled.consumer_config(scaled.mode, a8.shape[0], b.shape[1], sms),
+            sms=sms, wait=wait))
 
     def stale(self) -> bool:
         """The workspace grew since (another call's plan): the views are of a freed buffer."""

@@ -48,21 +48,26 @@ class ScaledConfig:
 
 SCALED_CONFIGS = {
     "split128x256": ScaledConfig(128, 256, True, (1, )),
-    "split128x128": ScaledConfig(128, 128, True, (1, 2)),
-    "pp64x128": ScaledConfig(64, 128, False, (2, )),
-    "split128x256e2": ScaledConfig(128, 256, True, (1, ), 2),
-    "split128x128e2": ScaledConfig(128, 128, True, (1, 2), 2),
     "split128x256p2": ScaledConfig(128, 256, True, (1, ), 1, 2),
+    "split128x128": ScaledConfig(128, 128, True, (1, 2)),
+    "split128x128e2": ScaledConfig(128, 128, True, (1, 2), 2),
+    "pp64x128": ScaledConfig(64, 128, False, (2, )),
 }
 """A warpgroup's share of a tile is 64 x 128 (64 x 256 in two halves): the sum(s) and a product
 live (``_ws_scaled_kernels`` module docstring). ``modes`` from ``python -m ditron_ops.bench fp8
 --only ws`` (benchmarks/NOTES.md, fp8): the 256-column split spills on block scales and lost
-every block shape; the ping-pong won only block shapes. The ``e2`` forms (double-buffered C
-staging) and ``p2`` (a promotion every 256 of K) are not GPU-measured yet: ``bench fp8 --only
-ws`` times every config, ``scaled_matmul`` only ``RULE_CONFIGS``."""
-RULE_CONFIGS = ("split128x256", "split128x128", "pp64x128")
+every block shape; the ping-pong won only block shapes. ``p2`` (a promotion every 256 of K)
+and ``e2`` (double-buffered C staging) were faster on most model shards (same bench, H100);
+``split128x128`` stays as the ag_gemm consumer's narrow config (``consumer_config``)."""
+RULE_CONFIGS = ("split128x256", "split128x256p2", "split128x128e2", "pp64x128")
 """The configs ``scaled_matmul`` times per plan, those serving its mode (``configs_for``;
-``precompile`` binds these): none wins everywhere (benchmarks/NOTES.md, fp8: the WS core)."""
+``precompile`` binds these): none wins everywhere. ``split128x256p2`` beside
+``split128x256``: faster on long K, slower at K <= 640 or 256 rows; ``split128x128e2`` in
+place of ``split128x128`` (0.886x / 0.971x against 0.878x / 0.958x ``torch._scaled_mm``,
+tensor / row scales, geo-mean over 23 model shards; block scales alike). The best of the
+timed set over those shards: 0.931x / 1.020x where ``split128x256`` and ``split128x128``
+gave 0.903x / 0.980x (``bench fp8 --only tensor,row,ws``, H100, 02696f4;
+benchmarks/NOTES.md, fp8)."""
 
 
 def configs_for(mode: int, every: bool = False) -> tuple:
@@ -191,17 +196,36 @@ def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None, wait=
         configs or RULE_CONFIGS, plain) for mode in SCALED_CONFIGS[name].modes]
     if wait:
         waits = _dummies(device) + (0, 2, 10**6, 0)
-        consumers = dict.fromkeys((mode, consumer_config(mode, n)) for mode in (1, 2)
-                                  for n in (128, 256))
-        binds += [(name, mode, form, waits) for mode, name in consumers for form in forms]
+        binds += [(name, mode, form, waits) for mode, name in CONSUMER_FORMS for form in forms]
     for name, mode, (dtype, bias_dtype), waits in binds:
         out = torch.empty(64, 128, dtype=dtype, device=device)
         bias = None if bias_dtype is None else torch.zeros(128, dtype=bias_dtype, device=device)
         WsScaledGemm(a8, b, out, bias, one, one, 1, 1, mode, name, sms=sms, wait=waits)
 
 
-def consumer_config(mode: int, n: int) -> str:
-    """The ag_gemm consumer's config for scale ``mode`` and ``n`` columns (a waiting kernel
-    cannot be timed alone): the split config ``scaled_matmul``'s timing kept on most model
-    shards (benchmarks/NOTES.md, fp8), 128 wide where a 256-wide tile would be half empty."""
-    return "split128x256" if mode == 1 and n > 128 else "split128x128"
+NARROW_TILE_COST = 1.07
+"""Time of a 128x128 tile in halves of a 128x256 one (a wave of the narrow tiles costs
+``NARROW_TILE_COST / 2`` of a wide wave): with it ``consumer_config``'s wave model picks the
+faster of ``split128x256`` / ``split128x128`` on 20 of 22 model shards at 132 programs (misses:
+9344x5120x2240 9% slower, 6842x7168x3584 0.1%; ``bench fp8 --only ws``, tensor scales, H100,
+02696f4), 19 at the copy producer's 131 (4224x3584x12288, 10% slower, flips)."""
+
+
+CONSUMER_FORMS = ((1, "split128x256"), (1, "split128x128"), (2, "split128x128"))
+"""Every ``(scale mode, config)`` ``consumer_config`` gives (``precompile``'s waiting forms)."""
+
+
+def consumer_config(mode: int, m: int, n: int, sms: int) -> str:
+    """The ag_gemm consumer's config for scale ``mode`` over ``m`` gathered rows, ``n`` columns
+    and ``sms`` programs (a waiting kernel cannot be timed alone, so a rule, rank-local as
+    each rank's consumer only waits for flags): block scales ``split128x128`` (the 256-wide
+    split spills there); tensor / row scales the tile of fewer waves, ``split128x256``'s
+    ``ceil(tiles / sms)`` against ``split128x128``'s times ``NARROW_TILE_COST / 2`` (a few
+    256-wide tiles or a near-empty last wave of them: 1.1-1.7x faster narrow, e.g.
+    1280x1152x3584, 971x4608x512; else wide, up to 1.14x faster)."""
+    if mode != 1:
+        return "split128x128"
+    rows = -(-m // 128)
+    wide = -(-rows * -(-n // 256) // sms)
+    narrow = -(-rows * -(-n // 128) // sms) * NARROW_TILE_COST / 2
+    return "split128x128" if narrow < wide else "split128x256"
