@@ -10,12 +10,13 @@ Rows (``case``):
   (target >= 1.5x bf16's speed at M >= 2048); torch's own block-scaled ``_scaled_mm`` is not
   compared (the installed torch's API for it differs between versions);
 - ``fused <mode>``: ``ag_gemm_scaled`` at one rank (fused path, rows packed and gathered into
-  the workspace, the consumer reading them) vs the scaled core GEMM alone: the fused op's
+  the workspace, the consumer ``_ag_launch.SCALED_CONSUMER_CORE`` says reading them) vs the
+  scaled core GEMM alone: the fused op's
   overhead with data present (target <= 3%); ``gathered_bytes`` and ``bf16_bytes`` columns;
   ``fused_rs <mode>``: ``gemm_rs_scaled`` at one rank (fused path: the reduce-scatter kernel
   with nothing to exchange) vs the same; ``fused_ws <mode>`` (``--only fused_ws``):
-  ``ag_gemm_scaled`` with the WS consumer (``_ag_launch.SCALED_CONSUMER_CORE = "ws"``) vs the
-  same;
+  ``ag_gemm_scaled`` with the WS consumer forced (``SCALED_CONSUMER_CORE = "ws"``, the
+  default) vs the same;
 - ``present <mode>`` / ``present_ws <mode>`` (``--only present``): ``ag_gemm_scaled``'s waiting
   consumer alone over this rank's packed rows with every chunk already present (a W = 1 pad
   pre-set, as ``bench ag_gemm``'s P2 rows), the portable one / the fp8 WS one
