@@ -66,7 +66,7 @@ def test_consumer_config_rule():
     """The ag_gemm consumer's config (a rule: a waiting kernel cannot be timed): block scales
     the 128-wide split; tensor / row scales 128 wide where 256-wide tiles leave most SMs idle
     or a near-empty last wave (1280x1152, 384x4608, 1280x4096 at 132 programs), 256 wide
-    where they fill the waves (753x4096: 96 tiles, one wave either way; 7040x7168); every
+    where they fill the waves (753x4096: one wave of 96 against two of 192; 7040x7168); every
     answer one of the precompiled ``CONSUMER_FORMS``."""
     pick = _ws_scaled.consumer_config
     assert pick(2, 7040, 7168, 132) == "split128x128"

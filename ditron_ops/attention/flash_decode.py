@@ -301,7 +301,7 @@ def _launch_split_kv(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, er
     rank): ``o_part`` is the output and holds the result."""
     args, kwargs, grid = _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg, direct,
                                         errors, table)
-    compiler.settle_cache_keys()  # (a launch outside any plan may compile)
+    compiler.settle_cache_keys(_kernels.split_kv_kernel)  # (a launch outside a plan compiles)
     _kernels.split_kv_kernel[grid](*args, **kwargs)
 
 

@@ -350,7 +350,7 @@ def ws_matmul(a, b, out=None, bias=None, *, cfg=None, plan_: Optional[WsPlan] = 
         a, b = _lined(a, b, plan_)
     args, meta = ws_operands(a, b, out, bias, plan_, trace)
     from ..runtime.compiler import settle_cache_keys
-    settle_cache_keys()  # (a launch outside any plan compiles here)
+    settle_cache_keys(ws_gemm_kernel)  # (a launch outside any plan compiles here)
     ws_gemm_kernel[(plan_.grid, )](*args, **meta)
     if plan_.mode == MODE_SPLITR:
         grid, rargs, rmeta = ws_reduce_operands(out, bias, plan_, args[4])

@@ -135,9 +135,10 @@ _settled: set = set()  # ids of the JIT functions whose cache keys are settled (
 _scanned_modules = -1  # len(sys.modules) at the last scan
 
 
-def settle_cache_keys() -> None:
-    """Give every JIT function of ditron_ops (``dl.jit`` and Gluon kernels) the cache key it
-    has when each function it calls was keyed first, whatever order this process asks in.
+def settle_cache_keys(fn=None) -> None:
+    """Give every JIT function of ditron_ops (``dl.jit`` and Gluon kernels; ``fn`` too, where
+    given) the cache key it has when each function it calls was keyed first, whatever order
+    this process asks in.
 
     Why: Triton's ``JITFunction.cache_key`` merges a callee's global constexprs before it
     computes that callee's key, so a kernel keyed before its helpers misses their globals and
@@ -147,28 +148,34 @@ def settle_cache_keys() -> None:
     Here every unsettled function is re-keyed until no key changes (each pass carries the
     callees' globals one call level up), so the keys are those of a callee-first order.
     Functions settled once keep their keys (they and everything they call are complete).
-    Called before any kernel of ours is compiled (``BoundKernel`` requests, direct launches)."""
+    Called before any kernel of ours is compiled (``BoundKernel`` requests, direct launches);
+    a module still being imported (another thread's) is scanned again at the next call."""
     global _scanned_modules
-    if _scanned_modules == len(sys.modules) or _env.use_interpreter():
+    if ((_scanned_modules == len(sys.modules) and (fn is None or id(fn) in _settled))
+            or _env.use_interpreter()):
         return
     from triton.runtime.jit import JITFunction
     with _settle_lock:
-        seen = len(sys.modules)
-        fresh = [fn for name, module in list(sys.modules.items())
-                 if name.startswith("ditron_ops") and module is not None
-                 for fn in list(vars(module).values())
-                 if isinstance(fn, JITFunction) and id(fn) not in _settled]
-        fresh = list({id(fn): fn for fn in fresh}.values())
+        seen, complete = len(sys.modules), True
+        fresh = [fn] if isinstance(fn, JITFunction) and id(fn) not in _settled else []
+        for name, module in list(sys.modules.items()):
+            if not name.startswith("ditron") or module is None:
+                continue
+            if getattr(getattr(module, "__spec__", None), "_initializing", False):
+                complete = False  # (its body still runs: kernels below may be missing)
+            fresh += [f for f in list(vars(module).values())
+                      if isinstance(f, JITFunction) and id(f) not in _settled]
+        fresh = list({id(f): f for f in fresh}.values())
         keys = None
         while True:
-            for fn in fresh:
-                fn.hash = None
-            now = [fn.cache_key for fn in fresh]
+            for f in fresh:
+                f.hash = None
+            now = [f.cache_key for f in fresh]
             if now == keys:
                 break
             keys = now
-        _settled.update(id(fn) for fn in fresh)
-        _scanned_modules = seen  # (last: a thread arriving meanwhile waits for the lock)
+        _settled.update(id(f) for f in fresh)
+        _scanned_modules = seen if complete else -1  # (last: others wait for the lock)
 
 
 # -- batches ----------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ class BoundKernel:
     # -- build (``compiler.prepare``: GPU only) -------------------------------------------------
     def _request(self) -> None:
         """Ask Triton for the compiled variant (a future inside a ``compiler.batch``)."""
-        compiler.settle_cache_keys()
+        compiler.settle_cache_keys(self.fn)
         self._pending = self.fn.warmup(*self.args, grid=self.grid, **self.kwargs)
 
     def _forget_examples(self) -> None:
