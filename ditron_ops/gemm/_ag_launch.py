@@ -46,8 +46,8 @@ SCALED_CONSUMER_CORE = "ws"
 core's split kernel waiting for chunks (``_ws_scaled.consumer_config``) where it takes the
 operands, else the portable core; ``"tl"`` the portable core. Default ``"ws"``: with every
 chunk present and tensor scales it ran 0.91-1.04x the scaled core GEMM on 16 of 22 model
-shards (0.57-0.85x on the rest, where its 256-wide tiles were few: ``consumer_config``'s wave
-rule takes 128 there since), the portable consumer 0.60-0.78x on all (``bench fp8 --only
+shards (0.57-0.85x on the rest, most where its 256-wide tiles were few: ``consumer_config``'s
+wave rule takes 128 on five of those six since), the portable consumer 0.60-0.78x on all (``bench fp8 --only
 present``, H100, 02696f4; benchmarks/NOTES.md, fp8)."""
 PUSH_MAX_BYTES = 1 << 20
 """``"auto"`` pushes gathers (``ΣM_r · K`` elements) of at most this many bytes: the call is

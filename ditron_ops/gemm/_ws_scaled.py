@@ -64,9 +64,9 @@ RULE_CONFIGS = ("split128x256", "split128x256p2", "split128x128e2", "pp64x128")
 ``precompile`` binds these): none wins everywhere. ``split128x256p2`` beside
 ``split128x256``: faster on long K, slower at K <= 640 or 256 rows; ``split128x128e2`` in
 place of ``split128x128`` (0.886x / 0.971x against 0.878x / 0.958x ``torch._scaled_mm``,
-tensor / row scales, geo-mean over 23 model shards; block scales alike). The best of the
-timed set over those shards: 0.931x / 1.020x where ``split128x256`` and ``split128x128``
-gave 0.903x / 0.980x (``bench fp8 --only tensor,row,ws``, H100, 02696f4;
+tensor / row scales, geo-mean over 23 model shards; block scales alike). Per shape the best
+of ``split128x256p2`` and ``split128x128e2``: 0.931x / 1.020x, where the best of
+``split128x256`` and ``split128x128`` gave 0.903x / 0.980x (``bench fp8 --only tensor,row,ws``, H100, 02696f4;
 benchmarks/NOTES.md, fp8)."""
 
 
