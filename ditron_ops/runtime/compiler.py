@@ -170,12 +170,23 @@ def settle_cache_keys(fn=None) -> None:
         while True:
             for f in fresh:
                 f.hash = None
-            now = [f.cache_key for f in fresh]
+            now = [_key_or_none(f) for f in fresh]
             if now == keys:
                 break
             keys = now
+        fresh = [f for f, key in zip(fresh, keys) if key is not None]
         _settled.update(id(f) for f in fresh)
         _scanned_modules = seen if complete else -1  # (last: others wait for the lock)
+
+
+def _key_or_none(fn):
+    """``fn.cache_key``, or None where this Triton cannot key it (a Gluon API it lacks): such a
+    function is left unsettled, and a kernel using it fails at its own compile, as before."""
+    try:
+        return fn.cache_key
+    except Exception:  # noqa: BLE001 - reported by the kernel's own compile, if it is compiled
+        fn.hash = None
+        return None
 
 
 # -- batches ----------------------------------------------------------------------------------
