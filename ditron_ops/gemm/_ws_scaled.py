@@ -49,6 +49,8 @@ class ScaledConfig:
 SCALED_CONFIGS = {
     "split128x256": ScaledConfig(128, 256, True, (1, )),
     "split128x256p2": ScaledConfig(128, 256, True, (1, ), 1, 2),
+    "split128x256p2e2": ScaledConfig(128, 256, True, (1, ), 2, 2),
+    "split128x128p2e2": ScaledConfig(128, 128, True, (1, ), 2, 2),
     "split128x128": ScaledConfig(128, 128, True, (1, 2)),
     "split128x128e2": ScaledConfig(128, 128, True, (1, 2), 2),
     "pp64x128": ScaledConfig(64, 128, False, (2, )),
@@ -58,7 +60,9 @@ live (``_ws_scaled_kernels`` module docstring). ``modes`` from ``python -m ditro
 --only ws`` (benchmarks/NOTES.md, fp8): the 256-column split spills on block scales and lost
 every block shape; the ping-pong won only block shapes. ``p2`` (a promotion every 256 of K)
 and ``e2`` (double-buffered C staging) were faster on most model shards (same bench, H100);
-``split128x128`` stays as the ag_gemm consumer's narrow config (``consumer_config``)."""
+``split128x128`` stays as the ag_gemm consumer's narrow config (``consumer_config``).
+``split128x256p2e2`` / ``split128x128p2e2``: both at once, prototypes (not GPU-run; outside
+``RULE_CONFIGS``: ``bench fp8 --only ws`` times them)."""
 RULE_CONFIGS = ("split128x256", "split128x256p2", "split128x128e2", "pp64x128")
 """The configs ``scaled_matmul`` times per plan, those serving its mode (``configs_for``;
 ``precompile`` binds these): none wins everywhere. ``split128x256p2`` beside
