@@ -174,6 +174,9 @@ def settle_cache_keys(fn=None) -> None:
             if now == keys:
                 break
             keys = now
+        for f, key in zip(fresh, keys):
+            if key is None:  # (a caller's failed key may have left its recursion placeholder)
+                f.hash = None
         fresh = [f for f, key in zip(fresh, keys) if key is not None]
         _settled.update(id(f) for f in fresh)
         _scanned_modules = seen if complete else -1  # (last: others wait for the lock)
