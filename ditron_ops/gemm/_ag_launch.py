@@ -45,10 +45,8 @@ SCALED_CONSUMER_CORE = "ws"
 """The copy and pull producers' consumer of fp8 rows (``ag_gemm_scaled``): ``"ws"``, the fp8 WS
 core's split kernel waiting for chunks (``_ws_scaled.consumer_config``) where it takes the
 operands, else the portable core; ``"tl"`` the portable core. Default ``"ws"``: with every
-chunk present and tensor scales it ran 0.91-1.04x the scaled core GEMM on 16 of 22 model
-shards (0.57-0.85x on the rest, most where its 256-wide tiles were few: ``consumer_config``'s
-wave rule takes 128 on five of those six since), the portable consumer 0.60-0.78x on all (``bench fp8 --only
-present``, H100, 02696f4; benchmarks/NOTES.md, fp8)."""
+chunk present it ran close to the plain scaled GEMM on most model shards, the portable
+consumer a third slower on all (``bench fp8 --only present``; benchmarks/NOTES.md, fp8)."""
 PUSH_MAX_BYTES = 1 << 20
 """``"auto"`` pushes gathers (``ΣM_r · K`` elements) of at most this many bytes: the call is
 then host-bound (a fused call with copy engines costs four launches, a copy, and a stream fork

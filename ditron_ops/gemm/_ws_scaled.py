@@ -59,19 +59,16 @@ SCALED_CONFIGS = {
 live (``_ws_scaled_kernels`` module docstring). ``modes`` from ``python -m ditron_ops.bench fp8
 --only ws`` (benchmarks/NOTES.md, fp8): the 256-column split spills on block scales and lost
 every block shape; the ping-pong won only block shapes. ``p2`` (a promotion every 256 of K)
-and ``e2`` (double-buffered C staging) were faster on most model shards (same bench, H100);
+and ``e2`` (double-buffered C staging) were faster on most model shards (same bench);
 ``split128x128`` stays as the ag_gemm consumer's narrow config (``consumer_config``).
 ``split128x256p2e2`` / ``split128x128p2e2``: both at once, prototypes (not GPU-run; outside
 ``RULE_CONFIGS``: ``bench fp8 --only ws`` times them)."""
 RULE_CONFIGS = ("split128x256", "split128x256p2", "split128x128e2", "pp64x128")
 """The configs ``scaled_matmul`` times per plan, those serving its mode (``configs_for``;
-``precompile`` binds these): none wins everywhere. ``split128x256p2`` beside
-``split128x256``: faster on long K, slower at K <= 640 or 256 rows; ``split128x128e2`` in
-place of ``split128x128`` (0.886x / 0.971x against 0.878x / 0.958x ``torch._scaled_mm``,
-tensor / row scales, geo-mean over 23 model shards; block scales alike). Per shape the best
-of ``split128x256p2`` and ``split128x128e2``: 0.931x / 1.020x, where the best of
-``split128x256`` and ``split128x128`` gave 0.903x / 0.980x (``bench fp8 --only tensor,row,ws``, H100, 02696f4;
-benchmarks/NOTES.md, fp8)."""
+``precompile`` binds these): none wins everywhere. ``split128x256p2`` beside ``split128x256``
+(faster on long K, slower at short K or few rows); ``split128x128e2`` in place of
+``split128x128`` (faster in geo-mean on tensor and row scales, alike on blocks). Figures and
+command: benchmarks/NOTES.md, fp8."""
 
 
 def configs_for(mode: int, every: bool = False) -> tuple:
@@ -209,10 +206,9 @@ def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None, wait=
 
 NARROW_TILE_COST = 1.07
 """Time of a 128x128 tile in halves of a 128x256 one (a wave of the narrow tiles costs
-``NARROW_TILE_COST / 2`` of a wide wave): with it ``consumer_config``'s wave model picks the
-faster of ``split128x256`` / ``split128x128`` on 20 of 22 model shards at 132 programs (misses:
-9344x5120x2240 9% slower, 6842x7168x3584 0.1%; ``bench fp8 --only ws``, tensor scales, H100,
-02696f4), 19 at the copy producer's 131 (4224x3584x12288, 10% slower, flips)."""
+``NARROW_TILE_COST / 2`` of a wide wave): the value at which ``consumer_config`` picks the
+faster of the two configs' plain runs on most model shards (fit and misses:
+benchmarks/NOTES.md, fp8)."""
 
 
 CONSUMER_FORMS = ((1, "split128x256"), (1, "split128x128"), (2, "split128x128"))

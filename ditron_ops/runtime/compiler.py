@@ -140,11 +140,10 @@ def settle_cache_keys(fn=None) -> None:
     given) the cache key it has when each function it calls was keyed first, whatever order
     this process asks in.
 
-    Why: Triton's ``JITFunction.cache_key`` merges a callee's global constexprs before it
-    computes that callee's key, so a kernel keyed before its helpers misses their globals and
-    gets another on-disk key (Triton 3.6; 3.9 keyed these alike): ``precompile``, which keys
-    the core kernels first, cached an ``ag_gemm_push_kernel`` that a fresh process's first
-    fused fp8 call, keying it first, compiled again (5.7 s; tests/gpu/test_cold_start_gpu.py).
+    Why: Triton 3.6's ``JITFunction.cache_key`` merges a callee's global constexprs before it
+    keys that callee, so a kernel keyed before its helpers gets another on-disk key, and a
+    variant ``precompile`` cached compiled again at a fresh process's first call
+    (benchmarks/NOTES.md, cold start).
     Here every unsettled function is re-keyed until no key changes (each pass carries the
     callees' globals one call level up), so the keys are those of a callee-first order.
     Functions settled once keep their keys (they and everything they call are complete).

@@ -169,12 +169,11 @@ def test_reduce_scaled_graph_replay_with_bias(op):
 def test_scaled_back_to_back(monkeypatch, op, world_size):
     """Fused calls queued back to back with no host synchronization between them (a decode
     loop, a bench's timing) finish within a bound, and each gives the float64 reference:
-    tensor scales, the bench's first model shard (753x4096x7168, the copy producer). ``bench fp8
-    --only tensor,row,block,fused,fused_ws`` never finished such a queue of three (H100,
-    530d906; benchmarks/NOTES.md, fp8): this names the op that stalls (the queue is polled, so
-    a stall fails the test instead of hanging it; the stalled work then holds the GPU). The
-    bf16 ops on the same path (``*_bf16``: relative error against a float64 product) tell
-    whether a stall is the fp8 ops' own."""
+    tensor scales, the bench's first model shard (753x4096x7168, the copy producer). The queue
+    is polled, so a stall fails the test, naming the op, instead of hanging it (the stalled
+    work then holds the GPU; benchmarks/NOTES.md, fp8). The bf16 ops on the same path
+    (``*_bf16``: relative error against a float64 product) tell whether a stall is the fp8
+    ops' own."""
     from ditron_ops.gemm import _ag_launch
     from ditron_ops.gemm._ws_launch import core_refusal
     if op == "ag_ws":
