@@ -253,23 +253,6 @@ def test_fp8_quick_rows_of_every_part(tmp_path):
                if r["case"].startswith("fused ") and r["shape"] != "geo-mean")
 
 
-def test_fp8_quick_fused_ws_rows(tmp_path, monkeypatch):
-    """``bench fp8 --only fused_ws`` (the interpreter: the setting falls back to the portable
-    consumer): one row per mode and the setting restored afterwards (set to ``"tl"`` first,
-    so a forced ``"ws"`` left behind shows)."""
-    import csv
-
-    from ditron_ops.bench.__main__ import main
-    from ditron_ops.gemm import _ag_launch
-
-    monkeypatch.setattr(_ag_launch, "SCALED_CONSUMER_CORE", "tl")
-    assert main(["fp8", "--quick", "--only", "fused_ws", "--rounds", "1",
-                 "--out", str(tmp_path)]) == 0
-    rows = list(csv.DictReader(open(next(tmp_path.glob("fp8-*.csv")))))
-    assert {r["case"] for r in rows} == {f"fused_ws {m}" for m in ("tensor", "row", "block")}
-    assert _ag_launch.SCALED_CONSUMER_CORE == "tl"
-
-
 def test_fp8_quick_present_rows(tmp_path):
     """``bench fp8 --only present`` (the interpreter: the portable waiting consumer only): a row
     per mode, the consumer over packed rows with every chunk present giving the scaled core's

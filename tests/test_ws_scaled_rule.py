@@ -53,11 +53,10 @@ def test_stages_fit_shared_memory(name, out_bytes):
 
 def test_every_scale_mode_has_ws_configs():
     assert all(_ws_scaled.configs_for(mode) for mode in (1, 2))
-    assert "split128x256" not in _ws_scaled.configs_for(2)  # (no block-scale form)
-    for mode in (1, 2):  # scaled_matmul times the rule's configs; the bench every one
-        every = _ws_scaled.configs_for(mode, every=True)
-        assert set(_ws_scaled.configs_for(mode)) < set(every)
-        assert all(mode in _ws_scaled.SCALED_CONFIGS[c].modes for c in every)
+    assert "split128x256p2e2" not in _ws_scaled.configs_for(2)  # (no block-scale form)
+    for mode in (1, 2):
+        assert all(mode in _ws_scaled.SCALED_CONFIGS[c].modes
+                   for c in _ws_scaled.configs_for(mode))
     with pytest.raises(ValueError, match="not in"):
         _ws_scaled.WsScaledGemm(*_ops(), None, None, None, 1, 1, 1, "coop128x128")
 
@@ -69,11 +68,11 @@ def test_consumer_config_rule():
     where they fill the waves (753x4096: one wave of 96 against two of 192; 7040x7168); every
     answer one of the precompiled ``CONSUMER_FORMS``."""
     pick = _ws_scaled.consumer_config
-    assert pick(2, 7040, 7168, 132) == "split128x128"
+    assert pick(2, 7040, 7168, 132) == "split128x128e2"
     for m, n in ((1280, 1152), (384, 4608), (1280, 4096), (971, 4608)):
-        assert pick(1, m, n, 132) == "split128x128", (m, n)
+        assert pick(1, m, n, 132) == "split128x128p2e2", (m, n)
     for m, n in ((753, 4096), (7040, 7168), (256, 16384), (2165, 7168)):
-        assert pick(1, m, n, 132) == "split128x256", (m, n)
+        assert pick(1, m, n, 132) == "split128x256p2e2", (m, n)
     forms = {(mode, pick(mode, m, n, sms)) for mode in (1, 2) for m in (1, 100, 1280, 9000)
              for n in (64, 1152, 4096, 29568) for sms in (1, 66, 131, 132)}
     assert forms == set(_ws_scaled.CONSUMER_FORMS)

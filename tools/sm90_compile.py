@@ -427,7 +427,7 @@ def ws_scaled() -> list[str]:
     made = []
     compiler.prepare = made.append
     _ws_scaled.precompile_scaled_ws(torch.device("cpu"), (torch.bfloat16, torch.float16),
-                                    configs=tuple(_ws_scaled.SCALED_CONFIGS), wait=True)
+                                    wait=True)
     return _compile_bound(made, "ws_scaled")
 
 

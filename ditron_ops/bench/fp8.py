@@ -14,9 +14,7 @@ Rows (``case``):
   scaled core GEMM alone: the fused op's
   overhead with data present (target <= 3%); ``gathered_bytes`` and ``bf16_bytes`` columns;
   ``fused_rs <mode>``: ``gemm_rs_scaled`` at one rank (fused path: the reduce-scatter kernel
-  with nothing to exchange) vs the same; ``fused_ws <mode>`` (``--only fused_ws``):
-  ``ag_gemm_scaled`` with the WS consumer forced (``SCALED_CONSUMER_CORE = "ws"``, the
-  default) vs the same;
+  with nothing to exchange) vs the same;
 - ``present <mode>`` / ``present_ws <mode>`` (``--only present``): ``ag_gemm_scaled``'s waiting
   consumer alone over this rank's packed rows with every chunk already present (a W = 1 pad
   pre-set, as ``bench ag_gemm``'s P2 rows), the portable one / the fp8 WS one
@@ -24,7 +22,7 @@ Rows (``case``):
   fused op's overhead with data present (target <= 3%) without the producer, and the data of
   ``_ag_launch.SCALED_CONSUMER_CORE``'s default;
 - ``ws <mode> <config>`` (``--only ws``, sm_90): the fp8 WS core's plan of each config
-  serving the mode (``_ws_scaled.configs_for(every=True)``) vs the portable core alone
+  serving the mode (``_ws_scaled.configs_for``) vs the portable core alone
   (``scaled_matmul(core="tl")``): the data of the configs' scale modes; the ``tensor`` /
   ``row`` / ``block`` rows' ``core`` column says which plan ``scaled_matmul``'s timing kept;
 - ``tiles <mode>`` (``--only tiles``, GPU): the scaled core's two fp8 forms of the bf16 rule's
@@ -32,7 +30,7 @@ Rows (``case``):
   fp8 rule picks: the data of that rule.
 
 Times: paired CUDA-graph replay on one GPU (``paired_graph_times``); the interpreter runs one
-tiny shape for plumbing. ``--only tensor,row,block,fused,fused_ws,present,tiles,ws`` runs
+tiny shape for plumbing. ``--only tensor,row,block,fused,present,tiles,ws`` runs
 parts.
 """
 from __future__ import annotations
@@ -47,7 +45,7 @@ from ..runtime.virtual import launch
 from .gemm_sweep import models_shapes
 from .harness import BenchConfig, Result, geo_mean_row, paired_graph_times, register, time_spmd
 
-PARTS = ("tensor", "row", "block", "fused", "fused_ws", "present", "tiles", "ws")
+PARTS = ("tensor", "row", "block", "fused", "present", "tiles", "ws")
 FP8 = torch.float8_e4m3fn
 
 
@@ -148,21 +146,10 @@ def _forms(m: int, n: int, device):
 
 
 def _ws_configs(a, b, out, mode: str) -> tuple:
-    """The fp8 WS core's configs serving ``mode`` where it takes these operands (else none),
-    every one (those ``scaled_matmul`` does not time too: their data)."""
+    """The fp8 WS core's configs serving ``mode`` where it takes these operands (else none)."""
     from ..gemm import _ws_scaled
-    return (_ws_scaled.configs_for(MODES[mode], every=True)
+    return (_ws_scaled.configs_for(MODES[mode])
             if _ws_scaled.refusal(a, b, out, None) is None else ())
-
-
-def _on_ws_consumer(call):
-    """``call`` with ``_ag_launch.SCALED_CONSUMER_CORE = "ws"`` (its plans keyed apart)."""
-    from ..gemm import _ag_launch
-    saved, _ag_launch.SCALED_CONSUMER_CORE = _ag_launch.SCALED_CONSUMER_CORE, "ws"
-    try:
-        return call()
-    finally:
-        _ag_launch.SCALED_CONSUMER_CORE = saved
 
 
 def _core_name(a, b, sa, sb, mode: str, out) -> str:
@@ -178,7 +165,7 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
     shape = dict(shape=f"{m}x{n}x{k}", m=m, n=n, k=k, model=model)
     gpu = dev.type == "cuda"
     for mode in ("tensor", "row", "block"):
-        if mode not in parts and not {"fused", "fused_ws", "present", "tiles", "ws"} & set(parts):
+        if mode not in parts and not {"fused", "present", "tiles", "ws"} & set(parts):
             continue
         a, b, sa, sb = _inputs(m, n, k, mode, dev)
         out = torch.empty(m, n, dtype=torch.bfloat16 if gpu else torch.float16, device=dev)
@@ -199,9 +186,6 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                                                   impl="fused")
             fns["fused_rs"] = lambda: gemm_rs_scaled(a, b, sa, sb, group, out_dtype=out.dtype,
                                                      impl="fused")
-        if "fused_ws" in parts:
-            fns["fused_ws"] = lambda: _on_ws_consumer(lambda: ag_gemm_scaled(
-                a, b, sa, sb, group, out_dtype=out.dtype, impl="fused"))
         present_outs = {}
         if "present" in parts:
             present, present_outs = _present(group, a, b, sa, sb, mode, out)
@@ -245,10 +229,6 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
                                extra={"overhead_pct": round(100 * (t[name] / t["ours"] - 1), 2),
                                       "rel_err": f"{err:.1e}",
                                       "no_error": int(group._error_tensors()[0][0]) == 0}))
-        if "fused_ws" in parts:
-            rows.append(Result("fp8", f"fused_ws {mode}", 1, "e4m3",
-                               f"ag_gemm_scaled {mode}, WS consumer", t["fused_ws"],
-                               f"scaled core {mode}", t["ours"], **shape))
     return rows
 
 
@@ -257,7 +237,7 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
           world_sizes=(1,), quick_world_sizes=(1,))
 def run(cfg: BenchConfig) -> list[Result]:
     parts = [p for p in PARTS if p in cfg.only] or [p for p in PARTS
-                                                     if p not in ("tiles", "ws", "fused_ws",
+                                                     if p not in ("tiles", "ws",
                                                                   "present")]
     gpu = cfg.device.type == "cuda"
     # two draws per model config (about 20 shapes): every new shape compiles fp8 plans

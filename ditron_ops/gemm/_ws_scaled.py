@@ -47,35 +47,24 @@ class ScaledConfig:
 
 
 SCALED_CONFIGS = {
-    "split128x256": ScaledConfig(128, 256, True, (1, )),
-    "split128x256p2": ScaledConfig(128, 256, True, (1, ), 1, 2),
     "split128x256p2e2": ScaledConfig(128, 256, True, (1, ), 2, 2),
     "split128x128p2e2": ScaledConfig(128, 128, True, (1, ), 2, 2),
-    "split128x128": ScaledConfig(128, 128, True, (1, 2)),
     "split128x128e2": ScaledConfig(128, 128, True, (1, 2), 2),
     "pp64x128": ScaledConfig(64, 128, False, (2, )),
 }
-"""A warpgroup's share of a tile is 64 x 128 (64 x 256 in two halves): the sum(s) and a product
-live (``_ws_scaled_kernels`` module docstring). ``modes`` from ``python -m ditron_ops.bench fp8
---only ws`` (benchmarks/NOTES.md, fp8): the 256-column split spills on block scales and lost
-every block shape; the ping-pong won only block shapes. ``p2`` (a promotion every 256 of K)
-and ``e2`` (double-buffered C staging) were faster on most model shards (same bench);
-``split128x128`` stays as the ag_gemm consumer's narrow config (``consumer_config``).
-``split128x256p2e2`` / ``split128x128p2e2``: both at once, prototypes (not GPU-run; outside
-``RULE_CONFIGS``: ``bench fp8 --only ws`` times them)."""
-RULE_CONFIGS = ("split128x256", "split128x256p2", "split128x128e2", "pp64x128")
 """The configs ``scaled_matmul`` times per plan, those serving its mode (``configs_for``;
-``precompile`` binds these): none wins everywhere. ``split128x256p2`` beside ``split128x256``
-(faster on long K, slower at short K or few rows); ``split128x128e2`` in place of
-``split128x128`` (faster in geo-mean on tensor and row scales, alike on blocks). Figures and
+``precompile`` binds them): none wins everywhere. A warpgroup's share of a tile is 64 x 128
+(64 x 256 in two halves): the sum(s) and a product live (``_ws_scaled_kernels`` module
+docstring). Tensor / row scales: the two split tiles with a promotion every 256 of K (``p2``)
+and double-buffered C staging (``e2``), each faster than its single forms on most model shards;
+128 wide beats 256 wide on few-tile shapes and loses on full waves. Block scales: the 128-wide
+split (the 256-wide one spills there), the ping-pong on 256-row and short-K shapes. Figures and
 command: benchmarks/NOTES.md, fp8."""
 
 
-def configs_for(mode: int, every: bool = False) -> tuple:
-    """``RULE_CONFIGS`` (``every``: ``SCALED_CONFIGS``) serving scale ``mode`` (the kernel's
-    ``SCALE``)."""
-    return tuple(c for c in (SCALED_CONFIGS if every else RULE_CONFIGS)
-                 if mode in SCALED_CONFIGS[c].modes)
+def configs_for(mode: int) -> tuple:
+    """``SCALED_CONFIGS`` serving scale ``mode`` (the kernel's ``SCALE``)."""
+    return tuple(c for c in SCALED_CONFIGS if mode in SCALED_CONFIGS[c].modes)
 
 
 def epi_n(out_bytes: int) -> int:
@@ -132,7 +121,7 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
     from ._core import _dummies
     m, n = out.shape
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    if mode not in cfg.modes:  # (split128x256 has no block-scale form)
+    if mode not in cfg.modes:  # (the p2 forms have no block-scale form)
         raise ValueError(f"ws scaled: {cfg} does not serve SCALE {mode}")
     args = (_desc(a8, (cfg.block_m, BLOCK_K)), _desc(b.t(), (128, BLOCK_K)),
             _desc(out, (64, epi_n(out.element_size()))),
@@ -180,7 +169,7 @@ class WsScaledGemm:
 def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None, wait=False) -> None:
     """Bind every form ``WsScaledGemm`` can take (config, scale mode, C dtype, bias) for the 2-byte
     ``out_dtypes`` (a bias of C's dtype or none) and fp32 (the reducing ops' partials: no bias,
-    or a 2-byte one), of ``RULE_CONFIGS`` (what ``scaled_matmul`` times; ``configs``: these);
+    or a 2-byte one), of ``SCALED_CONFIGS`` (what ``scaled_matmul`` times; ``configs``: these);
     ``wait``: also the ag_gemm consumer's (``consumer_config``'s, C in ``out_dtypes`` with and
     without bias). Nothing is launched (``scaled._precompile`` inside its ``compiler.batch``;
     ``tools/sm90_compile.py`` on a CPU device)."""
@@ -194,7 +183,7 @@ def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None, wait=
     # fp32 C: the reducing ops' unfused partials, rank 0's with the op's 2-byte bias
     plain = forms + [(torch.float32, bias_dtype) for bias_dtype in (None, ) + tuple(out_dtypes)]
     binds = [(name, mode, form, None) for name, form in itertools.product(
-        configs or RULE_CONFIGS, plain) for mode in SCALED_CONFIGS[name].modes]
+        configs or SCALED_CONFIGS, plain) for mode in SCALED_CONFIGS[name].modes]
     if wait:
         waits = _dummies(device) + (0, 2, 10**6, 0)
         binds += [(name, mode, form, waits) for mode, name in CONSUMER_FORMS for form in forms]
@@ -206,26 +195,25 @@ def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None, wait=
 
 NARROW_TILE_COST = 1.07
 """Time of a 128x128 tile in halves of a 128x256 one (a wave of the narrow tiles costs
-``NARROW_TILE_COST / 2`` of a wide wave): the value at which ``consumer_config`` picks the
-faster of the two configs' plain runs on most model shards (fit and misses:
-benchmarks/NOTES.md, fp8)."""
+``NARROW_TILE_COST / 2`` of a wide wave): fit on the two tensor / row configs' plain runs over
+the model shards (fit and misses: benchmarks/NOTES.md, fp8)."""
 
 
-CONSUMER_FORMS = ((1, "split128x256"), (1, "split128x128"), (2, "split128x128"))
+CONSUMER_FORMS = ((1, "split128x256p2e2"), (1, "split128x128p2e2"), (2, "split128x128e2"))
 """Every ``(scale mode, config)`` ``consumer_config`` gives (``precompile``'s waiting forms)."""
 
 
 def consumer_config(mode: int, m: int, n: int, sms: int) -> str:
     """The ag_gemm consumer's config for scale ``mode`` over ``m`` gathered rows, ``n`` columns
     and ``sms`` programs (a waiting kernel cannot be timed alone, so a rule, rank-local as
-    each rank's consumer only waits for flags): block scales ``split128x128`` (the 256-wide
-    split spills there); tensor / row scales the tile of fewer waves, ``split128x256``'s
-    ``ceil(tiles / sms)`` against ``split128x128``'s times ``NARROW_TILE_COST / 2`` (a few
-    256-wide tiles or a near-empty last wave of them: 1.1-1.7x faster narrow, e.g.
-    1280x1152x3584, 971x4608x512; else wide, up to 1.14x faster)."""
+    each rank's consumer only waits for flags): block scales ``split128x128e2`` (the 256-wide
+    split spills there); tensor / row scales the tile of fewer waves, ``split128x256p2e2``'s
+    ``ceil(tiles / sms)`` against ``split128x128p2e2``'s times ``NARROW_TILE_COST / 2`` (a few
+    256-wide tiles or a near-empty last wave of them: narrow up to 1.7x faster, e.g.
+    1280x1152x3584, 971x4608x512; else wide)."""
     if mode != 1:
-        return "split128x128"
+        return "split128x128e2"
     rows = -(-m // 128)
     wide = -(-rows * -(-n // 256) // sms)
     narrow = -(-rows * -(-n // 128) // sms) * NARROW_TILE_COST / 2
-    return "split128x128" if narrow < wide else "split128x256"
+    return "split128x128p2e2" if narrow < wide else "split128x256p2e2"

@@ -103,7 +103,7 @@ def test_scaled_matmul_on_either_core(mode):
         out = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
         name = scaled.scaled_core(a8, b, sa_k, sa_row, sbk, sb_row, scale, None, out)
         outs = [(out, name)]
-        for config in _ws_scaled.configs_for(scale, every=True):  # (prototypes too)
+        for config in _ws_scaled.configs_for(scale):
             outs.append((torch.empty_like(out), config))
             _ws_scaled.WsScaledGemm(a8, b, outs[-1][0], None, sa_k, sbk, sa_row, sb_row, scale,
                                     config).run(a8, b, outs[-1][0], None, sa_k, sbk)
