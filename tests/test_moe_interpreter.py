@@ -9,8 +9,10 @@ import time
 
 import pytest
 import torch
+import triton.language as tl
 
 import ditron_ops
+from ditron_ops.language._jit import jit
 from ditron_ops.moe import Buffer, MoEInputError, MoEOverflowError
 from ditron_ops.testing import moe_checks as mc
 
@@ -595,6 +597,30 @@ def _programs_as_threads():
         yield
     finally:
         interp.GridExecutor.__call__ = original
+
+
+@jit
+def _plus_one(x):
+    return x + 1
+
+
+@jit
+def _plus_one_kernel(ptr):
+    i = tl.program_id(0)
+    tl.store(ptr + i, _plus_one(tl.load(ptr + i)))
+
+
+def test_helpers_on_program_threads_leave_the_language_unpatched():
+    """A ``@jit`` helper called on a program's own thread (``_programs_as_threads``) is covered
+    by the launch's patch of ``triton.language``, which the launch restores: the helper's own
+    patch (Triton never restores it) once left the language patched for the process, and a
+    later compile failed ("Only `range` and `static_range` iterators")."""
+    out = torch.zeros(3, dtype=torch.int32)
+    _plus_one_kernel[(3, )](out)  # (on this thread: the interpreter shim installed)
+    with _programs_as_threads():
+        _plus_one_kernel[(3, )](out)
+    assert out.tolist() == [2, 2, 2]
+    assert isinstance(tl.static_range, type) and isinstance(tl.core.static_range, type)
 
 
 @IN_PLACE

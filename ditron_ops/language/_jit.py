@@ -12,6 +12,7 @@ from a scalar comparison stays boolean when broadcast, as Triton 3.9's interpret
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 import triton
@@ -60,8 +61,11 @@ def _make_interpreter_thread_safe() -> None:
             # A device-function call inside a launch patches again and never restores (Triton's
             # ``InterpretedFunction.__call__``): counted, it left the language patched for the
             # process, and every later compile in it failed ("Only `range` and `static_range`").
-            # The launch's own patch covers its calls.
-            if getattr(running, "active", False):
+            # The launch's own patch covers its calls: skipped by caller (a launch's programs
+            # may run on threads of their own, where ``running`` is unset) and per thread.
+            caller = sys._getframe(1)
+            if (getattr(running, "active", False)
+                    or isinstance(caller.f_locals.get("self"), interp.InterpretedFunction)):
                 return _NoScope()
             running.active = True
             with lock:
