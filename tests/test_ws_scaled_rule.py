@@ -52,11 +52,11 @@ def test_stages_fit_shared_memory(name, out_bytes):
 
 
 def test_every_scale_mode_has_ws_configs():
-    assert all(_ws_scaled.configs_for(mode) for mode in (1, 2))
-    assert "split128x256p2e2" not in _ws_scaled.configs_for(2)  # (no block-scale form)
-    for mode in (1, 2):
-        assert all(mode in _ws_scaled.SCALED_CONFIGS[c].modes
-                   for c in _ws_scaled.configs_for(mode))
+    assert _ws_scaled.configs_for(1) == ("split128x256p2e2", "split128x128p2e2")
+    assert _ws_scaled.configs_for(2) == ("split128x128e2", "pp64x128")
+    for mode, name in _ws_scaled.CONSUMER_FORMS:  # (a waiting consumer is split)
+        cfg = _ws_scaled.SCALED_CONFIGS[name]
+        assert cfg.split and mode in cfg.modes, (mode, name)
     with pytest.raises(ValueError, match="not in"):
         _ws_scaled.WsScaledGemm(*_ops(), None, None, None, 1, 1, 1, "coop128x128")
 

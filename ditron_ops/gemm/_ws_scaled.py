@@ -49,7 +49,7 @@ class ScaledConfig:
 SCALED_CONFIGS = {
     "split128x256p2e2": ScaledConfig(128, 256, True, (1, ), 2, 2),
     "split128x128p2e2": ScaledConfig(128, 128, True, (1, ), 2, 2),
-    "split128x128e2": ScaledConfig(128, 128, True, (1, 2), 2),
+    "split128x128e2": ScaledConfig(128, 128, True, (2, ), 2),
     "pp64x128": ScaledConfig(64, 128, False, (2, )),
 }
 """The configs ``scaled_matmul`` times per plan, those serving its mode (``configs_for``;
@@ -57,9 +57,9 @@ SCALED_CONFIGS = {
 (64 x 256 in two halves): the sum(s) and a product live (``_ws_scaled_kernels`` module
 docstring). Tensor / row scales: the two split tiles with a promotion every 256 of K (``p2``)
 and double-buffered C staging (``e2``), each faster than its single forms on most model shards;
-128 wide beats 256 wide on few-tile shapes and loses on full waves. Block scales: the 128-wide
-split (the 256-wide one spills there), the ping-pong on 256-row and short-K shapes. Figures and
-command: benchmarks/NOTES.md, fp8."""
+128 wide beats 256 wide on few-tile shapes and loses on full waves. Block scales (no ``p2``:
+their scales change every step): the 128-wide split (the 256-wide one spills there) and the
+ping-pong, which wins a few 256-row shapes. Figures and command: benchmarks/NOTES.md, fp8."""
 
 
 def configs_for(mode: int) -> tuple:
@@ -166,10 +166,10 @@ class WsScaledGemm:
         return out
 
 
-def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None, wait=False) -> None:
+def precompile_scaled_ws(device, out_dtypes, sms: int = 132, wait=False) -> None:
     """Bind every form ``WsScaledGemm`` can take (config, scale mode, C dtype, bias) for the 2-byte
     ``out_dtypes`` (a bias of C's dtype or none) and fp32 (the reducing ops' partials: no bias,
-    or a 2-byte one), of ``SCALED_CONFIGS`` (what ``scaled_matmul`` times; ``configs``: these);
+    or a 2-byte one), of ``SCALED_CONFIGS`` (what ``scaled_matmul`` times);
     ``wait``: also the ag_gemm consumer's (``consumer_config``'s, C in ``out_dtypes`` with and
     without bias). Nothing is launched (``scaled._precompile`` inside its ``compiler.batch``;
     ``tools/sm90_compile.py`` on a CPU device)."""
@@ -183,7 +183,7 @@ def precompile_scaled_ws(device, out_dtypes, sms: int = 132, configs=None, wait=
     # fp32 C: the reducing ops' unfused partials, rank 0's with the op's 2-byte bias
     plain = forms + [(torch.float32, bias_dtype) for bias_dtype in (None, ) + tuple(out_dtypes)]
     binds = [(name, mode, form, None) for name, form in itertools.product(
-        configs or SCALED_CONFIGS, plain) for mode in SCALED_CONFIGS[name].modes]
+        SCALED_CONFIGS, plain) for mode in SCALED_CONFIGS[name].modes]
     if wait:
         waits = _dummies(device) + (0, 2, 10**6, 0)
         binds += [(name, mode, form, waits) for mode, name in CONSUMER_FORMS for form in forms]

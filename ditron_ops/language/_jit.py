@@ -57,15 +57,16 @@ def _make_interpreter_thread_safe() -> None:
         # nested helpers (which may use either) see the interpreter's builtins.
         both = types.SimpleNamespace(__globals__={"tl": tl, "core": tl.core})
 
+        helper_call = interp.InterpretedFunction.__call__.__code__
+
         def shared_patch(fn):
             # A device-function call inside a launch patches again and never restores (Triton's
             # ``InterpretedFunction.__call__``): counted, it left the language patched for the
             # process, and every later compile in it failed ("Only `range` and `static_range`").
             # The launch's own patch covers its calls: skipped by caller (a launch's programs
             # may run on threads of their own, where ``running`` is unset) and per thread.
-            caller = sys._getframe(1)
             if (getattr(running, "active", False)
-                    or isinstance(caller.f_locals.get("self"), interp.InterpretedFunction)):
+                    or sys._getframe(1).f_code is helper_call):
                 return _NoScope()
             running.active = True
             with lock:

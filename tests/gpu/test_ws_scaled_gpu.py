@@ -80,9 +80,9 @@ def test_every_config_is_exact(config, mode):
 @pytest.mark.parametrize("mode", ["tensor", "row", "block"])
 def test_scaled_matmul_on_either_core(mode):
     """``scaled_matmul`` (the default mode: the core its timing keeps) and each WS config
-    serving the mode (those it does not time too: ``p2``'s longer fp8 accumulation faces this
-    bound) on random operands: within e4m3 products and one bf16 rounding of the float64
-    product of the dequantized operands, K up to 7168."""
+    serving the mode (``p2``'s longer fp8 accumulation faces this bound) on random operands:
+    within e4m3 products and one bf16 rounding of the float64 product of the dequantized
+    operands, K up to 7168."""
     skip_unless_ws()
     for m, n, k in [(2048, 4096, 4096), (777, 1536, 2176), (4096, 7168, 7168)]:
         gen = torch.Generator().manual_seed(m)
