@@ -1,20 +1,17 @@
 """MoE dispatch / combine on the CPU virtual world (Triton interpreter) vs the all-to-all reference."""
 import contextlib
-import inspect
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 import torch
-import triton.language as tl
 
 import ditron_ops
-from ditron_ops.language._jit import jit
 from ditron_ops.moe import Buffer, MoEInputError, MoEOverflowError
 from ditron_ops.testing import moe_checks as mc
+from ditron_ops.testing.interpreter import programs_as_threads
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tier")
 F32, F16 = torch.float32, torch.float16
@@ -552,77 +549,6 @@ which share the GIL with every spinning thread of both ranks; on a loaded 2-core
 sibling's pre-barrier work took over the default 10 s once (a spurious moe_combine timeout)."""
 
 
-@contextlib.contextmanager
-def _programs_as_threads():
-    """The interpreter runs a grid's programs one after another; here each runs in its own
-    thread, like co-resident programs on a GPU (so waiting kernels may have several per rank)."""
-    from triton.runtime import interpreter as interp
-
-    original = interp.GridExecutor.__call__
-
-    def threaded(self, *args_dev, **kwargs):
-        names = inspect.getfullargspec(self.fn).args
-        kwargs = {k: v for k, v in kwargs.items() if k in names}
-        args_hst, kwargs_hst = self._init_args_hst(args_dev, kwargs)
-        scope = interp._patch_lang(self.fn)
-        try:
-            args = inspect.getcallargs(self.fn, *args_hst, **kwargs_hst)
-            args = {n: a if n in self.constexprs else interp._implicit_cvt(a) for n, a in args.items()}
-            grid = self.grid(args) if callable(self.grid) else self.grid
-            grid = tuple(grid) + (1,) * (3 - len(grid))
-            errors = []
-
-            def program(x, y, z):
-                try:
-                    interp.interpreter_builder.set_grid_dim(*grid)
-                    interp.interpreter_builder.set_grid_idx(x, y, z)
-                    self.fn(**args)
-                except BaseException as exc:  # noqa: BLE001 - re-raised below
-                    errors.append(exc)
-
-            threads = [threading.Thread(target=program, args=(x, y, z)) for x in range(grid[0])
-                       for y in range(grid[1]) for z in range(grid[2])]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if errors:
-                raise errors[0]
-        finally:
-            scope.restore()
-        self._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)
-
-    interp.GridExecutor.__call__ = threaded
-    try:
-        yield
-    finally:
-        interp.GridExecutor.__call__ = original
-
-
-@jit
-def _plus_one(x):
-    return x + 1
-
-
-@jit
-def _plus_one_kernel(ptr):
-    i = tl.program_id(0)
-    tl.store(ptr + i, _plus_one(tl.load(ptr + i)))
-
-
-def test_helpers_on_program_threads_leave_the_language_unpatched():
-    """A ``@jit`` helper called on a program's own thread (``_programs_as_threads``) is covered
-    by the launch's patch of ``triton.language``, which the launch restores: the helper's own
-    patch (Triton never restores it) once left the language patched for the process, and a
-    later compile failed ("Only `range` and `static_range` iterators")."""
-    out = torch.zeros(3, dtype=torch.int32)
-    _plus_one_kernel[(3, )](out)  # (on this thread: the interpreter shim installed)
-    with _programs_as_threads():
-        _plus_one_kernel[(3, )](out)
-    assert out.tolist() == [2, 2, 2]
-    assert isinstance(tl.static_range, type) and isinstance(tl.core.static_range, type)
-
-
 @IN_PLACE
 def test_several_programs_per_rank(monkeypatch, in_place):
     """Three concurrent programs per rank (the GPU's persistent grids): the work split, each
@@ -645,7 +571,7 @@ def test_several_programs_per_rank(monkeypatch, in_place):
                 c = buf.dispatch(x * 2, None, w, handle=d.handle)
                 assert torch.equal(buf.combine(c.x, d.handle), mc.identity_combine(x * 2, d.handle.dest, w))
         return True
-    with _programs_as_threads():
+    with programs_as_threads():
         assert ditron_ops.launch(body, 2, timeout_s=THREADED_TIMEOUT_S) == [True, True]
 
 
@@ -726,7 +652,7 @@ def test_combine_and_dispatch_tilings(monkeypatch, in_place, tiles):
             x = mc.tokens(group, 5 - 2 * group.rank, 384, F16, 50)
             mc.check_dispatch_combine(group, buf, x, idx, w, "expert_contig")
         return True
-    run = _programs_as_threads() if tiles == "segments" else contextlib.nullcontext()
+    run = programs_as_threads() if tiles == "segments" else contextlib.nullcontext()
     with run:
         assert ditron_ops.launch(body, 2, timeout_s=THREADED_TIMEOUT_S) == [True, True]
 
