@@ -237,8 +237,7 @@ def _shape_rows(group, cfg: BenchConfig, parts, m: int, n: int, k: int, model: s
           world_sizes=(1,), quick_world_sizes=(1,))
 def run(cfg: BenchConfig) -> list[Result]:
     parts = [p for p in PARTS if p in cfg.only] or [p for p in PARTS
-                                                     if p not in ("tiles", "ws",
-                                                                  "present")]
+                                                     if p not in ("tiles", "ws", "present")]
     gpu = cfg.device.type == "cuda"
     # two draws per model config (about 20 shapes): every new shape compiles fp8 plans
     shapes = models_shapes(per_config=2) if gpu and not cfg.quick else {(40, 48, 160): "quick"}

@@ -34,11 +34,8 @@ def _make_interpreter_thread_safe() -> None:
         state = {"depth": 0, "scope": None}
         lock = threading.Lock()
 
-        running = threading.local()  # this thread is inside an interpreted launch
-
         class _SharedScope:
             def restore(self) -> None:
-                running.active = False
                 with lock:
                     state["depth"] -= 1
                     if state["depth"] == 0:
@@ -63,12 +60,10 @@ def _make_interpreter_thread_safe() -> None:
             # A device-function call inside a launch patches again and never restores (Triton's
             # ``InterpretedFunction.__call__``): counted, it left the language patched for the
             # process, and every later compile in it failed ("Only `range` and `static_range`").
-            # The launch's own patch covers its calls: skipped by caller (a launch's programs
-            # may run on threads of their own, where ``running`` is unset) and per thread.
-            if (getattr(running, "active", False)
-                    or sys._getframe(1).f_code is helper_call):
+            # The launch's own patch covers its calls, on whatever thread a program runs: a
+            # patch asked for by that method is skipped.
+            if sys._getframe(1).f_code is helper_call:
                 return _NoScope()
-            running.active = True
             with lock:
                 if state["depth"] == 0:
                     state["scope"] = original_patch(both)
