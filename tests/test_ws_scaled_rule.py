@@ -52,12 +52,11 @@ def test_stages_fit_shared_memory(name, out_bytes):
 
 
 def test_every_scale_mode_has_ws_configs():
-    assert _ws_scaled.configs_for(1) == ("split128x256p2e2", "split128x128p2e2",
-                                         "sk128x256p2e2")
+    assert _ws_scaled.configs_for(1) == ("split128x256p2e2", "split128x128p2e2")
     assert _ws_scaled.configs_for(2) == ("split128x128e2", "pp64x128")
     for mode, name in _ws_scaled.CONSUMER_FORMS:  # (a waiting consumer is split)
         cfg = _ws_scaled.SCALED_CONFIGS[name]
-        assert cfg.split and not cfg.stream_k and mode in cfg.modes, (mode, name)
+        assert cfg.split and mode in cfg.modes, (mode, name)
     with pytest.raises(ValueError, match="not in"):
         _ws_scaled.WsScaledGemm(*_ops(), None, None, None, 1, 1, 1, "coop128x128")
 
@@ -77,38 +76,3 @@ def test_consumer_config_rule():
     forms = {(mode, pick(mode, m, n, sms)) for mode in (1, 2) for m in (1, 100, 1280, 9000)
              for n in (64, 1152, 4096, 29568) for sms in (1, 66, 131, 132)}
     assert forms == set(_ws_scaled.CONSUMER_FORMS)
-
-
-def test_stream_k_tiles_rule():
-    """Stream-K shares only a partial wave: none on whole waves; under one wave every tile's
-    steps over up to every program, each range at least ``MIN_SK_STEPS`` (1280x1152x3584: 50
-    tiles of 28 steps, 10.6 steps a program); over one wave, the last full wave and the partial
-    one after the whole waves before them (1280x4096: 160 tiles; 7040x7168: 1540)."""
-    rule = _ws_scaled.stream_k_tiles
-    assert rule(264, 56, 132) is None and rule(132, 8, 132) is None
-    assert rule(50, 28, 132) == (132, 0)
-    assert rule(1, 8, 132) == (2, 0) and rule(1, 1, 132) == (1, 0)
-    assert rule(160, 56, 132) == (132, 0)
-    assert rule(1540, 56, 132) == (132, 1320)
-    for tiles in range(1, 600):
-        for k_steps in (1, 3, 28):
-            got = rule(tiles, k_steps, 132)
-            if got is None:
-                assert tiles % 132 == 0
-                continue
-            grid, dp = got
-            assert 1 <= grid <= 132 and dp % grid == 0 and 0 <= dp < tiles
-            assert grid <= (tiles - dp) * k_steps and tiles - dp < 2 * 132  # (a step each)
-
-
-def test_stream_k_is_refused_where_it_shares_nothing_and_for_waiting_consumers():
-    """A stream-K config on whole waves raises ``RuntimeError`` (the plan's timing then skips
-    it), and never waits (the ag_gemm consumer is data parallel)."""
-    a, b, out = _ops(m=256, n=256)
-    one = torch.ones(1)
-    cfg = _ws_scaled.SCALED_CONFIGS["sk128x256p2e2"]
-    with pytest.raises(RuntimeError, match="no partial wave"):
-        _ws_scaled.scaled_operands(a, b, out, None, one, one, 0, 0, 1, cfg, sms=2)
-    with pytest.raises(ValueError, match="data parallel"):
-        _ws_scaled.scaled_operands(a, b, out, None, one, one, 0, 0, 1, cfg, sms=3,
-                                   wait=(None, ) * 8)

@@ -12,7 +12,7 @@ import itertools
 from typing import Optional
 
 from ._ws_kernels import HAVE_GLUON, MAXNREG
-from ._ws_launch import SKINNY_M, _scratch, _sm_count, core_refusal
+from ._ws_launch import SKINNY_M, _sm_count, core_refusal
 from ._ws_scaled_kernels import ws_scaled_kernel
 
 if HAVE_GLUON:
@@ -37,22 +37,18 @@ class ScaledConfig:
     staging tiles per consumer (2: a part's TMA store drains while the next part is staged,
     where 1 waits for it). ``promote``: K steps of 128 per promotion into the fp32 sum (2: two
     steps' wgmmas chained into one product, half the waits and adds; ``SCALE`` 1 only, as
-    block scales change every step). ``stream_k`` (split only): the tiles of the last one or two
-    waves in stream-K ranges over every program (``stream_k_tiles``), partial half-tiles
-    fixed up in K order."""
+    block scales change every step)."""
     block_m: int
     block_n: int
     split: bool
     modes: tuple
     epi_bufs: int = 1
     promote: int = 1
-    stream_k: bool = False
 
 
 SCALED_CONFIGS = {
     "split128x256p2e2": ScaledConfig(128, 256, True, (1, ), 2, 2),
     "split128x128p2e2": ScaledConfig(128, 128, True, (1, ), 2, 2),
-    "sk128x256p2e2": ScaledConfig(128, 256, True, (1, ), 2, 2, stream_k=True),
     "split128x128e2": ScaledConfig(128, 128, True, (2, ), 2),
     "pp64x128": ScaledConfig(64, 128, False, (2, )),
 }
@@ -127,50 +123,17 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     if mode not in cfg.modes:  # (the p2 forms have no block-scale form)
         raise ValueError(f"ws scaled: {cfg} does not serve SCALE {mode}")
-    grid, dp_tiles = max(1, min(tiles, sms)), 0
-    if cfg.stream_k:
-        if wait is not None:
-            raise ValueError(f"ws scaled: a waiting consumer is data parallel, not {cfg}")
-        sk = stream_k_tiles(tiles, -(-a8.shape[1] // BLOCK_K), sms)
-        if sk is None:
-            raise RuntimeError(f"ws scaled: stream-K has no partial wave to share ({tiles} tiles"
-                               f" on {sms} programs)")
-        grid, dp_tiles = sk
     args = (_desc(a8, (cfg.block_m, BLOCK_K)), _desc(b.t(), (128, BLOCK_K)),
             _desc(out, (64, epi_n(out.element_size()))),
             bias if bias is not None else out, sa, sb, sa_row, sb_row, m, n, a8.shape[1])
     if wait is not None and not cfg.split:
         raise ValueError(f"ws scaled: a waiting consumer is split, not {cfg}")
     args += tuple(wait) if wait is not None else _dummies(out.device) + (0, 1, 0, 0)
-    # stream-K: two partial half-tiles a program and consumer, two counters a shared tile
-    ws, cnt = _scratch(out.device, 4 * grid * 64 * cfg.block_n if cfg.stream_k else 0,
-                       2 * (tiles - dp_tiles) if cfg.stream_k else 0)
-    args += (ws, cnt, dp_tiles)
     meta = dict(SCALE=mode, HAS_BIAS=bias is not None, GROUP_M=8,
                 STAGES=stages(cfg, out.element_size()), SPLIT=cfg.split,
                 HALVES=cfg.block_n // 128, EPI_BUFS=cfg.epi_bufs, PROMOTE=cfg.promote,
-                WAIT=wait is not None, MODE=int(cfg.stream_k), num_warps=4, maxnreg=MAXNREG)
-    return (grid, ), args, meta
-
-
-MIN_SK_STEPS = 4
-"""Fewest K steps (of 128) a stream-K range gets: shorter ranges cost more in fix-ups than
-they spread."""
-
-
-def stream_k_tiles(tiles: int, k_steps: int, sms: int) -> Optional[tuple]:
-    """``(grid, dp_tiles)`` of a stream-K config over ``tiles`` tiles of ``k_steps`` K steps on
-    ``sms`` programs, or None where the tiles fill whole waves (nothing to share). Under one
-    wave, every tile's K steps over up to ``sms`` programs (at least ``MIN_SK_STEPS`` a
-    range); else the last full wave and the partial one in stream-K ranges over ``sms``
-    programs after ``(waves - 1) x sms`` data-parallel tiles (a partial wave shared alone
-    would give each program a fraction of a tile's steps to fix up; the bf16 core's rule,
-    ``_ws_configs._plan_sk``)."""
-    if tiles % sms == 0:
-        return None
-    if tiles < sms:
-        return max(1, min(sms, tiles * k_steps // MIN_SK_STEPS)), 0
-    return sms, (tiles // sms - 1) * sms
+                WAIT=wait is not None, num_warps=4, maxnreg=MAXNREG)
+    return (max(1, min(tiles, sms)), ), args, meta
 
 
 class WsScaledGemm:

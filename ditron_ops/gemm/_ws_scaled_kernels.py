@@ -36,9 +36,8 @@ K-major weight (fp8 wgmma reads both operands K-major: ``scaled.k_major``).
 from __future__ import annotations
 
 from ..language import gluon_signals as gs
-from ._ws_kernels import (HAVE_GLUON, _jit, _loader_regs, _owner, _plus_bias, _sched,
-                          _seg_slot, _split_cols, _tile_mn, _tile_offsets, _unit, _ws_loader,
-                          ring_barriers)
+from ._ws_kernels import (HAVE_GLUON, _jit, _loader_regs, _plus_bias, _sched, _split_cols,
+                          _tile_mn, _ws_loader, ring_barriers)
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -260,28 +259,25 @@ def _chain(a_bufs, b_bufs, ready, it, SLOT: gl.constexpr, part, TWO: gl.constexp
 
 @_jit
 def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
-                    sb_ptr, sa_row, sb_row, M, N, K, shift, ws_ptr, cnt_ptr, dp_tiles,
-                    HAS_BIAS: gl.constexpr, SCALE: gl.constexpr, GROUP_M: gl.constexpr,
-                    SLOT: gl.constexpr, HALVES: gl.constexpr, PROMOTE: gl.constexpr,
-                    WAIT: gl.constexpr, MODE: gl.constexpr):
+                    sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
+                    SCALE: gl.constexpr, GROUP_M: gl.constexpr, SLOT: gl.constexpr,
+                    HALVES: gl.constexpr, PROMOTE: gl.constexpr, WAIT: gl.constexpr):
     """Split consumer ``SLOT`` of 2 (4 warps): rows ``[64 SLOT, 64 SLOT + 64)`` of every tile of
     the program, the tile ``HALVES`` x 128 columns wide (B's second 128 columns in ``b2_bufs``;
     two halves on ``SCALE`` 1 only: a third 64-register tile spilled on block scales); each K
     step one wgmma per 128-column half into the one product tile, promoted into that half's
     sum (``PROMOTE`` 2, ``SCALE`` 1 only: two K steps' wgmmas chained into one product, then
     one promotion; ``K`` is then a multiple of 256, the kernel's rounding: the boxes past the
-    operands' K land as zeros; the schedule counts promotions, so no range splits one). The
-    two consumers share each slot's A box (each its 64 rows) and B boxes, and each releases the
-    slot on its own (``empty`` counts 2): no barrier between them, so one's promotion runs
-    under the other's wgmma. ``WAIT`` (the ag_gemm consumer): tile rows rotated by ``shift``,
-    as the loader visits them; A's scales (in the gathered rows, which peers write during the
-    kernel) read past L1 (``.cg``). ``MODE`` 1: stream-K after ``dp_tiles`` whole tiles
-    (``_ws_kernels._sched``), each half-tile's partial sums fixed up in K order
-    (``_sk_epilogue``)."""
+    operands' K land as zeros). The two consumers share each slot's A box (each its
+    64 rows) and B boxes, and each releases the slot on its own (``empty`` counts 2): no
+    barrier between them, so one's promotion runs under the other's wgmma. ``WAIT`` (the
+    ag_gemm consumer): tile rows rotated by ``shift``, as the loader visits them; A's scales
+    (in the gathered rows, which peers write during the kernel) read past L1 (``.cg``)."""
     if WAIT:
         SA_CACHE: gl.constexpr = _L2
     else:
         SA_CACHE: gl.constexpr = _L1
+    STAGES: gl.constexpr = a_bufs.shape[0]
     HALF_M: gl.constexpr = a_bufs.shape[1] // 2
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     BN: gl.constexpr = b_bufs.shape[1]
@@ -290,183 +286,64 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
     gl.static_assert((PROMOTE == 1) | (SCALE == 1), "block scales change every K step")
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
-    # (schedule steps of PROMOTE K steps: a stream-K range never splits a promotion)
-    tiles_m, tiles_n, k_steps, units, n_dp, s, e, t0, q, r, kps = _sched(
-        M, N, K, dp_tiles, 1, MODE, 2 * HALF_M, BN * HALVES, BLOCK_K * PROMOTE)
+    tiles_m, tiles_n, k_steps, units, _, _, _, _, _, _, _ = _sched(
+        M, N, K, 0, 1, _DP, 2 * HALF_M, BN * HALVES, BLOCK_K)
+    p = gl.program_id(0)
+    G = gl.num_programs(0)
     # (use_acc=False: each step's product reuses the last one's registers, no zero tile)
     part = gl.zeros([HALF_M, BN], gl.float32, layout)
     it = 0
     for i in range(units):
-        tile, kb, ke = _unit(i, k_steps, n_dp, s, e, t0, kps, dp_tiles, 1, MODE)
-        pid_m, pid_n = _tile_mn(tile, tiles_m, tiles_n, shift, GROUP_M)
+        pid_m, pid_n = _tile_mn(p + i * G, tiles_m, tiles_n, shift, GROUP_M)
         off_m = pid_m * 2 * HALF_M + SLOT * HALF_M
         off_n = pid_n * BN * HALVES
         rows = gl.minimum(off_m + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, layout)),
                           M - 1).to(gl.int64)
         acc0 = gl.zeros([HALF_M, BN], gl.float32, layout)
         acc1 = gl.zeros([HALF_M, BN], gl.float32, layout)
-        for kk in range(kb, ke):
-            acc0, acc1, part = _split_step(a_bufs, b_bufs, b2_bufs, ready, empty, acc0, acc1,
-                                           part, rows, off_n, kk * PROMOTE, it, sa_ptr, sb_ptr,
-                                           sa_row, sb_row, SCALE, SLOT, HALVES, PROMOTE,
-                                           SA_CACHE)
-            it += PROMOTE
-        if MODE == 1:
-            _sk_epilogue(acc0, acc1, i, tile, kb, ke, k_steps, n_dp, dp_tiles, q, r, ws_ptr,
-                         cnt_ptr, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
-                         sa_row, sb_row, M, N, HAS_BIAS, SCALE, SLOT, HALVES, SA_CACHE)
-        else:
-            _scaled_epilogue(acc0, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
-                             sa_row, sb_row, N, HAS_BIAS, SCALE, SA_CACHE)
+        for kk in range(k_steps // PROMOTE):
+            part = _chain(a_bufs, b_bufs, ready, it, SLOT, part, PROMOTE == 2, True)
+            # (the step's scales after its boxes landed: in WAIT, after the loader's wait)
+            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE,
+                                SA_CACHE)
+            part = _scaled_part(warpgroup_mma_wait(0, deps=(part, )), scale, SCALE)
+            acc0 += part
             if HALVES == 2:
-                _scaled_epilogue(acc1, rows, off_m, off_n + BN, c_desc, c_bufs, bias_ptr,
-                                 sa_ptr, sb_ptr, sa_row, sb_row, N, HAS_BIAS, SCALE, SA_CACHE)
-    tma.store_wait(0)
-
-
-@_jit
-def _split_step(a_bufs, b_bufs, b2_bufs, ready, empty, acc0, acc1, part, rows, off_n, kk, it,
-                sa_ptr, sb_ptr, sa_row, sb_row, SCALE: gl.constexpr, SLOT: gl.constexpr,
-                HALVES: gl.constexpr, PROMOTE: gl.constexpr, SA_CACHE: gl.constexpr):
-    """One promotion of the split consumer: ``PROMOTE`` K steps from ring position ``it`` (K
-    step ``kk`` first) into each half's product, promoted into ``acc0`` / ``acc1``; the ring
-    slots released after both halves. Returns ``(acc0, acc1, part)``."""
-    STAGES: gl.constexpr = a_bufs.shape[0]
-    part = _chain(a_bufs, b_bufs, ready, it, SLOT, part, PROMOTE == 2, True)
-    # (the step's scales after its boxes landed: in WAIT, after the loader's wait)
-    scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE, SA_CACHE)
-    part = _scaled_part(warpgroup_mma_wait(0, deps=(part, )), scale, SCALE)
-    acc0 += part
-    if HALVES == 2:
-        part = _chain(a_bufs, b2_bufs, ready, it, SLOT, part, PROMOTE == 2, False)
-        part = warpgroup_mma_wait(0, deps=(part, ))
-        acc1 += part
-    for j in gl.static_range(PROMOTE):
-        mbarrier.arrive(empty.index((it + j) % STAGES))
-    return acc0, acc1, part
-
-
-@_jit
-def _sk_epilogue(acc0, acc1, i, tile, kb, ke, k_steps, n_dp, dp_tiles, q, r, ws_ptr, cnt_ptr,
-                 rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row,
-                 M, N, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr, SLOT: gl.constexpr,
-                 HALVES: gl.constexpr, SA_CACHE: gl.constexpr):
-    """Stream-K's epilogue of this consumer's half-tile (64 rows, ``HALVES`` x 128 columns): a
-    whole tile's as data parallel; a range's partial sum to its workspace half-tile
-    (``ws_ptr``: two per program and consumer, the bf16 kernel's slot rule), then an arrival on
-    the half-tile's counter (``cnt_ptr``, ``2 tile + SLOT``); the last to arrive sums the
-    partials in K order (one fixed order: the same bits run to run), resets the counter, and
-    runs the epilogue. Partials move in ``EPI_N``-column parts (few registers live: the sums
-    and products are dead by then)."""
-    HALF_M: gl.constexpr = acc0.shape[0]
-    BN: gl.constexpr = acc0.shape[1]
-    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
-    PARTS: gl.constexpr = BN // EPI_N
-    WN: gl.constexpr = BN * HALVES
-    HALF_TILE: gl.constexpr = HALF_M * WN
-    tt = tile - dp_tiles
-    base = tt * k_steps
-    if (i >= n_dp) & ((kb > 0) | (ke < k_steps)):
-        mine = ws_ptr + (2 * (2 * gl.program_id(0) + (i > n_dp).to(gl.int32)) + SLOT).to(
-            gl.int64) * HALF_TILE
-        parts0 = _split_cols(acc0, PARTS)
-        for c in gl.static_range(PARTS):
-            gl.store(mine + _tile_offsets(parts0[c], c * EPI_N, WN), parts0[c])
-        if HALVES == 2:
-            parts1 = _split_cols(acc1, PARTS)
-            for c in gl.static_range(PARTS):
-                gl.store(mine + _tile_offsets(parts1[c], BN + c * EPI_N, WN), parts1[c])
-        gl.thread_barrier()
-        first = _owner(base, q, r)
-        nseg = _owner(base + k_steps - 1, q, r) - first + 1
-        old = gl.atomic_add(cnt_ptr + 2 * tt + SLOT, 1, sem="acq_rel", scope="gpu")
-        if old == nseg - 1:  # the last to arrive
-            gl.store(cnt_ptr + 2 * tt + SLOT, 0)  # ready for the next launch
-            for c in gl.static_range(PARTS * HALVES):
-                like = parts0[c % PARTS]
-                offs = _tile_offsets(like, c * EPI_N, WN)
-                tot = gl.full_like(like, 0.0)
-                for j in range(nseg):
-                    sj = _seg_slot(j, first, base, q, r, 1)
-                    tot += gl.load(ws_ptr + (2 * sj + SLOT).to(gl.int64) * HALF_TILE + offs,
-                                   cache_modifier=".cg")
-                if SCALE == 1:
-                    tot = _row_col_scales(tot, off_m, off_n + c * EPI_N, sa_ptr, sb_ptr, sa_row,
-                                          sb_row, M, N, SA_CACHE)
-                _stage_part(tot, c, c_desc, c_bufs, bias_ptr, off_m, off_n, N, HAS_BIAS)
-    else:
+                part = _chain(a_bufs, b2_bufs, ready, it, SLOT, part, PROMOTE == 2, False)
+                part = warpgroup_mma_wait(0, deps=(part, ))
+                acc1 += part
+            for j in gl.static_range(PROMOTE):
+                mbarrier.arrive(empty.index((it + j) % STAGES))
+            it += PROMOTE
         _scaled_epilogue(acc0, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
                          sa_row, sb_row, N, HAS_BIAS, SCALE, SA_CACHE)
         if HALVES == 2:
             _scaled_epilogue(acc1, rows, off_m, off_n + BN, c_desc, c_bufs, bias_ptr, sa_ptr,
                              sb_ptr, sa_row, sb_row, N, HAS_BIAS, SCALE, SA_CACHE)
-
-
-@_jit
-def _row_col_scales(x, off_m, off_n, sa_ptr, sb_ptr, sa_row, sb_row, M, N,
-                    SA_CACHE: gl.constexpr):
-    """``x * sa[rows] * sb[cols]`` of the block at ``(off_m, off_n)`` (``SCALE`` 1; any
-    layout; rows and columns clamped into ``[M, N]``)."""
-    rows = gl.minimum(off_m + gl.arange(0, x.shape[0], layout=gl.SliceLayout(1, x.type.layout)),
-                      M - 1).to(gl.int64)
-    cols = off_n + gl.arange(0, x.shape[1], layout=gl.SliceLayout(0, x.type.layout))
-    sa = gl.load(sa_ptr + rows * sa_row, cache_modifier=SA_CACHE)
-    sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
-    return x * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
+    tma.store_wait(0)
 
 
 @_jit
 def _split_worker(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
-                  sb_ptr, sa_row, sb_row, M, N, K, shift, ws_ptr, cnt_ptr, dp_tiles,
-                  HAS_BIAS: gl.constexpr, SCALE: gl.constexpr, GROUP_M: gl.constexpr,
-                  HALVES: gl.constexpr, PROMOTE: gl.constexpr, WAIT: gl.constexpr,
-                  MODE: gl.constexpr):
+                  sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
+                  SCALE: gl.constexpr, GROUP_M: gl.constexpr, HALVES: gl.constexpr,
+                  PROMOTE: gl.constexpr, WAIT: gl.constexpr):
     """The split schedule's second consumer (a 4-warp worker partition, slot 1)."""
     _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
-                    sb_ptr, sa_row, sb_row, M, N, K, shift, ws_ptr, cnt_ptr, dp_tiles, HAS_BIAS,
-                    SCALE, GROUP_M, 1, HALVES, PROMOTE, WAIT, MODE)
+                    sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE, GROUP_M, 1, HALVES,
+                    PROMOTE, WAIT)
 
 
 @_jit
 def _split_loader(a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, shift,
                   sig_ptr, offsets_ptr, err_claim, err_record, rank, world_size, epoch, deadline,
-                  op_id, dp_tiles, GROUP_M: gl.constexpr, HALVES: gl.constexpr,
-                  PROMOTE: gl.constexpr, WAIT: gl.constexpr, MODE: gl.constexpr):
-    """The split schedule's loader: data parallel, the bf16 kernel's (``WAIT``: its wait for
-    each unit's gathered chunks), B's second half (``HALVES`` 2) a second box of the same
-    descriptor beside the first; stream-K (``MODE`` 1), the same boxes over the schedule's
-    units in steps of ``PROMOTE`` K steps (the consumers' schedule)."""
-    if MODE == 0:
-        _ws_loader(a_desc, b_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, 0, 1,
-                   shift, sig_ptr, offsets_ptr, err_claim, err_record, rank, world_size, epoch,
-                   deadline, op_id, _NO, GROUP_M, _DP, (HALVES - 1) * 128, WAIT)
-    else:
-        STAGES: gl.constexpr = a_bufs.shape[0]
-        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-        BN: gl.constexpr = b_desc.block_type.shape[0]
-        nbytes: gl.constexpr = a_desc.block_type.nbytes + HALVES * b_desc.block_type.nbytes
-        tiles_m, tiles_n, k_steps, units, n_dp, s, e, t0, q, r, kps = _sched(
-            M, N, K, dp_tiles, 1, MODE, BLOCK_M, BN * HALVES, BLOCK_K * PROMOTE)
-        it = 0
-        for i in range(units):
-            tile, kb, ke = _unit(i, k_steps, n_dp, s, e, t0, kps, dp_tiles, 1, MODE)
-            pid_m, pid_n = _tile_mn(tile, tiles_m, tiles_n, 0, GROUP_M)
-            off_m = pid_m * BLOCK_M
-            off_n = pid_n * BN * HALVES
-            for kk in range(kb * PROMOTE, ke * PROMOTE):
-                slot = it % STAGES
-                mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
-                bar = ready.index(slot)
-                mbarrier.expect(bar, nbytes)
-                tma.async_copy_global_to_shared(a_desc, [off_m, kk * BLOCK_K], bar,
-                                                a_bufs.index(slot))
-                tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar,
-                                                b_bufs.index(slot))
-                if HALVES == 2:
-                    tma.async_copy_global_to_shared(b_desc, [off_n + BN, kk * BLOCK_K], bar,
-                                                    b2_bufs.index(slot))
-                it += 1
+                  op_id, GROUP_M: gl.constexpr, HALVES: gl.constexpr, WAIT: gl.constexpr):
+    """The split schedule's loader: the bf16 kernel's (``WAIT``: its wait for each unit's
+    gathered chunks), B's second half (``HALVES`` 2) a second box of the same descriptor beside
+    the first."""
+    _ws_loader(a_desc, b_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, 0, 1,
+               shift, sig_ptr, offsets_ptr, err_claim, err_record, rank, world_size, epoch,
+               deadline, op_id, _NO, GROUP_M, _DP, (HALVES - 1) * 128, WAIT)
 
 
 @_jit
@@ -480,17 +357,16 @@ def _pp_worker(a_bufs, b_bufs, ready, empty, order, c_bufs, c_desc, bias_ptr, sa
 
 def _jit_dims(fn):
     return (gluon.jit(fn, do_not_specialize=["M", "N", "K", "sa_row", "sb_row", "rank",
-                                             "world_size", "timeout_us", "op_id", "dp_tiles"])
+                                             "world_size", "timeout_us", "op_id"])
             if HAVE_GLUON else fn)
 
 
 @_jit_dims
 def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K,
                      sig_ptr, offsets_ptr, err_claim, err_record, rank, world_size, timeout_us,
-                     op_id, ws_ptr, cnt_ptr, dp_tiles, SCALE: gl.constexpr,
-                     HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                     SPLIT: gl.constexpr, HALVES: gl.constexpr, EPI_BUFS: gl.constexpr,
-                     PROMOTE: gl.constexpr, WAIT: gl.constexpr, MODE: gl.constexpr,
+                     op_id, SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
+                     STAGES: gl.constexpr, SPLIT: gl.constexpr, HALVES: gl.constexpr,
+                     EPI_BUFS: gl.constexpr, PROMOTE: gl.constexpr, WAIT: gl.constexpr,
                      num_warps: gl.constexpr):
     """fp8 GEMM with scales (module docstring). Grid: ``(programs, )``.
 
@@ -505,12 +381,8 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
     ``WAIT`` (split only): the ag_gemm consumer over the gathered fp8 rows ``a_desc``, their
     scales in the rows (``sa_ptr``): the loader waits for each unit's chunks as the bf16
     kernel's does (``ws_gemm_kernel``'s wait arguments), tiles from this rank's own rows first
-    (else the wait arguments are unused). ``MODE`` (split only, not ``WAIT``): 0 data
-    parallel, 1 stream-K after ``dp_tiles`` whole tiles, partial half-tiles in ``ws_ptr``
-    (fp32, ``4 x programs`` of ``64 x 128 HALVES``) and arrivals on ``cnt_ptr`` (int32, two
-    per stream-K tile, zero between launches)."""
+    (else the wait arguments are unused)."""
     gl.static_assert(SPLIT | (not WAIT), "a waiting consumer is split")
-    gl.static_assert((MODE == 0) | (SPLIT & (not WAIT)), "stream-K: the plain split kernel")
     if WAIT:
         shift = gl.load(offsets_ptr + rank) // a_desc.block_type.shape[0]
         epoch = gl.load(sig_ptr + 3 * world_size, volatile=True).to(gl.int64)
@@ -539,16 +411,14 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
             b2_bufs = b_bufs
         gl.warp_specialize([
             (_split_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs0, c_desc, bias_ptr,
-                               sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, ws_ptr,
-                               cnt_ptr, dp_tiles, HAS_BIAS, SCALE, GROUP_M, 0, HALVES, PROMOTE,
-                               WAIT, MODE)),
+                               sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
+                               GROUP_M, 0, HALVES, PROMOTE, WAIT)),
             (_split_worker, (a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs1, c_desc, bias_ptr,
-                             sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, ws_ptr, cnt_ptr,
-                             dp_tiles, HAS_BIAS, SCALE, GROUP_M, HALVES, PROMOTE, WAIT, MODE)),
+                             sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
+                             GROUP_M, HALVES, PROMOTE, WAIT)),
             (_split_loader, (a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
                              shift, sig_ptr, offsets_ptr, err_claim, err_record, rank,
-                             world_size, epoch, deadline, op_id, dp_tiles, GROUP_M, HALVES,
-                             PROMOTE, WAIT, MODE)),
+                             world_size, epoch, deadline, op_id, GROUP_M, HALVES, WAIT)),
         ], [4, 1], [_K_SCALED_REGS, _loader_regs(WAIT)])
     else:
         gl.warp_specialize([
