@@ -52,9 +52,11 @@ def test_packed_rows_halve_the_gather():
     """fp8 rows and their scales: about half the bf16 op's bytes (and exact layout rules)."""
     assert packed_row(4096, "row") == packed_row(4096, "tensor")
     layout = packed_row(4100, "block")
-    assert layout.scale_offset == 4112 and layout.scales == 33 and layout.pitch == 4112 + 144
+    # (scales from 4112, 33 of them: 4244 bytes, on whole 128-byte lines 4352)
+    assert layout.scale_offset == 4112 and layout.scales == 33 and layout.pitch == 34 * 128
+    assert packed_row(512, "row").pitch == 640 and packed_row(7168, "block").pitch == 7424
     bf16 = 2 * 8192 * 4096
-    assert gathered_bytes([2048] * 4, 4096, "row") / bf16 == pytest.approx(0.5 + 16 / 8192)
+    assert gathered_bytes([2048] * 4, 4096, "row") / bf16 == pytest.approx(0.5 + 128 / 8192)
     assert gathered_bytes([2048] * 4, 4096, "block") / bf16 == pytest.approx(0.5 + 128 / 8192)
 
 

@@ -18,7 +18,7 @@ Scale modes (told apart by the scales' shapes):
 What moves: each rank's rows travel as fp8 bytes with their scales packed behind them in the
 same row (``packed_row``): ``K`` bytes rounded up to 16, then one fp32 scale (tensor-wise and
 row-wise: a tensor-wise scale becomes every row's, so ranks may quantize with scales of their
-own) or ``ceil(K/128)`` of them, rounded up to 16 bytes. The gather is one transfer of those
+own) or ``ceil(K/128)`` of them, the row rounded up to whole 128-byte lines. The gather is one transfer of those
 rows, never a bf16 copy: ``gathered_bytes`` says how many bytes a call moves.
 
 No autograd (fp8 training recipes quantize around the op; there is no gradient formula here).
@@ -41,6 +41,7 @@ from ..runtime.plan import PlanCache, call_key, tensor_key
 from ..runtime.precompile import register_precompile
 from ..runtime.split import split_sizes
 from ._core_configs import SCALE_BLOCKWISE, SCALE_ROWWISE
+from ._pad import LINE_BYTES
 from .ag_gemm import IMPLS, use_fused
 from .gemm_rs import ALGORITHMS, ONE_SHOT_MAX_BYTES, _fused_wanted
 
@@ -64,8 +65,10 @@ def _round16(n: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class PackedRow:
     """One gathered row's layout, in bytes: fp8 values ``[0, k)``, ``scales`` fp32 scales from
-    ``scale_offset`` (a multiple of 16), the whole row ``pitch`` bytes (a multiple of 16: TMA
-    rows and 16-byte copies)."""
+    ``scale_offset`` (a multiple of 16), the whole row ``pitch`` bytes, whole 128-byte lines
+    (``LINE_BYTES``): the consumer's TMA boxes then read each row's 128-byte K steps from one
+    line, not two (a 16-byte pitch cost the waiting consumer up to a quarter of its speed:
+    benchmarks/NOTES.md, fp8), and no line holds two rows' scales."""
     k: int
     scales: int
     scale_offset: int
@@ -76,7 +79,7 @@ def packed_row(k: int, mode: str) -> PackedRow:
     """The packed row of ``k`` fp8 values under ``mode`` (module docstring)."""
     scales = _cdiv(k, SCALE_BLOCK) if mode == "block" else 1
     offset = _round16(k)
-    return PackedRow(k, scales, offset, offset + _round16(4 * scales))
+    return PackedRow(k, scales, offset, _cdiv(offset + 4 * scales, LINE_BYTES) * LINE_BYTES)
 
 
 def gathered_bytes(shard_sizes: Sequence[int], k: int, mode: str) -> int:
