@@ -55,22 +55,21 @@ beside a waiting loader's 40)."""
 _K_SCALED_REGS = gl.constexpr(SCALED_REGS) if HAVE_GLUON else SCALED_REGS
 _NO = gl.constexpr(False) if HAVE_GLUON else False
 _DP = gl.constexpr(0) if HAVE_GLUON else 0
-_L1 = gl.constexpr("") if HAVE_GLUON else ""
-_L2 = gl.constexpr(".cg") if HAVE_GLUON else ".cg"
 """Constants for the bf16 loader's constexpr parameters (B K-major, data parallel; no waits in
-the ping-pong) and the A scales' cache modifiers (the default; past L1)."""
+the ping-pong)."""
 
 
 @_jit
-def _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE: gl.constexpr,
-                SA_CACHE: gl.constexpr):
+def _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE: gl.constexpr):
     """``SCALE`` 2: K step ``kk``'s scale of each row of the tile, ``sa[rows, kk] * sb[kk,
     off_n // 128]`` (the tile is inside one 128-column block: ``BLOCK_N`` divides 128); loaded
-    before the step's product is waited for (``SA_CACHE`` the A scales' cache modifier). Else a
-    placeholder (nothing loaded)."""
+    before the step's product is waited for, through L1 (a row's scales of 32 K steps share a
+    128-byte line; in the ag_gemm consumer's gathered rows, whole lines of one row, first read
+    after the row's chunk landed: ``scaled.packed_row``). Else a placeholder (nothing
+    loaded)."""
     if SCALE == 2:
         sb = gl.load(sb_ptr + kk * sb_row + off_n // 128)
-        scale = gl.load(sa_ptr + rows * sa_row + kk, cache_modifier=SA_CACHE) * sb
+        scale = gl.load(sa_ptr + rows * sa_row + kk) * sb
     else:
         scale = sa_row
     return scale
@@ -185,7 +184,7 @@ def _pp_consumer(a_bufs, b_bufs, ready, empty, order, c_bufs, c_desc, bias_ptr, 
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
             part = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)),
                                  zero, use_acc=False, is_async=True)
-            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE, _L1)
+            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE)
             # Read only once no wgmma is in flight: ptxas serializes every wgmma of a kernel
             # that reads an accumulator while another runs (C7514).
             part = warpgroup_mma_wait(0, deps=(part, ))
@@ -193,7 +192,7 @@ def _pp_consumer(a_bufs, b_bufs, ready, empty, order, c_bufs, c_desc, bias_ptr, 
             acc = _promote(acc, part, scale, SCALE)
         mbarrier.arrive(order.index(0), pred=(i == units - 2) & (units % 2 == 1))
         _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
-                         sa_row, sb_row, N, HAS_BIAS, SCALE, _L1)
+                         sa_row, sb_row, N, HAS_BIAS, SCALE)
     tma.store_wait(0)
 
 
@@ -216,8 +215,7 @@ def _stage_part(part, i: gl.constexpr, c_desc, c_bufs, bias_ptr, off_m, off_n, N
 
 @_jit
 def _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr, sa_row,
-                     sb_row, N, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
-                     SA_CACHE: gl.constexpr):
+                     sb_row, N, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr):
     """A consumer's sum of columns ``[off_n, off_n + acc.shape[1])``: ``SCALE`` 1's row and
     column scales, + bias, round, TMA stores of ``EPI_N``-column parts (``_stage_part``)."""
     BN: gl.constexpr = acc.shape[1]
@@ -225,7 +223,7 @@ def _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, 
     gl.static_assert((BN // EPI_N) % c_bufs.shape[0] == 0, "parts alternate staging tiles")
     if SCALE == 1:
         cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
-        sa = gl.load(sa_ptr + rows * sa_row, cache_modifier=SA_CACHE)
+        sa = gl.load(sa_ptr + rows * sa_row)
         sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
         acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
     parts = _split_cols(acc, BN // EPI_N)
@@ -271,12 +269,7 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
     operands' K land as zeros). The two consumers share each slot's A box (each its
     64 rows) and B boxes, and each releases the slot on its own (``empty`` counts 2): no
     barrier between them, so one's promotion runs under the other's wgmma. ``WAIT`` (the
-    ag_gemm consumer): tile rows rotated by ``shift``, as the loader visits them; A's scales
-    (in the gathered rows, which peers write during the kernel) read past L1 (``.cg``)."""
-    if WAIT:
-        SA_CACHE: gl.constexpr = _L2
-    else:
-        SA_CACHE: gl.constexpr = _L1
+    ag_gemm consumer): tile rows rotated by ``shift``, as the loader visits them."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     HALF_M: gl.constexpr = a_bufs.shape[1] // 2
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
@@ -304,8 +297,7 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
         for kk in range(k_steps // PROMOTE):
             part = _chain(a_bufs, b_bufs, ready, it, SLOT, part, PROMOTE == 2, True)
             # (the step's scales after its boxes landed: in WAIT, after the loader's wait)
-            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE,
-                                SA_CACHE)
+            scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE)
             part = _scaled_part(warpgroup_mma_wait(0, deps=(part, )), scale, SCALE)
             acc0 += part
             if HALVES == 2:
@@ -316,10 +308,10 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
                 mbarrier.arrive(empty.index((it + j) % STAGES))
             it += PROMOTE
         _scaled_epilogue(acc0, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
-                         sa_row, sb_row, N, HAS_BIAS, SCALE, SA_CACHE)
+                         sa_row, sb_row, N, HAS_BIAS, SCALE)
         if HALVES == 2:
             _scaled_epilogue(acc1, rows, off_m, off_n + BN, c_desc, c_bufs, bias_ptr, sa_ptr,
-                             sb_ptr, sa_row, sb_row, N, HAS_BIAS, SCALE, SA_CACHE)
+                             sb_ptr, sa_row, sb_row, N, HAS_BIAS, SCALE)
     tma.store_wait(0)
 
 
