@@ -1,5 +1,7 @@
 """The few CUDA driver calls the fused ops' side streams need, through ``ctypes`` on
-``libcuda.so.1``: a device-to-device copy, an event record and a stream wait on raw handles.
+``libcuda.so.1``: a device-to-device copy, an event record and a stream wait on raw handles;
+and the per-thread local memory a bound kernel needs, reserved before it is launched
+(``reserve_local_memory``).
 
 ``torch`` offers the same through ``Tensor.copy_``, ``Event.record`` and ``Stream.wait_event``,
 but each of those resolves devices and streams in Python and dispatches through ATen (about
@@ -27,6 +29,9 @@ def _driver() -> ctypes.CDLL:
         lib.cuEventRecord.argtypes = [handle, handle]
         lib.cuStreamWaitEvent.argtypes = [handle, handle, ctypes.c_uint]
         lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        lib.cuFuncGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, handle]
+        lib.cuCtxGetLimit.argtypes = [ctypes.POINTER(size), ctypes.c_int]
+        lib.cuCtxSetLimit.argtypes = [ctypes.c_int, size]
         _lib = lib
     return _lib
 
@@ -56,3 +61,29 @@ def wait(stream: int, event: int) -> None:
     status = _driver().cuStreamWaitEvent(stream, event, 0)
     if status:
         _fail("cuStreamWaitEvent", status)
+
+
+_LOCAL_SIZE_BYTES, _STACK_SIZE = 3, 0  # CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, CU_LIMIT_STACK_SIZE
+
+
+def reserve_local_memory(function: int) -> None:
+    """Raise the current context's per-thread stack limit to ``function``'s local memory (spills)
+    where it is below: the driver reserves ``max(limit, a launched kernel's local size)`` per
+    thread and grows the reservation at the launch of a kernel needing more, which waits for the
+    whole device to idle. Inside a fused op's launch that wait never ends: peers' kernels spin
+    for this rank's next kernel (measured: a fused ``gemm_rs_scaled`` producer with 1160 bytes
+    of spills hung four virtual ranks at the default 1024-byte limit, ran at 1168). Called where
+    a kernel is bound, before any waiting kernel is launched (DESIGN.md, section 4)."""
+    lib = _driver()
+    local = ctypes.c_int()
+    status = lib.cuFuncGetAttribute(ctypes.byref(local), _LOCAL_SIZE_BYTES, function)
+    if status:
+        _fail("cuFuncGetAttribute", status)
+    limit = ctypes.c_size_t()
+    status = lib.cuCtxGetLimit(ctypes.byref(limit), _STACK_SIZE)
+    if status:
+        _fail("cuCtxGetLimit", status)
+    if local.value > limit.value:
+        status = lib.cuCtxSetLimit(_STACK_SIZE, -(-local.value // 16) * 16)
+        if status:
+            _fail("cuCtxSetLimit", status)

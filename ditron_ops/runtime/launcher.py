@@ -35,7 +35,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _env
-from . import compiler
+from . import compiler, cuda_driver
 
 _LOAD_LOCK = threading.Lock()
 _DESC_CACHE = 256
@@ -134,6 +134,8 @@ class BoundKernel:
             kernel = kernel.result()
         with _LOAD_LOCK:  # ranks of a virtual world share the kernel object: load it once
             kernel._init_handles()
+            if device.type == "cuda":  # (its launch must never grow the local memory)
+                cuda_driver.reserve_local_memory(kernel.function)
         launcher = kernel.run
         raw = _raw_launcher(launcher)
         if (raw is None or getattr(launcher, "global_scratch_size", 0)
