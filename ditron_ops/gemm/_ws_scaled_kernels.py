@@ -259,7 +259,7 @@ def _chain(a_bufs, b_bufs, ready, it, SLOT: gl.constexpr, part, TWO: gl.constexp
 def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
                     sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
                     SCALE: gl.constexpr, GROUP_M: gl.constexpr, SLOT: gl.constexpr,
-                    HALVES: gl.constexpr, PROMOTE: gl.constexpr, WAIT: gl.constexpr):
+                    HALVES: gl.constexpr, PROMOTE: gl.constexpr):
     """Split consumer ``SLOT`` of 2 (4 warps): rows ``[64 SLOT, 64 SLOT + 64)`` of every tile of
     the program, the tile ``HALVES`` x 128 columns wide (B's second 128 columns in ``b2_bufs``;
     two halves on ``SCALE`` 1 only: a third 64-register tile spilled on block scales); each K
@@ -268,8 +268,8 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
     one promotion; ``K`` is then a multiple of 256, the kernel's rounding: the boxes past the
     operands' K land as zeros). The two consumers share each slot's A box (each its
     64 rows) and B boxes, and each releases the slot on its own (``empty`` counts 2): no
-    barrier between them, so one's promotion runs under the other's wgmma. ``WAIT`` (the
-    ag_gemm consumer): tile rows rotated by ``shift``, as the loader visits them."""
+    barrier between them, so one's promotion runs under the other's wgmma. Tile rows rotated
+    by ``shift`` as the loader visits them (the ag_gemm consumer's; else 0)."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     HALF_M: gl.constexpr = a_bufs.shape[1] // 2
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
@@ -296,7 +296,7 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
         acc1 = gl.zeros([HALF_M, BN], gl.float32, layout)
         for kk in range(k_steps // PROMOTE):
             part = _chain(a_bufs, b_bufs, ready, it, SLOT, part, PROMOTE == 2, True)
-            # (the step's scales after its boxes landed: in WAIT, after the loader's wait)
+            # (the step's scales after its boxes landed: waiting, after the loader's wait)
             scale = _step_scale(sa_ptr, sb_ptr, sa_row, sb_row, rows, off_n, kk, SCALE)
             part = _scaled_part(warpgroup_mma_wait(0, deps=(part, )), scale, SCALE)
             acc0 += part
@@ -319,11 +319,11 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
 def _split_worker(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
                   sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
                   SCALE: gl.constexpr, GROUP_M: gl.constexpr, HALVES: gl.constexpr,
-                  PROMOTE: gl.constexpr, WAIT: gl.constexpr):
+                  PROMOTE: gl.constexpr):
     """The split schedule's second consumer (a 4-warp worker partition, slot 1)."""
     _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
                     sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE, GROUP_M, 1, HALVES,
-                    PROMOTE, WAIT)
+                    PROMOTE)
 
 
 @_jit
@@ -404,10 +404,10 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
         gl.warp_specialize([
             (_split_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs0, c_desc, bias_ptr,
                                sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
-                               GROUP_M, 0, HALVES, PROMOTE, WAIT)),
+                               GROUP_M, 0, HALVES, PROMOTE)),
             (_split_worker, (a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs1, c_desc, bias_ptr,
                              sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
-                             GROUP_M, HALVES, PROMOTE, WAIT)),
+                             GROUP_M, HALVES, PROMOTE)),
             (_split_loader, (a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
                              shift, sig_ptr, offsets_ptr, err_claim, err_record, rank,
                              world_size, epoch, deadline, op_id, GROUP_M, HALVES, WAIT)),

@@ -18,8 +18,9 @@ Scale modes (told apart by the scales' shapes):
 What moves: each rank's rows travel as fp8 bytes with their scales packed behind them in the
 same row (``packed_row``): ``K`` bytes rounded up to 16, then one fp32 scale (tensor-wise and
 row-wise: a tensor-wise scale becomes every row's, so ranks may quantize with scales of their
-own) or ``ceil(K/128)`` of them, the row rounded up to whole 128-byte lines. The gather is one transfer of those
-rows, never a bf16 copy: ``gathered_bytes`` says how many bytes a call moves.
+own) or ``ceil(K/128)`` of them, the row rounded up to whole 128-byte lines. The gather is one
+transfer of those rows, never a bf16 copy: ``gathered_bytes`` says how many bytes a call
+moves.
 
 No autograd (fp8 training recipes quantize around the op; there is no gradient formula here).
 """
@@ -62,7 +63,10 @@ def _round16(n: int) -> int:
 
 
 ROW_ALIGN = 128
-"""Bytes a packed row's pitch is a multiple of: the L2 line (``packed_row``)."""
+"""Bytes a packed row's pitch is a multiple of: the cache line, L1's and L2's (``packed_row``).
+Rows land on lines where the gathered buffer's base does (torch's and NVSHMEM's allocations);
+a row's scales never share a line with another row's either way (rows are 128 bytes apart or
+more)."""
 
 
 @dataclasses.dataclass(frozen=True)

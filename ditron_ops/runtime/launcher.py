@@ -135,7 +135,8 @@ class BoundKernel:
         with _LOAD_LOCK:  # ranks of a virtual world share the kernel object: load it once
             kernel._init_handles()
             if device.type == "cuda":  # (its launch must never grow the local memory)
-                cuda_driver.reserve_local_memory(kernel.function)
+                with torch.cuda.device(device):
+                    cuda_driver.reserve_local_memory(kernel.function)
         launcher = kernel.run
         raw = _raw_launcher(launcher)
         if (raw is None or getattr(launcher, "global_scratch_size", 0)
