@@ -60,6 +60,17 @@ def test_packed_rows_halve_the_gather():
     assert gathered_bytes([2048] * 4, 4096, "block") / bf16 == pytest.approx(0.5 + 128 / 8192)
 
 
+def test_packed_rows_are_whole_lines_holding_values_then_scales():
+    """Every K and mode: values from 0, scales from a 16-byte offset past them, the pitch whole
+    128-byte lines and the least that holds both."""
+    for k in range(1, 1100):
+        for mode in ("tensor", "row", "block"):
+            r = packed_row(k, mode)
+            end = r.scale_offset + 4 * r.scales
+            assert r.scale_offset >= k and r.scale_offset % 16 == 0, (k, mode)
+            assert r.pitch % 128 == 0 and end <= r.pitch < end + 128, (k, mode)
+
+
 def test_scale_mode_and_errors():
     a = torch.zeros(4, 256, dtype=FP8)
     b = torch.zeros(64, 256, dtype=FP8).t()
