@@ -244,18 +244,6 @@ def smem_bytes(cfg: WsConfig, stages: int, in_bytes: int, out_bytes: int) -> int
             + cfg.consumers * cfg.block_m * cfg.epi_n * out_bytes + 16 * stages + 32)
 
 
-def sk_ranges(sk_tiles: int, k_steps: int, grid: int):
-    """Stream-K ranges ``[(start, end)]`` of the ``sk_tiles * k_steps`` iterations (the kernel's
-    arithmetic: ``q = T // grid``, the first ``T % grid`` ranges one longer)."""
-    total = sk_tiles * k_steps
-    q, r = divmod(total, grid)
-    out = []
-    for p in range(grid):
-        s = p * q + min(p, r)
-        out.append((s, s + q + (p < r)))
-    return out
-
-
 def _sk_segments(sk_tiles: int, k_steps: int, grid: int) -> float:
     """Mean number of ranges per stream-K tile (partials the reducer sums)."""
     total = sk_tiles * k_steps

@@ -94,11 +94,6 @@ def _fresh() -> bool:
     return False
 
 
-def aligned16(t: torch.Tensor) -> bool:
-    """16-byte aligned base address (Triton specializes pointer arguments on it)."""
-    return t.data_ptr() % 16 == 0
-
-
 def tensor_key(t) -> tuple:
     """What a plan key holds of a tensor argument: dtype, device index, shape, strides, 16-byte
     alignment (``None`` for an absent optional tensor)."""
