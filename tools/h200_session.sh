@@ -12,8 +12,8 @@
 #   bash tools/h200_session.sh splitk     # split-K calibration: gemm_sweep --only splitk (CSV under
 #                                         # $OUT/splitk), then tools/gemm_rule_fit.py --splitk on it
 #   bash tools/h200_session.sh cache      # the Triton cache back as $OUT/tcache.tgz.NN (15 MB parts)
-#   bash tools/h200_session.sh fp8        # the fp8 WS core's and fused consumer's GPU tests, then
-#                                         # bench fp8 --only tensor,row,block,present (about 5 min)
+#   bash tools/h200_session.sh fp8        # the fp8 WS core's and the fp8 ops' GPU tests, then bench
+#                                         # fp8 --only tensor,row,block,present,fused (about 6 min)
 #
 # nvshmem4py is installed from .whl when the call carries it (../shared/tools/gpu-wheels.sh
 # downloads it), so the one-PE NVSHMEM smoke test runs instead of skipping.
@@ -75,9 +75,9 @@ for part in "$@"; do
         -k "every_config or either_core" > "$OUT/fp8_ws_tests.log" 2>&1
       echo "test_ws_scaled_gpu: rc=$? $(grep -E "passed|failed" "$OUT/fp8_ws_tests.log" | tail -1)"
       timeout 200 python -m pytest -q tests/gpu/test_ag_gemm_scaled_gpu.py \
-        -k "ws_consumer or back_to_back or scaled_modes or graph" > "$OUT/fp8_ag_tests.log" 2>&1
+        > "$OUT/fp8_ag_tests.log" 2>&1
       echo "test_ag_gemm_scaled_gpu: rc=$? $(grep -E "passed|failed" "$OUT/fp8_ag_tests.log" | tail -1)"
-      timeout 300 python -m ditron_ops.bench fp8 --only tensor,row,block,present --rounds 3 \
+      timeout 300 python -m ditron_ops.bench fp8 --only tensor,row,block,present,fused --rounds 3 \
         --target-ms 4 --out "$OUT/bench" ${COMMIT:+--commit "$COMMIT"} > "$OUT/bench_fp8.log" 2>&1
       echo "bench fp8: rc=$?"; grep -E "worst five" "$OUT/bench_fp8.log" | cut -c1-160
       rm -f "$OUT"/bench/*.png
