@@ -45,8 +45,8 @@ SCALED_CONSUMER_CORE = "ws"
 """The copy and pull producers' consumer of fp8 rows (``ag_gemm_scaled``): ``"ws"``, the fp8 WS
 core's split kernel waiting for chunks (``_ws_scaled.consumer_config``) where it takes the
 operands, else the portable core; ``"tl"`` the portable core. Default ``"ws"``: with every
-chunk present it ran 0.82-0.90x the plain scaled GEMM in geo-mean, the portable consumer
-0.52-0.67x (``bench fp8 --only present``; benchmarks/NOTES.md, fp8)."""
+chunk present it runs close to the plain scaled GEMM, the portable consumer about half as fast
+(``bench fp8 --only present``; figures: benchmarks/NOTES.md, fp8)."""
 PUSH_MAX_BYTES = 1 << 20
 """``"auto"`` pushes gathers (``ΣM_r · K`` elements) of at most this many bytes: the call is
 then host-bound (a fused call with copy engines costs four launches, a copy, and a stream fork

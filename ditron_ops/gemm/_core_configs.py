@@ -58,6 +58,10 @@ from typing import Optional
 
 import torch
 
+LINE_BYTES = 128
+"""The cache line (L1 and L2): a TMA box row of ``BLOCK_K = 64`` 2-byte elements, or of one
+128-value fp8 K step, is one line when it starts on one (``_pad``, ``scaled.packed_row``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:

@@ -15,11 +15,9 @@ from typing import Optional
 import torch
 
 from ..runtime.launcher import BoundKernel
+from ._core_configs import LINE_BYTES
 from ._core_kernels import pad_rows_kernel
 
-LINE_BYTES = 128
-"""The L2 line: a TMA box row of ``BLOCK_K = 64`` 2-byte elements is one line when it starts
-on one."""
 
 
 def tma_ok(t: torch.Tensor) -> bool:

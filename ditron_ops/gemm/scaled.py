@@ -41,7 +41,7 @@ from ..runtime.group import Group, call_group, name_for_rows, resolve_group
 from ..runtime.plan import PlanCache, call_key, tensor_key
 from ..runtime.precompile import register_precompile
 from ..runtime.split import split_sizes
-from ._core_configs import SCALE_BLOCKWISE, SCALE_ROWWISE
+from ._core_configs import LINE_BYTES, SCALE_BLOCKWISE, SCALE_ROWWISE
 from .ag_gemm import IMPLS, use_fused
 from .gemm_rs import ALGORITHMS, ONE_SHOT_MAX_BYTES, _fused_wanted
 
@@ -62,20 +62,14 @@ def _round16(n: int) -> int:
     return _cdiv(n, 16) * 16
 
 
-ROW_ALIGN = 128
-"""Bytes a packed row's pitch is a multiple of: the cache line, L1's and L2's (``packed_row``).
-Rows land on lines where the gathered buffer's base does (torch's and NVSHMEM's allocations);
-a row's scales never share a line with another row's either way (rows are 128 bytes apart or
-more)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class PackedRow:
     """One gathered row's layout, in bytes: fp8 values ``[0, k)``, ``scales`` fp32 scales from
     ``scale_offset`` (a multiple of 16), the whole row ``pitch`` bytes, whole 128-byte lines
-    (``ROW_ALIGN``): the consumer's TMA boxes then read each row's 128-byte K steps from one
-    line, not two (a 16-byte pitch cost the waiting consumer up to a quarter of its speed:
-    benchmarks/NOTES.md, fp8), and no line holds two rows' scales."""
+    (``LINE_BYTES``): the consumer's TMA boxes then read each row's K steps from one line, not
+    two (the waiting consumer's speed: benchmarks/NOTES.md, fp8). Rows land on lines where the
+    gathered buffer's base does (torch's and NVSHMEM's allocations); no line holds two rows'
+    scales either way (rows are 128 bytes apart or more)."""
     k: int
     scales: int
     scale_offset: int
@@ -86,7 +80,7 @@ def packed_row(k: int, mode: str) -> PackedRow:
     """The packed row of ``k`` fp8 values under ``mode`` (module docstring)."""
     scales = _cdiv(k, SCALE_BLOCK) if mode == "block" else 1
     offset = _round16(k)
-    return PackedRow(k, scales, offset, _cdiv(offset + 4 * scales, ROW_ALIGN) * ROW_ALIGN)
+    return PackedRow(k, scales, offset, _cdiv(offset + 4 * scales, LINE_BYTES) * LINE_BYTES)
 
 
 def gathered_bytes(shard_sizes: Sequence[int], k: int, mode: str) -> int:

@@ -71,11 +71,9 @@ def reserve_local_memory(function: int) -> None:
     where it is below: the driver reserves ``max(limit, a launched kernel's local size)`` per
     thread and grows the reservation at the launch of a kernel needing more, which waits for the
     whole device to idle. Inside a fused op's launch that wait never ends: peers' kernels spin
-    for this rank's next kernel (measured: a fused ``gemm_rs_scaled`` producer with 1160 bytes
-    of spills hung four virtual ranks at the default 1024-byte limit, ran at 1168). Called where
-    a kernel is bound, in the device's current context: while plans are built, before the
-    launch gate, when no peer's kernel waits for this rank (raising the limit may itself wait
-    for the device)."""
+    for this rank's next kernel (benchmarks/NOTES.md, virtual world). Called where a kernel is
+    bound, in the device's current context: while plans are built, before the launch gate, when
+    no peer's kernel waits for this rank (raising the limit may itself wait for the device)."""
     lib = _driver()
     local = ctypes.c_int()
     status = lib.cuFuncGetAttribute(ctypes.byref(local), _LOCAL_SIZE_BYTES, function)
