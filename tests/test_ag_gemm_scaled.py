@@ -71,6 +71,39 @@ def test_packed_rows_are_whole_lines_holding_values_then_scales():
             assert r.pitch % 128 == 0 and end <= r.pitch < end + 128, (k, mode)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("k,offset", [(256, 0), (200, 0), (272, 16), (130, 3)])
+def test_pack_rows_kernel_writes_values_then_scales(mode, k, offset):
+    """``pack_rows`` (one ``pack_rows_kernel`` launch: 16-byte vectors where ``a``'s rows are
+    whole aligned vectors, bytes otherwise, a view starting ``offset`` bytes in) puts every
+    row's fp8 bytes at 0 and its scales at ``scale_offset``; a second call of the same layout
+    reuses the bound kernel."""
+    from ditron_ops.gemm._pad import pack_vec
+    from ditron_ops.gemm.scaled import pack_rows
+
+    rows = 11
+    gen = torch.Generator().manual_seed(k + offset)
+    base = (torch.randn(rows * (k + offset) + offset, generator=gen) * 8).to(FP8)
+    a = base[offset:offset + rows * (k + offset)].view(rows, k + offset)[:, :k]
+    kb = -(-k // 128)
+    sa = {"tensor": torch.rand(1, generator=gen), "row": torch.rand(rows, 1, generator=gen),
+          "block": torch.rand(kb, rows, generator=gen).t()}[mode]  # block: column-major scales
+    assert pack_vec(a) == (16 if k % 16 == 0 and offset % 16 == 0 else 1)
+    layout = packed_row(k, mode)
+
+    def body(group):
+        got = [pack_rows(a, sa, mode, group) for _ in range(2)]
+        return got, len(group.plans)
+    packed, plans = ditron_ops.launch(body, 1)[0]
+    assert plans == 1
+    lo = layout.scale_offset // 4
+    want = sa.reshape(1, 1).expand(rows, 1) if mode == "tensor" else sa
+    for got in packed:  # (the padding between and after is not written)
+        assert got.shape == (rows, layout.pitch // 4)
+        assert torch.equal(got.view(torch.uint8)[:, :k], a.view(torch.uint8))
+        assert torch.equal(got[:, lo:lo + layout.scales], want)
+
+
 def test_scale_mode_and_errors():
     a = torch.zeros(4, 256, dtype=FP8)
     b = torch.zeros(64, 256, dtype=FP8).t()

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from ..runtime.launcher import BoundKernel
+from ._ag_kernels import pack_rows_kernel
 from ._core_configs import LINE_BYTES
 from ._core_kernels import pad_rows_kernel
 
@@ -98,3 +99,53 @@ class RowPad:
         """Copy ``rows`` (the call's; the example's shape and pitch) into ``buf``; returns it."""
         self.kernel.launch(rows)
         return self.buf
+
+
+PACK_BLOCKS = {"cuda": (8, 1024, 64, 4), "cpu": (4, 64, 4, 1)}
+"""``pack_rows_kernel``'s ``(BLOCK_R, BLOCK_C, BLOCK_S, num_warps)`` per device type: 8 KB of fp8
+bytes a program on the GPU (as ``PAD_BLOCKS``); small blocks in the interpreter."""
+
+
+def pack_vec(a: torch.Tensor) -> int:
+    """Bytes ``pack_rows_kernel`` moves per load of ``a``'s rows: 16 where the rows are whole,
+    aligned 16-byte vectors, else 1."""
+    whole = a.shape[1] % 16 == 0 and (a.stride(0) % 16 == 0 or a.shape[0] <= 1)
+    return 16 if whole and a.stride(1) == 1 and a.data_ptr() % 16 == 0 else 1
+
+
+class RowPacker:
+    """``ag_gemm_scaled``'s per-call packing of fp8 rows and their scales into the rows the
+    gather moves (``scaled.packed_row``): one launch of ``pack_rows_kernel``, bound once per
+    layout (only the addresses vary). Two torch copies into the strided rows took the place
+    before (a byte-wise copy: benchmarks/NOTES.md, fp8).
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        An example of the call's ``[M, K]`` fp8 rows (unit column stride, or one column).
+    scale_a : torch.Tensor
+        Its fp32 scales, row ``r``'s ``j``-th at element ``r * s_row + j * s_col`` (both 0 for
+        one tensor-wise scale).
+    scale_word, scales, pitch : int
+        The packed row's layout: scales from fp32 word ``scale_word``, ``scales`` of them, rows
+        ``pitch`` bytes.
+    """
+
+    def __init__(self, a: torch.Tensor, scale_a: torch.Tensor, s_row: int, s_col: int,
+                 scale_word: int, scales: int, pitch: int):
+        rows, k = a.shape
+        self.shape = (rows, pitch // 4)
+        br, bc, bs, warps = PACK_BLOCKS["cuda" if a.is_cuda else "cpu"]
+        example = torch.empty(self.shape, dtype=torch.float32, device=a.device)
+        self.kernel = BoundKernel(
+            pack_rows_kernel, (-(-rows // br), -(-k // bc)),
+            (a.view(torch.uint8), scale_a, example.view(torch.uint8), example, rows, k,
+             a.stride(0), s_row, s_col, pitch, scale_word, scales),
+            dict(BLOCK_R=br, BLOCK_C=bc, BLOCK_S=bs, VEC=pack_vec(a), num_warps=warps),
+            vary=("a_ptr", "s_ptr", "dst_ptr", "dst_words"), device=a.device)
+
+    def __call__(self, a: torch.Tensor, scale_a: torch.Tensor) -> torch.Tensor:
+        """The call's packed rows: ``[M, pitch / 4]`` fp32 words, fresh."""
+        packed = torch.empty(self.shape, dtype=torch.float32, device=a.device)
+        self.kernel.launch(a.view(torch.uint8), scale_a, packed.view(torch.uint8), packed)
+        return packed

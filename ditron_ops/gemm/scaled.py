@@ -188,16 +188,24 @@ def _validate(group: Group, a, b, scale_a, scale_b, bias, out_dtype, impl, shard
     return sizes
 
 
-def pack_rows(a: torch.Tensor, scale_a: torch.Tensor, mode: str) -> torch.Tensor:
+def pack_rows(a: torch.Tensor, scale_a: torch.Tensor, mode: str, group: Group) -> torch.Tensor:
     """This rank's rows as the gather moves them: ``[M_r, pitch / 4]`` fp32 words holding
-    ``packed_row``'s bytes (fp8 values, then the rows' scales)."""
+    ``packed_row``'s bytes (fp8 values, then the rows' scales), by ``_pad.RowPacker`` (one
+    launch, bound in ``group``'s plans per layout)."""
     layout = packed_row(a.shape[1], mode)
     rows = a.shape[0]
-    packed = torch.empty((rows, layout.pitch // 4), dtype=torch.float32, device=a.device)
-    packed.view(torch.uint8)[:, :layout.k] = a.view(torch.uint8)
-    lo = layout.scale_offset // 4
-    packed[:, lo:lo + layout.scales] = scale_a.reshape(-1, 1) if mode == "tensor" else scale_a
-    return packed
+    if rows == 0 or a.stride(1) != 1:  # nothing to move, or rows no kernel reads: torch copies
+        packed = torch.empty((rows, layout.pitch // 4), dtype=torch.float32, device=a.device)
+        packed.view(torch.uint8)[:, :layout.k] = a.view(torch.uint8)
+        lo = layout.scale_offset // 4
+        packed[:, lo:lo + layout.scales] = scale_a.reshape(-1, 1) if mode == "tensor" else scale_a
+        return packed
+    from . import _pad  # (Triton: imported on first use)
+    strides = (0, 0) if mode == "tensor" else scale_a.stride()  # (tensor-wise: any shape)
+    key = ("pack_rows", tensor_key(a), tensor_key(scale_a), strides)
+    packer = group.plans.get(key, lambda previous=None: _pad.RowPacker(
+        a, scale_a, *strides, layout.scale_offset // 4, layout.scales, layout.pitch))
+    return packer(a, scale_a)
 
 
 def k_major(b: torch.Tensor) -> torch.Tensor:
@@ -231,7 +239,7 @@ def _run(a, b, scale_a, scale_b, bias, group_name, shard_sizes, out_dtype, impl)
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand_as(out))
     layout = packed_row(k, mode)
-    packed = pack_rows(a, scale_a, mode)
+    packed = pack_rows(a, scale_a, mode, group)
     b = k_major(b)
     sb, sb_row = _b_scales(scale_b, mode)
     if use_fused(group, impl, m, n, k):
@@ -340,7 +348,7 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     per fp8 form and scale mode of each tile configuration the rule can pick (``scaled_forms``)
     and output dtype (the fp16 / bf16 among ``dtypes``, else bf16, the ops' default):
     ``scaled_matmul`` (out in that dtype and in fp32, the reducing ops' unfused partials;
-    either C store), the ``ag_gemm_scaled`` consumer, push call and pull producer, the
+    either C store), the row packer, the ``ag_gemm_scaled`` consumer, push call and pull producer, the
     reduce-scatter / broadcast GEMMs. The unfused paths' collectives are the collectives family's (fp32)."""
     if FP8 not in dtypes:
         return
@@ -369,6 +377,9 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
                          a_varies=True, scales=Scales(mode, one, one, 1, 1))
             _ag_launch.precompile_scaled(device, out_dtype, cfg, mode)
             _rs_launch.precompile_scaled(device, out_dtype, cfg, mode)
+    from ._pad import RowPacker
+    for k in (128, 120):  # the row packer, 16-byte vectors and bytes
+        RowPacker(a8[:, :k], one[:1], 0, 0, 128 // 4, 1, 256)
     from . import _ws_scaled
     if _ws_scaled.core_refusal(device) is None:  # (sm_90: the fp8 WS forms scaled_matmul times)
         _ws_scaled.precompile_scaled_ws(device, outs,
