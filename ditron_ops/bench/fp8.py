@@ -96,7 +96,7 @@ def _present(group, a, b, sa, sb, mode: str, out) -> tuple[dict, dict]:
     from ..gemm.scaled import k_major, pack_rows, packed_row
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     dev, scale = a.device, MODES[mode]
-    words = pack_rows(a, sa, mode)  # [m, pitch] fp32 words
+    words = pack_rows(a, sa, mode, group)  # [m, pitch] fp32 words
     pitch = words.shape[1]
     bk = k_major(b)
     sbk, sb_row = _b_scales(sb, mode)
