@@ -38,6 +38,14 @@ def test_matches_reference(world_size, dtype, algorithm, rows, cols):
                                    args=(rows, cols, dtype, algorithm)))
 
 
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+def test_five_ranks_sum_in_rank_order(algorithm):
+    """W = 5: the peers' rows are loaded four at a time (``_norm_kernels._reduce_chunk``), so
+    ranks 0-3 and then rank 4 (with three loads past W) still add in rank order."""
+    _no_failures(ditron_ops.launch(check_against_reference, 5,
+                                   args=(6, 48, torch.float32, algorithm)))
+
+
 @pytest.mark.parametrize("quant", ["fp8_e4m3", "fp8_e4m3_128"])
 @pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
 def test_quant_matches_torch_quantization(quant, algorithm):
