@@ -72,23 +72,25 @@ def test_packed_rows_are_whole_lines_holding_values_then_scales():
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("k,offset", [(256, 0), (200, 0), (272, 16), (130, 3)])
-def test_pack_rows_kernel_writes_values_then_scales(mode, k, offset):
+@pytest.mark.parametrize("k,offset,pad", [(256, 0, 0), (200, 0, 0), (272, 16, 16), (130, 3, 3),
+                                          (256, 0, 8), (640, 0, 0)])
+def test_pack_rows_kernel_writes_values_then_scales(mode, k, offset, pad):
     """``pack_rows`` (one ``pack_rows_kernel`` launch: 16-byte vectors where ``a``'s rows are
-    whole aligned vectors, bytes otherwise, a view starting ``offset`` bytes in) puts every
-    row's fp8 bytes at 0 and its scales at ``scale_offset``; a second call of the same layout
-    reuses the bound kernel."""
+    whole aligned vectors, bytes otherwise; ``a`` a view starting ``offset`` bytes in, rows
+    ``k + pad`` bytes apart; K = 640: five block scales, two of the interpreter's scale blocks)
+    puts every row's fp8 bytes at 0 and its scales at ``scale_offset``; a second call of the
+    same layout reuses the bound kernel."""
     from ditron_ops.gemm._pad import pack_vec
     from ditron_ops.gemm.scaled import pack_rows
 
     rows = 11
-    gen = torch.Generator().manual_seed(k + offset)
-    base = (torch.randn(rows * (k + offset) + offset, generator=gen) * 8).to(FP8)
-    a = base[offset:offset + rows * (k + offset)].view(rows, k + offset)[:, :k]
+    gen = torch.Generator().manual_seed(k + offset + pad)
+    base = (torch.randn(rows * (k + pad) + offset, generator=gen) * 8).to(FP8)
+    a = base[offset:offset + rows * (k + pad)].view(rows, k + pad)[:, :k]
     kb = -(-k // 128)
     sa = {"tensor": torch.rand(1, generator=gen), "row": torch.rand(rows, 1, generator=gen),
           "block": torch.rand(kb, rows, generator=gen).t()}[mode]  # block: column-major scales
-    assert pack_vec(a) == (16 if k % 16 == 0 and offset % 16 == 0 else 1)
+    assert pack_vec(a) == (16 if k % 16 == 0 and offset % 16 == 0 and pad % 16 == 0 else 1)
     layout = packed_row(k, mode)
 
     def body(group):

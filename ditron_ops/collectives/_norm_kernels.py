@@ -67,7 +67,8 @@ def _split_start(rows, world_size, part):
 
 @dl.jit
 def _peer_row(xbuf_ptr, buf_table, s, rank, world_size, src_off, o, mask):
-    """Columns ``o`` of rank ``s``'s staged row (zeros for ``s >= world_size``: no load)."""
+    """Columns ``o`` of rank ``s``'s staged row; +0.0 for ``s >= world_size`` (a masked load;
+    the clamped rank keeps the pointer-table read inside its W entries)."""
     peer = dl.peer_base(buf_table, tl.minimum(s, world_size - 1), rank, xbuf_ptr) + src_off
     return tl.load(peer + o, mask=mask & (s < world_size), other=0.0, cache_modifier=".cg")
 
@@ -76,8 +77,9 @@ def _peer_row(xbuf_ptr, buf_table, s, rank, world_size, src_off, o, mask):
 def _reduce_chunk(xbuf_ptr, buf_table, rank, world_size, src_off, res_row, o, mask):
     """``round(round(sum_s x_s) + residual)`` of columns ``o`` of one row, as fp32. Four
     peers' rows are loaded before any is added (one load latency per four ranks, not per rank),
-    then added in rank order 0..W-1: the sum's order is fixed. A rank past W loads zeros,
-    which change no sum (one that starts at +0.0 is never -0.0)."""
+    then added in rank order 0..W-1: the sum's order is fixed. A rank past W gives +0.0, which
+    changes no sum (one that starts at +0.0 is never -0.0), so the bits are the one-at-a-time
+    loop's."""
     dt = res_row.dtype.element_ty
     acc = tl.zeros(o.shape, tl.float32)
     for s in range(0, world_size, 4):

@@ -410,3 +410,32 @@ def pad_rows_kernel(src_ptr, dst_ptr, rows, cols, src_pitch, dst_pitch, BLOCK_R:
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     x = tl.load(src_ptr + r[:, None] * src_pitch + c[None, :], mask=mask)
     tl.store(dst_ptr + r[:, None] * dst_pitch + c[None, :], x, mask=mask)
+
+
+@dl.jit(do_not_specialize=("rows", "k", "a_pitch", "s_row", "s_col", "pitch", "scale_word",
+                           "scales"))
+def pack_rows_kernel(a_ptr, s_ptr, dst_ptr, dst_words, rows, k, a_pitch, s_row, s_col, pitch,
+                     scale_word, scales, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                     BLOCK_S: tl.constexpr, VEC: tl.constexpr):
+    """``ag_gemm_scaled``'s rows as the gather moves them (``scaled.packed_row``): byte ``c <
+    k`` of row ``r`` is ``a[r, c]`` (fp8 bytes), word ``scale_word + j`` its scale ``s[r, j]``
+    (``j < scales``; strides ``s_row``, ``s_col``: 0 broadcasts a tensor-wise scale). One
+    ``[BLOCK_R, BLOCK_C]`` block of bytes a program; column block 0 writes its rows' scales,
+    ``BLOCK_S`` at a time (so K picks no compiled form). ``dst_ptr`` (bytes) and ``dst_words``
+    (fp32) are the same buffer, rows ``pitch`` bytes. ``VEC``: 16 where ``_pad.pack_vec``
+    finds ``a``'s rows whole, aligned 16-byte vectors (one vector a load), else 1."""
+    k = k // VEC * VEC  # (states the divisibility, as ``pad_rows_kernel``)
+    a_pitch = a_pitch // VEC * VEC
+    pitch = pitch // VEC * VEC
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r[:, None] < rows) & (c[None, :] < k)
+    x = tl.load(a_ptr + r[:, None] * a_pitch + c[None, :], mask=mask)
+    tl.store(dst_ptr + r[:, None] * pitch + c[None, :], x, mask=mask)
+    if tl.program_id(1) == 0:
+        for j0 in range(0, scales, BLOCK_S):
+            j = (j0 + tl.arange(0, BLOCK_S)).to(tl.int64)
+            s_mask = (r[:, None] < rows) & (j[None, :] < scales)
+            s = tl.load(s_ptr + r[:, None] * s_row + j[None, :] * s_col, mask=s_mask)
+            tl.store(dst_words + r[:, None] * (pitch // 4) + scale_word + j[None, :], s,
+                     mask=s_mask)

@@ -6,7 +6,8 @@ weight's ``w.t()``) that TMA can read but that start off 128-byte lines (bf16 wi
 multiple of 16: every 128-byte row of a ``BLOCK_K = 64`` box then straddles two lines and five
 32-byte sectors) slow every tile configuration (``_core_configs.MISALIGNED_SLOWDOWN``); where the rule says a copy costs less
 than it saves (``_core_configs.pad_operands``), ``RowPad`` copies the call's rows into a buffer
-whose rows start on lines (``pad_rows_kernel``) and the GEMM reads that.
+whose rows start on lines (``pad_rows_kernel``) and the GEMM reads that. ``RowPacker`` packs
+``ag_gemm_scaled``'s fp8 rows and their scales into the rows its gather moves.
 """
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ from typing import Optional
 import torch
 
 from ..runtime.launcher import BoundKernel
-from ._ag_kernels import pack_rows_kernel
 from ._core_configs import LINE_BYTES
-from ._core_kernels import pad_rows_kernel
+from ._core_kernels import pack_rows_kernel, pad_rows_kernel
 
 
 
@@ -116,16 +116,17 @@ def pack_vec(a: torch.Tensor) -> int:
 class RowPacker:
     """``ag_gemm_scaled``'s per-call packing of fp8 rows and their scales into the rows the
     gather moves (``scaled.packed_row``): one launch of ``pack_rows_kernel``, bound once per
-    layout (only the addresses vary). Two torch copies into the strided rows took the place
-    before (a byte-wise copy: benchmarks/NOTES.md, fp8).
+    layout (only the addresses vary), in place of two torch copies into the strided rows.
 
     Parameters
     ----------
     a : torch.Tensor
         An example of the call's ``[M, K]`` fp8 rows (unit column stride, or one column).
     scale_a : torch.Tensor
-        Its fp32 scales, row ``r``'s ``j``-th at element ``r * s_row + j * s_col`` (both 0 for
-        one tensor-wise scale).
+        An example of its fp32 scales.
+    s_row, s_col : int
+        Row ``r``'s ``j``-th scale is element ``r * s_row + j * s_col`` of ``scale_a`` (both 0:
+        one tensor-wise scale for every row).
     scale_word, scales, pitch : int
         The packed row's layout: scales from fp32 word ``scale_word``, ``scales`` of them, rows
         ``pitch`` bytes.

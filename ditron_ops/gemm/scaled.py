@@ -194,7 +194,7 @@ def pack_rows(a: torch.Tensor, scale_a: torch.Tensor, mode: str, group: Group) -
     launch, bound in ``group``'s plans per layout)."""
     layout = packed_row(a.shape[1], mode)
     rows = a.shape[0]
-    if rows == 0 or a.stride(1) != 1:  # nothing to move, or rows no kernel reads: torch copies
+    if rows == 0 or layout.k == 0 or a.stride(1) != 1:  # (nothing to move, or strided rows)
         packed = torch.empty((rows, layout.pitch // 4), dtype=torch.float32, device=a.device)
         packed.view(torch.uint8)[:, :layout.k] = a.view(torch.uint8)
         lo = layout.scale_offset // 4
@@ -202,7 +202,7 @@ def pack_rows(a: torch.Tensor, scale_a: torch.Tensor, mode: str, group: Group) -
         return packed
     from . import _pad  # (Triton: imported on first use)
     strides = (0, 0) if mode == "tensor" else scale_a.stride()  # (tensor-wise: any shape)
-    key = ("pack_rows", tensor_key(a), tensor_key(scale_a), strides)
+    key = ("pack_rows", tensor_key(a), tensor_key(scale_a), strides, layout)
     packer = group.plans.get(key, lambda previous=None: _pad.RowPacker(
         a, scale_a, *strides, layout.scale_offset // 4, layout.scales, layout.pitch))
     return packer(a, scale_a)
@@ -348,8 +348,9 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     per fp8 form and scale mode of each tile configuration the rule can pick (``scaled_forms``)
     and output dtype (the fp16 / bf16 among ``dtypes``, else bf16, the ops' default):
     ``scaled_matmul`` (out in that dtype and in fp32, the reducing ops' unfused partials;
-    either C store), the row packer, the ``ag_gemm_scaled`` consumer, push call and pull producer, the
-    reduce-scatter / broadcast GEMMs. The unfused paths' collectives are the collectives family's (fp32)."""
+    either C store), the row packer, the ``ag_gemm_scaled`` consumer, push call and pull
+    producer, the reduce-scatter / broadcast GEMMs. The unfused paths' collectives are the
+    collectives family's (fp32)."""
     if FP8 not in dtypes:
         return
     from triton.tools.tensor_descriptor import TensorDescriptor
