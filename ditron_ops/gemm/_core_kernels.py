@@ -405,11 +405,20 @@ def pad_rows_kernel(src_ptr, dst_ptr, rows, cols, src_pitch, dst_pitch, BLOCK_R:
     cols = cols // VEC * VEC  # (states the divisibility: ``tl.multiple_of`` on these did not
     src_pitch = src_pitch // VEC * VEC  # vectorize, sm_90a PTX)
     dst_pitch = dst_pitch // VEC * VEC
+    _copy_block(src_ptr, dst_ptr, rows, cols, src_pitch, dst_pitch, BLOCK_R, BLOCK_C)
+
+
+@dl.jit
+def _copy_block(src_ptr, dst_ptr, rows, cols, src_pitch, dst_pitch, BLOCK_R: tl.constexpr,
+                BLOCK_C: tl.constexpr):
+    """``dst[r, c] = src[r, c]`` over this program's ``[BLOCK_R, BLOCK_C]`` block (grid axes 0
+    and 1) of a ``rows x cols`` copy; returns the block's rows (int64)."""
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     x = tl.load(src_ptr + r[:, None] * src_pitch + c[None, :], mask=mask)
     tl.store(dst_ptr + r[:, None] * dst_pitch + c[None, :], x, mask=mask)
+    return r
 
 
 @dl.jit(do_not_specialize=("rows", "k", "a_pitch", "s_row", "s_col", "pitch", "scale_word",
@@ -427,11 +436,7 @@ def pack_rows_kernel(a_ptr, s_ptr, dst_ptr, dst_words, rows, k, a_pitch, s_row, 
     k = k // VEC * VEC  # (states the divisibility, as ``pad_rows_kernel``)
     a_pitch = a_pitch // VEC * VEC
     pitch = pitch // VEC * VEC
-    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (r[:, None] < rows) & (c[None, :] < k)
-    x = tl.load(a_ptr + r[:, None] * a_pitch + c[None, :], mask=mask)
-    tl.store(dst_ptr + r[:, None] * pitch + c[None, :], x, mask=mask)
+    r = _copy_block(a_ptr, dst_ptr, rows, k, a_pitch, pitch, BLOCK_R, BLOCK_C)
     if tl.program_id(1) == 0:
         for j0 in range(0, scales, BLOCK_S):
             j = (j0 + tl.arange(0, BLOCK_S)).to(tl.int64)
