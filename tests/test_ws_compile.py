@@ -202,6 +202,42 @@ def test_pushing_producer_variants_compile(ws, name, broadcast):
                         push=push)
 
 
+@pytest.mark.parametrize("mode,config", [(1, "split128x256p2e2"), (1, "split128x128p2e2"),
+                                         (2, "split128x128e2")])
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_fp8_pushing_producer_variants_compile(ws, mode, config, broadcast):
+    """The fp8 WS core's ``PUSH`` (``gemm_rs_scaled`` / ``gemm_ar_scaled``'s producer), every
+    config the wave rule gives: compiles without spills, stores fp32 sums with plain 8-byte
+    global stores, writes no C (no TMA store, no staging tile: the ring takes its memory); the
+    ping-pong and a waiting kernel are refused before any compile."""
+    import torch
+
+    from ditron_ops.gemm import _ws_scaled
+    _, probe = ws
+    M, N, K = 3000, 1536, 4096
+    a = torch.empty(M, K, dtype=torch.float8_e4m3fn)
+    b = torch.empty(N, K, dtype=torch.float8_e4m3fn).t()
+    out = torch.empty(M // 4, N, dtype=torch.bfloat16)
+    sa, sb = torch.ones(M, 32), torch.ones(32, N // 128)
+    push = (torch.empty(4 * M * N), torch.zeros(4, dtype=torch.int64),
+            torch.zeros(5, dtype=torch.int32), M, 1, 4, broadcast)
+    cfg = _ws_scaled.SCALED_CONFIGS[config]
+    grid, args, meta = _ws_scaled.scaled_operands(a, b, out, None, sa, sb, 32, N // 128, mode,
+                                                  cfg, 132, push=push)
+    assert meta["PUSH"] == (2 if broadcast else 1)
+    assert meta["STAGES"] == _ws_scaled.stages(cfg, 4, push=True) >= _ws_scaled.stages(cfg, 2)
+    kernel = _ws_scaled.ws_scaled_kernel.warmup(*args, **meta, grid=grid)
+    st = probe._sass_stats(kernel)
+    assert st["spills"] == 0 and st["local"] == 0 and st["hgmma"] > 0, st
+    ptx = kernel.asm["ptx"]
+    stores = re.findall(r"\bst\.global[.\w]*", ptx)
+    assert stores and set(stores) == {"st.global.v2.b32"}, stores  # (column pairs, 8 bytes)
+    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)  # no C store
+    with pytest.raises(ValueError, match="split"):
+        _ws_scaled.scaled_operands(a, b, out, None, sa, sb, 32, N // 128, 2,
+                                   _ws_scaled.SCALED_CONFIGS["pp64x128"], 132, push=push)
+
+
 def test_precompile_binds_every_form_the_rule_picks(ws, monkeypatch):
     """``precompile_ws`` (``precompile``'s WS share) binds each ``rule_plans`` form per B layout
     and bias, the deterministic plan into fp32 (data parallel, per B layout), the reduce kernel

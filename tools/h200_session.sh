@@ -14,8 +14,8 @@
 #   bash tools/h200_session.sh cache      # the Triton cache back as $OUT/tcache.tgz.NN (15 MB parts)
 #   bash tools/h200_session.sh fp8        # the fp8 WS core's and the fp8 ops' GPU tests, then bench
 #                                         # fp8 --only tensor,row,block,present,fused (about 6 min)
-#   bash tools/h200_session.sh pending    # what no GPU has run since 7b284ab (fp8 row packer, the
-#                                         # norm's peer loads): probes and tests (about 6 min)
+#   bash tools/h200_session.sh pending    # what no GPU has run since 7b284ab (fp8 WS producer, row
+#                                         # packer, the norm's peer loads): tests, probes (<= 10 min)
 #
 # nvshmem4py is installed from .whl when the call carries it (../shared/tools/gpu-wheels.sh
 # downloads it), so the one-PE NVSHMEM smoke test runs instead of skipping.
@@ -85,19 +85,23 @@ for part in "$@"; do
       rm -f "$OUT"/bench/*.png
       ;;
     pending)
-      # the changes since 7b284ab that no GPU has run: the fp8 row packer (its time against the
-      # torch copies, each producer at one rank) with the fp8 ops' tests, and the norm's
+      # what no GPU has run since 7b284ab: the fp8 WS core's pushing producer (its tests, then
+      # its time in the probe beside the portable one), the fp8 row packer (the probe: against
+      # the torch copies, each producer at one rank) with the fp8 ops' tests, and the norm's
       # four-at-a-time peer loads with its tests and, where an older copy of the kernel file
       # was put beside the probe (untracked: git show 7b284ab:ditron_ops/collectives/
       # _norm_kernels.py > benchmarks/probes/_norm_kernels_7b284ab.py), both timed in turn
-      timeout 150 python benchmarks/probes/fp8_fused_parts.py > "$OUT/fp8_parts.log" 2>&1
+      timeout 200 python -m pytest -q tests/gpu/test_ag_gemm_scaled_gpu.py -k ws_producer \
+        > "$OUT/ws_producer_tests.log" 2>&1
+      echo "fp8 WS producer tests: rc=$? $(grep -E "passed|failed" "$OUT/ws_producer_tests.log" | tail -1)"
+      timeout 120 python benchmarks/probes/fp8_fused_parts.py > "$OUT/fp8_parts.log" 2>&1
       echo "fp8_fused_parts: rc=$?"; grep -E "pack|fused copy|gemm_rs" "$OUT/fp8_parts.log"
-      timeout 200 python -m pytest -q tests/gpu/test_ag_gemm_scaled_gpu.py \
+      timeout 180 python -m pytest -q tests/gpu/test_ag_gemm_scaled_gpu.py -k "not ws_producer" \
         tests/gpu/test_all_reduce_rmsnorm_gpu.py > "$OUT/pending_tests.log" 2>&1
       echo "fp8 ops + norm tests: rc=$? $(grep -E "passed|failed" "$OUT/pending_tests.log" | tail -1)"
       old=benchmarks/probes/_norm_kernels_7b284ab.py
       if [ -f $old ]; then
-        timeout 150 python benchmarks/probes/norm_programs_probe.py norm --worlds 8,4,2 \
+        timeout 90 python benchmarks/probes/norm_programs_probe.py norm --worlds 8,4,2 \
           --programs 0 --kernels $old,head > "$OUT/norm_probe.log" 2>&1
         echo "norm probe: rc=$?"; grep "^norm" "$OUT/norm_probe.log" | cut -c1-150
       fi

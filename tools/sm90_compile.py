@@ -415,10 +415,11 @@ def ws(dtypes=("bf16", "fp16")) -> list[str]:
     return _compile_bound(made, "ws")
 
 
-def ws_scaled() -> list[str]:
+def ws_scaled(only_push: bool = False) -> list[str]:
     """Every form ``precompile`` binds of the WS core's fp8 form (``_ws_scaled.
     precompile_scaled_ws``: config, scale mode, C dtype, bias; the waiting ag_gemm consumer's
-    too), compiled for sm_90a."""
+    and the pushing gemm_rs / gemm_ar producer's too), compiled for sm_90a; ``only_push``
+    (``ws_scaled_push``): the pushing forms alone."""
     import torch
 
     from ditron_ops.gemm import _ws_scaled
@@ -427,7 +428,9 @@ def ws_scaled() -> list[str]:
     made = []
     compiler.prepare = made.append
     _ws_scaled.precompile_scaled_ws(torch.device("cpu"), (torch.bfloat16, torch.float16),
-                                    wait=True)
+                                    wait=True, push=True)
+    if only_push:
+        made = [k for k in made if k.kwargs.get("PUSH")]
     return _compile_bound(made, "ws_scaled")
 
 
@@ -466,6 +469,6 @@ if __name__ == "__main__":
     _compiled_mode()
     kinds = {"ulysses": ulysses, "all_to_all": all_to_all, "flash_decode": flash_decode,
              "gemm": gemm, "splitk": splitk, "moe": moe, "ws": ws,
-             "ws_scaled": ws_scaled}
-    for what in sys.argv[1:] or [k for k in kinds if k != "splitk"]:  # (gemm covers it)
+             "ws_scaled": ws_scaled, "ws_scaled_push": lambda: ws_scaled(only_push=True)}
+    for what in sys.argv[1:] or [k for k in kinds if k not in ("splitk", "ws_scaled_push")]:
         kinds[what]()

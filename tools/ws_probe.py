@@ -177,10 +177,10 @@ def _sass_stats(kernel) -> dict:
                               capture_output=True, text=True, check=True).stdout
     regs = int(re.search(r"Used (\d+) registers", info).group(1))
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", info))
-    hgmma = sorted(set(re.findall(r"HGMMA\.\S+", sass)))
+    hgmma = sorted(set(re.findall(r"[HQ]GMMA\.\S+", sass)))  # (QGMMA: fp8)
     setmax = sorted(set(int(x, 16) for x in re.findall(r"USETMAXREG\.\S+ \S*?,? ?(0x[0-9a-f]+)",
                                                         sass)))
-    return dict(regs=regs, spills=spills, hgmma=len(re.findall(r"\bHGMMA\.", sass)),
+    return dict(regs=regs, spills=spills, hgmma=len(re.findall(r"\b[HQ]GMMA\.", sass)),
                 hgmma_kinds=hgmma, local=len(re.findall(r"\b(?:LDL|STL)\b", sass)),
                 setmaxnreg=setmax)
 

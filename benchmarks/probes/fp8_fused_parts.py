@@ -1,5 +1,6 @@
 """Where ``ag_gemm_scaled`` / ``gemm_rs_scaled`` spend their time at one rank (fused path):
-the packing of rows, each producer, the reducing op, against the scaled core GEMM alone.
+the packing of rows, each producer, the reducing op (default, and its producer on each core),
+against the scaled core GEMM alone.
 
     python benchmarks/probes/fp8_fused_parts.py [--shapes 753x4096x7168,...]
 
@@ -14,7 +15,7 @@ import torch
 
 from ditron_ops.bench.fp8 import _inputs, _ours
 from ditron_ops.bench.harness import paired_graph_times, warm_gpu
-from ditron_ops.gemm import _ag_launch
+from ditron_ops.gemm import _ag_launch, _rs_launch
 from ditron_ops.gemm.scaled import ag_gemm_scaled, gemm_rs_scaled, pack_rows, packed_row
 from ditron_ops.runtime.virtual import launch
 
@@ -44,6 +45,13 @@ def _body(group, shapes, modes):
                     return ag_gemm_scaled(a, b, sa, sb, group, out_dtype=out.dtype, impl="fused")
                 return call
 
+            def rs_on(core):  # gemm_rs_scaled with its producer on one core
+                def call():
+                    with _rs_launch.using_producer_core(core):
+                        return gemm_rs_scaled(a, b, sa, sb, group, out_dtype=out.dtype,
+                                              impl="fused")
+                return call
+
             fns = {"core": _ours(a, b, sa, sb, mode, out),
                    "baseline": lambda: ag_gemm_scaled(a, b, sa, sb, group, out_dtype=out.dtype,
                                                       impl="baseline"),
@@ -52,7 +60,8 @@ def _body(group, shapes, modes):
                    "fused copy": fused("copy"), "fused pull": fused("pull"),
                    "fused push": fused("push"),
                    "gemm_rs fused": lambda: gemm_rs_scaled(a, b, sa, sb, group,
-                                                           out_dtype=out.dtype, impl="fused")}
+                                                           out_dtype=out.dtype, impl="fused"),
+                   "gemm_rs ws": rs_on("ws"), "gemm_rs tl": rs_on("tl")}
             times = paired_graph_times(group, fns, rounds=5, target_ms=4)
             _ag_launch.PRODUCER = "auto"
             for name, t in times.items():

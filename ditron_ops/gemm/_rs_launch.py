@@ -20,6 +20,7 @@ from ._pad import padded_copy, tma_ok
 from ._core import (Scales, b_descriptor, build_ws, consumer_programs, half_b_descriptor,
                     program_budget, rule_configs, scaled_config, select_config, tail_tiles)
 from ._rs_kernels import gemm_broadcast_kernel, gemm_rs_kernel, reduce_finish_kernel
+from . import _ws_scaled as ws_scaled
 from ._ws_launch import WsGemm, precompile_ws
 from ._ws_launch import core_refusal as ws_core_refusal
 from ._ws_launch import refusal as ws_refusal
@@ -35,13 +36,19 @@ the plan key. Ranks may differ (a rank whose K slice the WS core refuses runs th
 kernel): both paths write slot ``rank`` of the owners' slots, count one call in and one
 ``CALL_UNIT`` out per rank. ``"tl"`` until a GPU run measures the WS producer.
 ``using_producer_core`` overrides it for the calling thread (benches)."""
+SCALED_PRODUCER_CORE = "tl"
+"""``PRODUCER_CORE`` of the fp8 ops (``gemm_rs_scaled`` / ``gemm_ar_scaled``): ``"ws"`` runs
+the fp8 WS core's pushing form (``_ws_scaled_kernels``' ``PUSH``, default mode) where it takes
+the operands, in place of the portable kernels, whose fp8 forms spill (benchmarks/NOTES.md,
+fp8). ``"tl"`` until a GPU run measures it."""
 PRODUCER_CORES = ("tl", "ws")
 _LOCAL = threading.local()
 
 
-def producer_core() -> str:
-    """``PRODUCER_CORE``, or this thread's ``using_producer_core`` override."""
-    return getattr(_LOCAL, "core", None) or PRODUCER_CORE
+def producer_core(scaled: bool = False) -> str:
+    """``PRODUCER_CORE`` (``scaled``: ``SCALED_PRODUCER_CORE``), or this thread's
+    ``using_producer_core`` override."""
+    return getattr(_LOCAL, "core", None) or (SCALED_PRODUCER_CORE if scaled else PRODUCER_CORE)
 
 
 @contextlib.contextmanager
@@ -91,7 +98,7 @@ def fused(group: Group, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, row
     scale_key = None if scales is None else (scales.mode, scales.a_row, scales.b_row,
                                              tensor_key(scales.a), tensor_key(scales.b))
     bias = bias if group.rank == 0 else None
-    key = (op, broadcast, partials, deterministic, producer_core(), *tensor_keys,
+    key = (op, broadcast, partials, deterministic, producer_core(scales is not None), *tensor_keys,
            None if broadcast else tuple(rows), scale_key, out.dtype,  # out: made by the op
            tensor_key(bias))
     plan = group.plans.get(key, lambda previous=None: RsPlan(group, a, b, out, rows, broadcast, op,
@@ -155,7 +162,7 @@ class RsPlan:
         ab = (("a_desc",) if self.a_pad is None else ()) + (("b_desc",) if self.b_pad is None else ())
         device = a.device
         self.ws_gemm = self._ws_producer(a, b, out, bias, rows, slot_rows, buf, data, offsets,
-                                         partials, deterministic, budget, previous)
+                                         partials, deterministic, budget, previous, scales)
         if broadcast or self.ws_gemm is not None:
             self.start = BoundKernel(start_barrier_kernel, (1,),
                                      (sig, ws.signal.ptr_table, claim, record, rank, w, m, timeout,
@@ -189,24 +196,33 @@ class RsPlan:
                 device=device)
 
     def _ws_producer(self, a, b, out, bias, rows, slot_rows, buf, data, offsets, partials,
-                     deterministic, budget, previous):
-        """The WS core's pushing GEMM (``PRODUCER_CORE`` ``"ws"``) where it takes the product:
-        default mode, bf16/fp16 without fp8 scales or bias, fp32 partials, N a multiple of 16
-        (its 8-byte stores), operands it reads as they are (``_ws_launch.refusal``); else None
-        (the portable kernels). A stale plan's rebuild keeps the previous plan's choice; a WS
-        build or compile failure falls back (``_core.build_ws``)."""
-        core = producer_core()
+                     deterministic, budget, previous, scales):
+        """The WS core's pushing GEMM (``producer_core`` ``"ws"``) where it takes the product:
+        default mode, fp32 partials, N a multiple of 16 (its 8-byte stores), operands it reads
+        as they are; bf16/fp16 without bias (``_ws_launch.refusal``), or fp8 with ``scales``
+        and rank 0's bias (``_ws_scaled.refusal``, the config of ``consumer_config``'s wave
+        rule: a kernel writing peers' slots is not timed); else None (the portable kernels).
+        A stale plan's rebuild keeps the previous plan's choice; a WS build or compile failure
+        falls back (``_core.build_ws``)."""
+        core = producer_core(self.scaled)
         if core not in PRODUCER_CORES:
             raise ValueError(f"ditron.{self.op}: PRODUCER_CORE must be one of {PRODUCER_CORES}")
-        if (core == "tl" or deterministic or self.scaled or partials != torch.float32
-                or bias is not None or b.shape[1] % 16 or self.a_pad is not None
-                or self.b_pad is not None or ws_refusal(a, b, None, bias)
+        if (core == "tl" or deterministic or partials != torch.float32 or b.shape[1] % 16
+                or self.a_pad is not None or self.b_pad is not None
                 or (previous is not None and previous.ws_gemm is None)):
+            return None
+        if (ws_scaled.refusal(a, b, None, bias) if self.scaled
+                else bias is not None or ws_refusal(a, b, None, bias)):
             return None
         if offsets is None:  # (broadcast: never read)
             offsets = torch.zeros(1, dtype=torch.int32, device=a.device)
         push = (buf, data.ptr_table, offsets, slot_rows, self.group.rank, self.group.world_size,
                 self.broadcast)
+        if self.scaled:
+            config = ws_scaled.consumer_config(scales.mode, a.shape[0], b.shape[1], budget)
+            return build_ws(PURPOSE, lambda: ws_scaled.WsScaledGemm(
+                a, b, out, bias, scales.a, scales.b, scales.a_row, scales.b_row, scales.mode,
+                config, sms=budget, push=push))
         return build_ws(PURPOSE, lambda: WsGemm(a, b, out, bias, budget, push=push))
 
     def stale(self) -> bool:
@@ -234,7 +250,10 @@ class RsPlan:
         with group.waiting_launch(self.op, ws.calls):
             if self.ws_gemm is not None:
                 self.start.launch()
-                self.ws_gemm.run(a, b, out, bias)
+                if self.scaled:
+                    self.ws_gemm.run(a, b, out, bias, scales.a, scales.b)
+                else:
+                    self.ws_gemm.run(a, b, out, bias)
                 self.finish.launch(out)
             elif self.broadcast:
                 self.start.launch()

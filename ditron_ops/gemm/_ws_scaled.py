@@ -12,7 +12,7 @@ import itertools
 from typing import Optional
 
 from ._ws_kernels import HAVE_GLUON, MAXNREG
-from ._ws_launch import SKINNY_M, _sm_count, core_refusal
+from ._ws_launch import SKINNY_M, _sm_count, _stand_in, core_refusal
 from ._ws_scaled_kernels import ws_scaled_kernel
 
 if HAVE_GLUON:
@@ -72,10 +72,10 @@ def epi_n(out_bytes: int) -> int:
     return 128 // out_bytes
 
 
-def stages(cfg: ScaledConfig, out_bytes: int) -> int:
+def stages(cfg: ScaledConfig, out_bytes: int, push: bool = False) -> int:
     """Ring depth: as many A/B boxes as fit beside the two consumers' 64-row C staging tiles
-    (``epi_bufs`` each), at most ``MAX_STAGES``."""
-    staging = 2 * cfg.epi_bufs * 64 * epi_n(out_bytes) * out_bytes
+    (``epi_bufs`` each; none in a pushing producer), at most ``MAX_STAGES``."""
+    staging = 0 if push else 2 * cfg.epi_bufs * 64 * epi_n(out_bytes) * out_bytes
     per_stage = (cfg.block_m + cfg.block_n) * BLOCK_K
     return min(MAX_STAGES, (SMEM_BYTES - staging) // per_stage)
 
@@ -90,7 +90,8 @@ def operand_refusal(a8, b, out, bias) -> Optional[str]:
     """``refusal``'s part that reads dtypes, shapes, strides and addresses: e4m3 operands, M
     above ``SKINNY_M``, K and N not 0 (a consumer would wait for a K step no loader fills),
     operands TMA reads and writes as they are (``a8`` and the weight ``b.t()`` with unit column
-    strides, 16-byte row pitches and bases; ``out`` likewise); ``bias`` contiguous."""
+    strides, 16-byte row pitches and bases; ``out`` likewise, None: no C, a pushing
+    producer's); ``bias`` contiguous."""
     import torch
     if a8.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
         return "operands not float8_e4m3fn"
@@ -99,7 +100,8 @@ def operand_refusal(a8, b, out, bias) -> Optional[str]:
     if a8.shape[1] == 0 or b.shape[1] == 0:
         return "K or N is 0"
     for name, t in (("a", a8), ("b.t()", b.t()), ("out", out)):
-        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+        if t is not None and (t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16
+                              or t.data_ptr() % 16):
             return f"{name}: TMA needs unit column strides and 16-byte rows"
     if bias is not None and not bias.is_contiguous():
         return "bias not contiguous"
@@ -114,12 +116,20 @@ def _desc(t, block):
 
 
 def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: int,
-                    cfg: ScaledConfig, sms: int, wait=None):
+                    cfg: ScaledConfig, sms: int, wait=None, push=None):
     """``(grid, args, meta)`` of ``ws_scaled_kernel`` (no launch); ``wait``: the ag_gemm
     consumer's ``(sig, offsets, claim, record, rank, world_size, timeout_us, op_id)`` (the
-    kernel's ``WAIT``; a split config), else none."""
+    kernel's ``WAIT``; a split config); ``push``: the gemm_rs / gemm_ar producer's ``(slots,
+    peers, offsets, slot_rows, rank, world_size, broadcast)`` (the kernel's ``PUSH``, a split
+    config; ``out`` gives only the product's shape: no C is written); else neither."""
+    import torch
+
     from ._core import _dummies
     m, n = out.shape
+    if push is not None:
+        if wait is not None or not cfg.split:
+            raise ValueError(f"ws scaled: a pushing producer is split and does not wait: {cfg}")
+        out = _stand_in(out.device, torch.float32, 64, epi_n(4))
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     if mode not in cfg.modes:  # (the p2 forms have no block-scale form)
         raise ValueError(f"ws scaled: {cfg} does not serve SCALE {mode}")
@@ -128,11 +138,19 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
             bias if bias is not None else out, sa, sb, sa_row, sb_row, m, n, a8.shape[1])
     if wait is not None and not cfg.split:
         raise ValueError(f"ws scaled: a waiting consumer is split, not {cfg}")
-    args += tuple(wait) if wait is not None else _dummies(out.device) + (0, 1, 0, 0)
+    sig, offsets, claim, record = _dummies(out.device)
+    if wait is not None:
+        args += tuple(wait) + (sig, sig, 0)
+    elif push is not None:
+        slots, peers, offsets, slot_rows, rank, world_size, _ = push
+        args += (sig, offsets, claim, record, rank, world_size, 0, 0, slots, peers, slot_rows)
+    else:
+        args += (sig, offsets, claim, record, 0, 1, 0, 0, sig, sig, 0)
     meta = dict(SCALE=mode, HAS_BIAS=bias is not None, GROUP_M=8,
-                STAGES=stages(cfg, out.element_size()), SPLIT=cfg.split,
+                STAGES=stages(cfg, out.element_size(), push is not None), SPLIT=cfg.split,
                 HALVES=cfg.block_n // 128, EPI_BUFS=cfg.epi_bufs, PROMOTE=cfg.promote,
-                WAIT=wait is not None, num_warps=4, maxnreg=MAXNREG)
+                WAIT=wait is not None, PUSH=0 if push is None else 2 if push[6] else 1,
+                num_warps=4, maxnreg=MAXNREG)
     return (max(1, min(tiles, sms)), ), args, meta
 
 
@@ -140,14 +158,16 @@ class WsScaledGemm:
     """The fp8 product's plan on the WS core in ``config`` (one of ``SCALED_CONFIGS`` serving
     ``mode``), its kernel bound once (``runtime.launcher.BoundKernel``; descriptors made once
     per address); ``run`` launches it with the call's tensors. ``wait``: the ag_gemm consumer
-    (``scaled_operands``; ``a8`` the gathered rows, ``sa`` their scales)."""
+    (``scaled_operands``; ``a8`` the gathered rows, ``sa`` their scales). ``push``: the
+    gemm_rs / gemm_ar producer (``scaled_operands``; ``out`` only shapes the product, fp32
+    sums go to the slots)."""
 
     def __init__(self, a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: int,
-                 config: str, sms: Optional[int] = None, wait=None):
+                 config: str, sms: Optional[int] = None, wait=None, push=None):
         from ..runtime.launcher import BoundKernel
         if config not in SCALED_CONFIGS:
             raise ValueError(f"ws scaled: config {config!r} not in {tuple(SCALED_CONFIGS)}")
-        why = operand_refusal(a8, b, out, bias)
+        why = operand_refusal(a8, b, None if push is not None else out, bias)
         if why is not None:
             raise RuntimeError(f"ws scaled: {why}")
         if sms is None:
@@ -156,23 +176,34 @@ class WsScaledGemm:
         self.config = config
         self.name = "ws:" + self.config
         grid, args, meta = scaled_operands(a8, b, out, bias, sa, sb, sa_row, sb_row, mode,
-                                           SCALED_CONFIGS[self.config], sms, wait)
-        self.kernel = BoundKernel(ws_scaled_kernel, grid, args, meta,
-                                  vary=("a_desc", "b_desc", "c_desc", "bias_ptr", "sa_ptr",
-                                        "sb_ptr"), device=out.device)
+                                           SCALED_CONFIGS[self.config], sms, wait, push)
+        # per call: A, B, C, bias (C again without one), the scales; a pushing launch: no C,
+        # a bias only where it has one
+        self._push = push is not None
+        vary = (("a_desc", "b_desc") + (() if self._push else ("c_desc", ))
+                + (("bias_ptr", ) if bias is not None or not self._push else ())
+                + ("sa_ptr", "sb_ptr"))
+        self.kernel = BoundKernel(ws_scaled_kernel, grid, args, meta, vary=vary,
+                                  device=out.device)
 
     def run(self, a8, b, out, bias, scale_a, scale_b):
-        self.kernel.launch(a8, b.t(), out, bias if bias is not None else out, scale_a, scale_b)
+        if self._push:
+            self.kernel.launch(a8, b.t(), *(() if bias is None else (bias, )), scale_a, scale_b)
+        else:
+            self.kernel.launch(a8, b.t(), out, bias if bias is not None else out, scale_a,
+                               scale_b)
         return out
 
 
-def precompile_scaled_ws(device, out_dtypes, sms: int = 132, wait=False) -> None:
+def precompile_scaled_ws(device, out_dtypes, sms: int = 132, wait=False, push=False) -> None:
     """Bind every form ``WsScaledGemm`` can take (config, scale mode, C dtype, bias) for the 2-byte
     ``out_dtypes`` (a bias of C's dtype or none) and fp32 (the reducing ops' partials: no bias,
     or a 2-byte one), of ``SCALED_CONFIGS`` (what ``scaled_matmul`` times);
     ``wait``: also the ag_gemm consumer's (``consumer_config``'s, C in ``out_dtypes`` with and
-    without bias). Nothing is launched (``scaled._precompile`` inside its ``compiler.batch``;
-    ``tools/sm90_compile.py`` on a CPU device)."""
+    without bias); ``push``: also the gemm_rs / gemm_ar producer's (``consumer_config``'s,
+    scattering and broadcasting, a bias of ``out_dtypes`` or none). Nothing is launched
+    (``scaled._precompile`` inside its ``compiler.batch``; ``tools/sm90_compile.py`` on a CPU
+    device)."""
     import torch
 
     from ._core import _dummies
@@ -182,15 +213,24 @@ def precompile_scaled_ws(device, out_dtypes, sms: int = 132, wait=False) -> None
     forms = [(dtype, bias_dtype) for dtype in out_dtypes for bias_dtype in (None, dtype)]
     # fp32 C: the reducing ops' unfused partials, rank 0's with the op's 2-byte bias
     plain = forms + [(torch.float32, bias_dtype) for bias_dtype in (None, ) + tuple(out_dtypes)]
-    binds = [(name, mode, form, None) for name, form in itertools.product(
+    binds = [(name, mode, form, None, None) for name, form in itertools.product(
         SCALED_CONFIGS, plain) for mode in SCALED_CONFIGS[name].modes]
+    sig, offsets, _, _ = _dummies(device)
     if wait:
         waits = _dummies(device) + (0, 2, 10**6, 0)
-        binds += [(name, mode, form, waits) for mode, name in CONSUMER_FORMS for form in forms]
-    for name, mode, (dtype, bias_dtype), waits in binds:
+        binds += [(name, mode, form, waits, None) for mode, name in CONSUMER_FORMS
+                  for form in forms]
+    if push:
+        slots = torch.zeros(1 << 16, dtype=torch.float32, device=device)
+        binds += [(name, mode, (torch.float32, bias_dtype), None,
+                   (slots, sig, offsets, 64, 0, 2, broadcast))
+                  for mode, name in CONSUMER_FORMS for bias_dtype in (None, ) + tuple(out_dtypes)
+                  for broadcast in (False, True)]
+    for name, mode, (dtype, bias_dtype), waits, pushes in binds:
         out = torch.empty(64, 128, dtype=dtype, device=device)
         bias = None if bias_dtype is None else torch.zeros(128, dtype=bias_dtype, device=device)
-        WsScaledGemm(a8, b, out, bias, one, one, 1, 1, mode, name, sms=sms, wait=waits)
+        WsScaledGemm(a8, b, out, bias, one, one, 1, 1, mode, name, sms=sms, wait=waits,
+                     push=pushes)
 
 
 NARROW_TILE_COST = 1.07
@@ -200,13 +240,16 @@ the model shards (fit and misses: benchmarks/NOTES.md, fp8)."""
 
 
 CONSUMER_FORMS = ((1, "split128x256p2e2"), (1, "split128x128p2e2"), (2, "split128x128e2"))
-"""Every ``(scale mode, config)`` ``consumer_config`` gives (``precompile``'s waiting forms)."""
+"""Every ``(scale mode, config)`` ``consumer_config`` gives (``precompile``'s waiting and
+pushing forms)."""
 
 
 def consumer_config(mode: int, m: int, n: int, sms: int) -> str:
     """The ag_gemm consumer's config for scale ``mode`` over ``m`` gathered rows, ``n`` columns
-    and ``sms`` programs (a waiting kernel cannot be timed alone, so a rule, rank-local as
-    each rank's consumer only waits for flags): block scales ``split128x128e2`` (the 256-wide
+    and ``sms`` programs, and the gemm_rs / gemm_ar producer's over its ``m`` rows (a waiting
+    kernel cannot be timed alone, nor one writing into peers' slots, so a rule, rank-local:
+    each rank's consumer only waits for flags, and each rank's producer writes whole rows of
+    fp32 sums whatever its tiles): block scales ``split128x128e2`` (the 256-wide
     split spills there); tensor / row scales the tile of fewer waves, ``split128x256p2e2``'s
     ``ceil(tiles / sms)`` against ``split128x128p2e2``'s times ``NARROW_TILE_COST / 2`` (a few
     256-wide tiles or a near-empty last wave of them: narrow up to 1.7x faster, e.g.

@@ -36,8 +36,8 @@ K-major weight (fp8 wgmma reads both operands K-major: ``scaled.k_major``).
 from __future__ import annotations
 
 from ..language import gluon_signals as gs
-from ._ws_kernels import (HAVE_GLUON, _jit, _loader_regs, _plus_bias, _sched, _split_cols,
-                          _tile_mn, _ws_loader, ring_barriers)
+from ._ws_kernels import (HAVE_GLUON, _jit, _loader_regs, _plus_bias, _push_part, _sched,
+                          _split_cols, _tile_mn, _ws_loader, ring_barriers)
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -214,6 +214,18 @@ def _stage_part(part, i: gl.constexpr, c_desc, c_bufs, bias_ptr, off_m, off_n, N
 
 
 @_jit
+def _outer_scales(acc, rows, off_n, sa_ptr, sb_ptr, sa_row, sb_row, N, SCALE: gl.constexpr):
+    """``SCALE`` 1: ``acc * sa[rows] * sb[cols]`` (tensor / row scales, applied once to the
+    sum), else ``acc``."""
+    if SCALE == 1:
+        cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+        sa = gl.load(sa_ptr + rows * sa_row)
+        sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
+        acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
+    return acc
+
+
+@_jit
 def _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr, sa_row,
                      sb_row, N, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr):
     """A consumer's sum of columns ``[off_n, off_n + acc.shape[1])``: ``SCALE`` 1's row and
@@ -221,14 +233,31 @@ def _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, 
     BN: gl.constexpr = acc.shape[1]
     EPI_N: gl.constexpr = c_desc.block_type.shape[1]
     gl.static_assert((BN // EPI_N) % c_bufs.shape[0] == 0, "parts alternate staging tiles")
-    if SCALE == 1:
-        cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
-        sa = gl.load(sa_ptr + rows * sa_row)
-        sb = gl.load(sb_ptr + gl.minimum(cols, N - 1) * sb_row)
-        acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
+    acc = _outer_scales(acc, rows, off_n, sa_ptr, sb_ptr, sa_row, sb_row, N, SCALE)
     parts = _split_cols(acc, BN // EPI_N)
     for c in gl.static_range(BN // EPI_N):
         _stage_part(parts[c], c, c_desc, c_bufs, bias_ptr, off_m, off_n, N, HAS_BIAS)
+
+
+@_jit
+def _tile_out(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row,
+              M, N, slots_ptr, peers_ptr, offsets_ptr, slot_rows, rank, world_size,
+              HAS_BIAS: gl.constexpr, SCALE: gl.constexpr, PUSH: gl.constexpr):
+    """A split consumer's sum out: ``PUSH`` 0, C through ``_scaled_epilogue``; else the gemm_rs
+    / gemm_ar producer's fp32 partial (scales, + bias) into the owners' slots (``PUSH`` 1) or
+    every rank's (2): the bf16 core's ``_push_part`` (``ws_gemm_kernel``'s ``PUSH`` arguments).
+    A sum is pushed from the registers in two 64-column parts, no staging (8-byte stores of a
+    thread's column pair; whole, the 256-wide tile's bias form spilled 130-192 bytes)."""
+    if PUSH == 0:
+        _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
+                         sa_row, sb_row, N, HAS_BIAS, SCALE)
+    else:
+        acc = _outer_scales(acc, rows, off_n, sa_ptr, sb_ptr, sa_row, sb_row, N, SCALE)
+        parts = _split_cols(acc, 2)
+        for c in gl.static_range(2):
+            col = off_n + c * (acc.shape[1] // 2)
+            _push_part(_plus_bias(parts[c], bias_ptr, col, N, HAS_BIAS), slots_ptr, peers_ptr,
+                       offsets_ptr, off_m, col, M, N, slot_rows, rank, world_size, PUSH)
 
 
 @_jit
@@ -257,9 +286,10 @@ def _chain(a_bufs, b_bufs, ready, it, SLOT: gl.constexpr, part, TWO: gl.constexp
 
 @_jit
 def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
-                    sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
-                    SCALE: gl.constexpr, GROUP_M: gl.constexpr, SLOT: gl.constexpr,
-                    HALVES: gl.constexpr, PROMOTE: gl.constexpr):
+                    sb_ptr, sa_row, sb_row, M, N, K, shift, slots_ptr, peers_ptr, offsets_ptr,
+                    slot_rows, rank, world_size, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
+                    GROUP_M: gl.constexpr, SLOT: gl.constexpr, HALVES: gl.constexpr,
+                    PROMOTE: gl.constexpr, PUSH: gl.constexpr):
     """Split consumer ``SLOT`` of 2 (4 warps): rows ``[64 SLOT, 64 SLOT + 64)`` of every tile of
     the program, the tile ``HALVES`` x 128 columns wide (B's second 128 columns in ``b2_bufs``;
     two halves on ``SCALE`` 1 only: a third 64-register tile spilled on block scales); each K
@@ -269,7 +299,8 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
     operands' K land as zeros). The two consumers share each slot's A box (each its
     64 rows) and B boxes, and each releases the slot on its own (``empty`` counts 2): no
     barrier between them, so one's promotion runs under the other's wgmma. Tile rows rotated
-    by ``shift`` as the loader visits them (the ag_gemm consumer's; else 0)."""
+    by ``shift`` as the loader visits them (the ag_gemm consumer's, the scattering producer's;
+    else 0). Sums out through ``_tile_out`` (``PUSH``: into the reducing ops' slots)."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     HALF_M: gl.constexpr = a_bufs.shape[1] // 2
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
@@ -307,23 +338,28 @@ def _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_
             for j in gl.static_range(PROMOTE):
                 mbarrier.arrive(empty.index((it + j) % STAGES))
             it += PROMOTE
-        _scaled_epilogue(acc0, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
-                         sa_row, sb_row, N, HAS_BIAS, SCALE)
+        _tile_out(acc0, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr, sa_row,
+                  sb_row, M, N, slots_ptr, peers_ptr, offsets_ptr, slot_rows, rank, world_size,
+                  HAS_BIAS, SCALE, PUSH)
         if HALVES == 2:
-            _scaled_epilogue(acc1, rows, off_m, off_n + BN, c_desc, c_bufs, bias_ptr, sa_ptr,
-                             sb_ptr, sa_row, sb_row, N, HAS_BIAS, SCALE)
-    tma.store_wait(0)
+            _tile_out(acc1, rows, off_m, off_n + BN, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
+                      sa_row, sb_row, M, N, slots_ptr, peers_ptr, offsets_ptr, slot_rows, rank,
+                      world_size, HAS_BIAS, SCALE, PUSH)
+    if PUSH == 0:
+        tma.store_wait(0)
 
 
 @_jit
 def _split_worker(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
-                  sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS: gl.constexpr,
-                  SCALE: gl.constexpr, GROUP_M: gl.constexpr, HALVES: gl.constexpr,
-                  PROMOTE: gl.constexpr):
+                  sb_ptr, sa_row, sb_row, M, N, K, shift, slots_ptr, peers_ptr, offsets_ptr,
+                  slot_rows, rank, world_size, HAS_BIAS: gl.constexpr, SCALE: gl.constexpr,
+                  GROUP_M: gl.constexpr, HALVES: gl.constexpr, PROMOTE: gl.constexpr,
+                  PUSH: gl.constexpr):
     """The split schedule's second consumer (a 4-warp worker partition, slot 1)."""
     _split_consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs, c_desc, bias_ptr, sa_ptr,
-                    sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE, GROUP_M, 1, HALVES,
-                    PROMOTE)
+                    sb_ptr, sa_row, sb_row, M, N, K, shift, slots_ptr, peers_ptr, offsets_ptr,
+                    slot_rows, rank, world_size, HAS_BIAS, SCALE, GROUP_M, 1, HALVES, PROMOTE,
+                    PUSH)
 
 
 @_jit
@@ -349,16 +385,17 @@ def _pp_worker(a_bufs, b_bufs, ready, empty, order, c_bufs, c_desc, bias_ptr, sa
 
 def _jit_dims(fn):
     return (gluon.jit(fn, do_not_specialize=["M", "N", "K", "sa_row", "sb_row", "rank",
-                                             "world_size", "timeout_us", "op_id"])
+                                             "world_size", "timeout_us", "op_id", "slot_rows"])
             if HAVE_GLUON else fn)
 
 
 @_jit_dims
 def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, sb_row, M, N, K,
                      sig_ptr, offsets_ptr, err_claim, err_record, rank, world_size, timeout_us,
-                     op_id, SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-                     STAGES: gl.constexpr, SPLIT: gl.constexpr, HALVES: gl.constexpr,
-                     EPI_BUFS: gl.constexpr, PROMOTE: gl.constexpr, WAIT: gl.constexpr,
+                     op_id, slots_ptr, peers_ptr, slot_rows, SCALE: gl.constexpr,
+                     HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                     SPLIT: gl.constexpr, HALVES: gl.constexpr, EPI_BUFS: gl.constexpr,
+                     PROMOTE: gl.constexpr, WAIT: gl.constexpr, PUSH: gl.constexpr,
                      num_warps: gl.constexpr):
     """fp8 GEMM with scales (module docstring). Grid: ``(programs, )``.
 
@@ -373,12 +410,23 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
     ``WAIT`` (split only): the ag_gemm consumer over the gathered fp8 rows ``a_desc``, their
     scales in the rows (``sa_ptr``): the loader waits for each unit's chunks as the bf16
     kernel's does (``ws_gemm_kernel``'s wait arguments), tiles from this rank's own rows first
-    (else the wait arguments are unused)."""
-    gl.static_assert(SPLIT | (not WAIT), "a waiting consumer is split")
+    (else the wait arguments are unused).
+    ``PUSH`` (1 scatter, 2 broadcast; split only): the gemm_rs / gemm_ar producer, as
+    ``ws_gemm_kernel``'s ``PUSH``: fp32 sums (scaled, + bias) into slot ``rank`` of the
+    ``[W, slot_rows, N]`` slots (``slots_ptr`` this rank's, ``peers_ptr`` every rank's base,
+    ``offsets_ptr`` the ``W + 1`` first rows) of the owners of their rows or of every rank;
+    no C (``c_desc`` unused, no staging tiles), rows after this rank's first visited first.
+    Else the push arguments are unused."""
+    gl.static_assert(SPLIT | ((not WAIT) & (PUSH == 0)), "a waiting or pushing kernel is split")
+    gl.static_assert((not WAIT) | (PUSH == 0), "wait or push, not both")
     if WAIT:
         shift = gl.load(offsets_ptr + rank) // a_desc.block_type.shape[0]
         epoch = gl.load(sig_ptr + 3 * world_size, volatile=True).to(gl.int64)
         deadline = gs.now_ns() + timeout_us.to(gl.int64) * 1000
+    elif PUSH == 1:  # the peers' rows first: their partials leave earliest
+        shift = gl.load(offsets_ptr + rank + 1) // a_desc.block_type.shape[0]
+        epoch = 0
+        deadline = 0
     else:  # (constants: no waiting code in the plain kernel)
         shift = 0
         epoch = 0
@@ -390,11 +438,14 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
                                        b_desc.layout)
     ready, empty, order = ring_barriers(STAGES, 2 if SPLIT else 1)
-    # each consumer's C staging tiles (EPI_BUFS: ScaledConfig.epi_bufs)
-    c_bufs0 = gl.allocate_shared_memory(c_desc.dtype, [EPI_BUFS] + c_desc.block_type.shape,
-                                        c_desc.layout)
-    c_bufs1 = gl.allocate_shared_memory(c_desc.dtype, [EPI_BUFS] + c_desc.block_type.shape,
-                                        c_desc.layout)
+    if PUSH == 0:  # each consumer's C staging tiles (EPI_BUFS: ScaledConfig.epi_bufs)
+        c_bufs0 = gl.allocate_shared_memory(c_desc.dtype, [EPI_BUFS] + c_desc.block_type.shape,
+                                            c_desc.layout)
+        c_bufs1 = gl.allocate_shared_memory(c_desc.dtype, [EPI_BUFS] + c_desc.block_type.shape,
+                                            c_desc.layout)
+    else:  # (pushed from the registers: nothing staged, the ring gets the memory)
+        c_bufs0 = a_bufs
+        c_bufs1 = a_bufs
     if SPLIT:
         if HALVES == 2:
             b2_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
@@ -403,11 +454,13 @@ def ws_scaled_kernel(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, sa_row, s
             b2_bufs = b_bufs
         gl.warp_specialize([
             (_split_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs0, c_desc, bias_ptr,
-                               sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
-                               GROUP_M, 0, HALVES, PROMOTE)),
+                               sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, slots_ptr,
+                               peers_ptr, offsets_ptr, slot_rows, rank, world_size, HAS_BIAS,
+                               SCALE, GROUP_M, 0, HALVES, PROMOTE, PUSH)),
             (_split_worker, (a_bufs, b_bufs, b2_bufs, ready, empty, c_bufs1, c_desc, bias_ptr,
-                             sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, HAS_BIAS, SCALE,
-                             GROUP_M, HALVES, PROMOTE)),
+                             sa_ptr, sb_ptr, sa_row, sb_row, M, N, K, shift, slots_ptr, peers_ptr,
+                             offsets_ptr, slot_rows, rank, world_size, HAS_BIAS, SCALE, GROUP_M,
+                             HALVES, PROMOTE, PUSH)),
             (_split_loader, (a_desc, b_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
                              shift, sig_ptr, offsets_ptr, err_claim, err_record, rank,
                              world_size, epoch, deadline, op_id, GROUP_M, HALVES, WAIT)),

@@ -384,7 +384,8 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     from . import _ws_scaled
     if _ws_scaled.core_refusal(device) is None:  # (sm_90: the fp8 WS forms scaled_matmul times)
         _ws_scaled.precompile_scaled_ws(device, outs,
-                                        wait=_ag_launch.SCALED_CONSUMER_CORE == "ws")
+                                        wait=_ag_launch.SCALED_CONSUMER_CORE == "ws",
+                                        push=_rs_launch.SCALED_PRODUCER_CORE == "ws")
 
 
 register_precompile("gemm_scaled", _precompile,

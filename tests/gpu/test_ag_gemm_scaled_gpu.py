@@ -1,5 +1,6 @@
-"""GPU tier: fp8 ``ag_gemm_scaled`` / ``gemm_rs_scaled`` / ``gemm_ar_scaled`` (portable core) on a virtual world, against the float64
-product of the dequantized operands, every scale mode, K off 128 (block tails), graphs."""
+"""GPU tier: fp8 ``ag_gemm_scaled`` / ``gemm_rs_scaled`` / ``gemm_ar_scaled`` (portable core, and
+the fp8 WS core as consumer and producer) on a virtual world, against the float64 product of
+the dequantized operands, every scale mode, K off 128 (block tails), graphs."""
 import threading
 import time
 
@@ -115,6 +116,43 @@ def test_reduce_scaled_modes(op, mode, world_size):
                             impl="baseline", bias=True)
         return True
     assert ditron_ops.launch(body, world_size) == [True] * world_size
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("mode", MODES)
+def test_reduce_scaled_on_the_ws_producer(monkeypatch, mode, world_size):
+    """``SCALED_PRODUCER_CORE = "ws"``: the fp8 WS core pushes each rank's fp32 sums into the
+    owners' slots (gemm_rs, gemm_ar two-shot) or every rank's (gemm_ar one-shot), the finish
+    kernel sums them in rank order. Against the float64 reference: both tile widths of the
+    wave rule (N 1536: 256-wide at 1000 rows; N 640 at 3000 rows: narrow), rank 0's bias,
+    uneven and empty shards, twice per plan; N off 16 (1000) runs the portable producer.
+    The WS producer must have run wherever it takes the operands."""
+    from ditron_ops.gemm import _rs_launch, _ws_scaled
+    from ditron_ops.gemm._ws_launch import core_refusal
+    if core_refusal(torch.device("cuda")) is not None:
+        pytest.skip(core_refusal(torch.device("cuda")))
+    monkeypatch.setattr(_rs_launch, "SCALED_PRODUCER_CORE", "ws")
+    built = []
+    config = _ws_scaled.consumer_config
+    monkeypatch.setattr(_ws_scaled, "consumer_config",
+                        lambda *args: built.append(args) or config(*args))
+    k_sizes = [1024 + 128 * q if q % 3 != 2 else 1000 for q in range(world_size)]
+    uneven = [0 if q == 2 else 300 + 97 * q for q in range(world_size)]  # (rank 2: no rows)
+
+    def body(group):
+        for _ in range(2):
+            check_reduce_scaled(group, 1000, k_sizes, 1536, mode, "gemm_rs_scaled", bias=True)
+            check_reduce_scaled(group, 3000, k_sizes, 640, mode, "gemm_rs_scaled", seed=1)
+            check_reduce_scaled(group, sum(uneven), k_sizes, 768, mode, "gemm_rs_scaled",
+                                seed=2, shard_sizes=uneven, out_dtype=torch.float16)
+            check_reduce_scaled(group, 1000, k_sizes, 1000, mode, "gemm_rs_scaled", seed=3)
+            for algorithm in ("one_shot", "two_shot"):
+                check_reduce_scaled(group, 640, k_sizes, 1024, mode, "gemm_ar_scaled", seed=4,
+                                    bias=True, algorithm=algorithm)
+        return True
+    assert ditron_ops.launch(body, world_size) == [True] * world_size
+    # each rank's WS plans: 1000 x 1536, 3000 x 640, the uneven shards, both gemm_ar forms
+    assert len(built) >= 5 * world_size, built
 
 
 @pytest.mark.parametrize("mode", MODES)
