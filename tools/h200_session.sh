@@ -14,6 +14,7 @@
 #   bash tools/h200_session.sh cache      # the Triton cache back as $OUT/tcache.tgz.NN (15 MB parts)
 #   bash tools/h200_session.sh fp8        # the fp8 WS core's and the fp8 ops' GPU tests, then bench
 #                                         # fp8 --only tensor,row,block,present,fused (about 6 min)
+#   bash tools/h200_session.sh new        # fp8 WS producer, paged table pipelining: tests, probe, bench
 #   bash tools/h200_session.sh pending    # what no GPU has run since 7b284ab (fp8 WS producer, row
 #                                         # packer, the norm's peer loads): tests, probes (<= 10 min)
 #
@@ -105,6 +106,23 @@ for part in "$@"; do
           --programs 0 --kernels $old,head > "$OUT/norm_probe.log" 2>&1
         echo "norm probe: rc=$?"; grep "^norm" "$OUT/norm_probe.log" | cut -c1-150
       fi
+      ;;
+    new)
+      # this session's new kernels: the fp8 WS producer (tests, then the probe's producer
+      # times), the paged decode's pipelined table (its GPU tests, then bench serving's decode
+      # cases at W = 2: paged over contiguous)
+      timeout 200 python -m pytest -q tests/gpu/test_ag_gemm_scaled_gpu.py -k ws_producer \
+        > "$OUT/ws_producer_tests.log" 2>&1
+      echo "fp8 WS producer tests: rc=$? $(grep -E "passed|failed" "$OUT/ws_producer_tests.log" | tail -1)"
+      timeout 120 python benchmarks/probes/fp8_fused_parts.py > "$OUT/fp8_parts.log" 2>&1
+      echo "fp8_fused_parts: rc=$?"; grep -E "pack|fused copy|gemm_rs" "$OUT/fp8_parts.log"
+      timeout 120 python -m pytest -q tests/gpu/test_flash_decode_paged_gpu.py \
+        > "$OUT/paged_tests.log" 2>&1
+      echo "paged decode tests: rc=$? $(grep -E "passed|failed" "$OUT/paged_tests.log" | tail -1)"
+      timeout 150 python -m ditron_ops.bench serving --only decode --world-sizes 2 \
+        --out "$OUT/bench" ${COMMIT:+--commit "$COMMIT"} > "$OUT/serving_decode.log" 2>&1
+      echo "bench serving decode W=2: rc=$?"; grep -E "geo|worst|B=1 " "$OUT/serving_decode.log" | cut -c1-150
+      rm -f "$OUT"/bench/*.png
       ;;
     bench:*)
       b=${part#bench:}
