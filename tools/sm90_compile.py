@@ -205,9 +205,17 @@ def flash_decode() -> list[str]:
                                                         direct, errors)
                 add(f"split_kv {dtype} {cname} FLUSH={plan[1] != plan[0]} DIRECT={direct}",
                     split_kv_kernel.warmup(*args, grid=grid, **kwargs))
+            for page in (16, 256):  # paged: per-key entries, or one entry a block
+                pages = torch.zeros(64 * page * 1024, dtype=dtype).view(64, page, 8, 128)
+                table = torch.zeros(1, 64, dtype=torch.int32)
+                args, kwargs, grid = api._split_kv_args(q, pages, pages, i32, f32, f32, 0.1,
+                                                        (64, 128, 2, 1), cfg, False, errors,
+                                                        table)
+                add(f"split_kv {dtype} {cname} paged PAGE={page} stages={kwargs['num_stages']}",
+                    split_kv_kernel.warmup(*args, grid=grid, **kwargs))
         for final in (True, False):
             add(f"chunk_combine {dtype} FINAL={final}", chunk_combine_kernel.warmup(
-                f32, f32, i32, x, f32, i64, 1, 1, 64, 2, 0, 2, D=128, FINAL=final, grid=(1,),
+                f32, f32, i32, x, f32, i64, 1, 1, 64, 2, 0, 2, 1000, D=128, FINAL=final, grid=(1,),
                 **api.COMBINE_CONFIG))
         add(f"decode_merge {dtype}", decode_merge_kernel.warmup(
             x, f32, i64, i64, i64, i64, 1, 0, 2, 1000, 0, D=128, BLOCK_P=api.MERGE_BLOCK_P,
