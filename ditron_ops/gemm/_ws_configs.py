@@ -89,7 +89,6 @@ WS_CONFIGS = {
     "coop128x192": WsConfig(128, 128, 64, 8, False, block_n2=64),
 }
 """The tile configs; ``plan`` picks among ``RULE_CONFIGS``."""
-WS_DEFAULT = "coop128x256"
 DETERMINISTIC_CONFIG = "coop128x256"
 """The deterministic mode's one fixed tile config (batch invariance: never a function of M)."""
 RULE_CONFIGS = ("coop128x256", "pp128x128", "pp64x128", "coop128x192")

@@ -12,7 +12,7 @@ import warnings
 from typing import Optional
 
 from ._ws_configs import (MODE_DP, MODE_SK, MODE_SPLIT, MODE_SPLITR, PARTIALS,  # noqa: F401
-                          WS_CONFIGS, WS_DEFAULT, WsConfig, WsPlan, describe, fit_stages, plan,
+                          WS_CONFIGS, WsConfig, WsPlan, describe, fit_stages, plan,
                           rule_plans, smem_bytes, splitr_floats, splitr_pitch)
 from ._ws_kernels import (HAVE_GLUON, MAXNREG, TRACE_POINTS, TRACE_UNITS,  # noqa: F401
                           ws_gemm_kernel)
