@@ -326,6 +326,11 @@ def select(m: int, n: int, programs: int, device: torch.device, *,
 SCALED_BLOCK_K = 128
 """fp8 operands' K step: one scale block (``scaled.SCALE_BLOCK``; block-wise scales need a K step
 per block, ``_core_kernels.tile_product``'s ``SCALE``)."""
+SCALED_TILES = dict(block_k=SCALED_BLOCK_K, split_tail=False)
+"""What every fp8 form changes in the bf16 rule's tiles: one K step per scale block, and no
+split tail: with it ptxas serializes the wgmma of every 128-row fp8 form on tensor / row scales
+(C7514; the narrow tile at 248-255 registers, without the tail 201-244 and none serialized;
+offline sm_90a, benchmarks/NOTES.md, fp8)."""
 
 
 SCALED_NARROW = dict(block_n=128, num_warps=8, num_stages=5)
@@ -339,7 +344,8 @@ SCALE_ROWWISE, SCALE_BLOCKWISE = 1, 2
 def scaled_config(cfg: TileConfig, mode: int, m: int, n: int, programs: int,
                   deterministic: bool = False) -> TileConfig:
     """The tiles of an fp8 (scaled) ``[m, K] @ [K, n]`` product of scale ``mode`` whose bf16
-    rule picked ``cfg`` on ``programs``: one K step per scale block (``SCALED_BLOCK_K``), and
+    rule picked ``cfg`` on ``programs``: one K step per scale block and no split tail
+    (``SCALED_TILES``), and
     the narrow tile (``SCALED_NARROW``) in place of a 128-row tile for block scales always,
     for tensor and row scales where ``cfg`` is 128 wide (the same tile with twice the warps)
     or its tiles fill at most 3/4 of the programs (twice the programs then work; a full wave
@@ -359,7 +365,7 @@ def scaled_config(cfg: TileConfig, mode: int, m: int, n: int, programs: int,
 def scaled_configs(cfg: TileConfig) -> tuple[TileConfig, Optional[TileConfig]]:
     """``(wide, narrow)``: the fp8 forms ``scaled_config`` may give ``cfg`` (narrow None where
     it keeps the wide one: tiles of other than 128 rows)."""
-    wide = dataclasses.replace(cfg, block_k=SCALED_BLOCK_K)
+    wide = dataclasses.replace(cfg, **SCALED_TILES)
     return wide, (dataclasses.replace(wide, **SCALED_NARROW) if cfg.block_m == 128 else None)
 
 
