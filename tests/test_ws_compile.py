@@ -208,8 +208,9 @@ def test_pushing_producer_variants_compile(ws, name, broadcast):
 def test_fp8_pushing_producer_variants_compile(ws, mode, config, broadcast):
     """The fp8 WS core's ``PUSH`` (``gemm_rs_scaled`` / ``gemm_ar_scaled``'s producer), every
     config the wave rule gives: compiles without spills, stores fp32 sums with plain 8-byte
-    global stores, writes no C (no TMA store, no staging tile: the ring takes its memory); the
-    ping-pong and a waiting kernel are refused before any compile."""
+    global stores, writes no C (no TMA store, no staging tile: the ring takes its memory), and
+    covers all of A's rows whatever ``out`` holds; the ping-pong is refused before any
+    compile."""
     import torch
 
     from ditron_ops.gemm import _ws_scaled
@@ -226,6 +227,9 @@ def test_fp8_pushing_producer_variants_compile(ws, mode, config, broadcast):
                                                   cfg, 132, push=push)
     assert meta["PUSH"] == (2 if broadcast else 1)
     assert meta["STAGES"] == _ws_scaled.stages(cfg, 4, push=True) >= _ws_scaled.stages(cfg, 2)
+    # the whole product's rows, though this rank's out holds a quarter of them
+    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
+    assert args[8:11] == (M, N, K) and grid == (min(tiles, 132), )
     kernel = _ws_scaled.ws_scaled_kernel.warmup(*args, **meta, grid=grid)
     st = probe._sass_stats(kernel)
     assert st["spills"] == 0 and st["local"] == 0 and st["hgmma"] > 0, st

@@ -206,7 +206,7 @@ def flash_decode() -> list[str]:
                 add(f"split_kv {dtype} {cname} FLUSH={plan[1] != plan[0]} DIRECT={direct}",
                     split_kv_kernel.warmup(*args, grid=grid, **kwargs))
             for page in (16, 256):  # paged: per-key entries, or one entry a block
-                pages = torch.zeros(64 * page * 1024, dtype=dtype).view(64, page, 8, 128)
+                pages = torch.zeros(64 * page * 512, dtype=dtype).view(64, page, 4, 128)
                 table = torch.zeros(1, 64, dtype=torch.int32)
                 args, kwargs, grid = api._split_kv_args(q, pages, pages, i32, f32, f32, 0.1,
                                                         (64, 128, 2, 1), cfg, False, errors,

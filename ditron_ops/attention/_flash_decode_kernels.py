@@ -65,8 +65,8 @@ def _page_rows(table_row, offs_n, n_ok, n0, hi, num_pages, BLOCK_N: tl.constexpr
     ``BLOCK_N``), one scalar table read (``entries`` that entry). Else the block's per-key
     entries (``_table_entries``), loaded in the iteration that reads the keys: the K/V
     addresses then hang on a load of the same iteration, which Triton's pipeliner copies
-    asynchronously into shared memory two stages ahead of the keys (``PAGED_STAGES``; sm_90a
-    TTGIR), so no table load waits on the K/V path."""
+    asynchronously into shared memory a depth ahead of the keys (``flash_decode.paged_stages``;
+    sm_90a TTGIR), so no table load waits on the K/V path."""
     if PAGE >= BLOCK_N:
         entries = tl.load(table_row + n0 // PAGE)
         bad = (entries < 0) | (entries >= num_pages)

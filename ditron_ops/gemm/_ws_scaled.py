@@ -121,11 +121,12 @@ def scaled_operands(a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: in
     consumer's ``(sig, offsets, claim, record, rank, world_size, timeout_us, op_id)`` (the
     kernel's ``WAIT``; a split config); ``push``: the gemm_rs / gemm_ar producer's ``(slots,
     peers, offsets, slot_rows, rank, world_size, broadcast)`` (the kernel's ``PUSH``, a split
-    config; ``out`` gives only the product's shape: no C is written); else neither."""
+    config; ``out`` gives only the device: no C is written, the product is ``a8``'s rows by
+    ``b``'s columns); else neither."""
     import torch
 
     from ._core import _dummies
-    m, n = out.shape
+    m, n = a8.shape[0], b.shape[1]  # (a producer's out holds only this rank's rows)
     if push is not None:
         if wait is not None or not cfg.split:
             raise ValueError(f"ws scaled: a pushing producer is split and does not wait: {cfg}")
@@ -159,8 +160,8 @@ class WsScaledGemm:
     ``mode``), its kernel bound once (``runtime.launcher.BoundKernel``; descriptors made once
     per address); ``run`` launches it with the call's tensors. ``wait``: the ag_gemm consumer
     (``scaled_operands``; ``a8`` the gathered rows, ``sa`` their scales). ``push``: the
-    gemm_rs / gemm_ar producer (``scaled_operands``; ``out`` only shapes the product, fp32
-    sums go to the slots)."""
+    gemm_rs / gemm_ar producer (``scaled_operands``; fp32 sums of ``a8``'s rows go to the
+    slots, ``out`` is not written)."""
 
     def __init__(self, a8, b, out, bias, sa, sb, sa_row: int, sb_row: int, mode: int,
                  config: str, sms: Optional[int] = None, wait=None, push=None):

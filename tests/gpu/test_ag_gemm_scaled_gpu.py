@@ -132,10 +132,14 @@ def test_reduce_scaled_on_the_ws_producer(monkeypatch, mode, world_size):
     if core_refusal(torch.device("cuda")) is not None:
         pytest.skip(core_refusal(torch.device("cuda")))
     monkeypatch.setattr(_rs_launch, "SCALED_PRODUCER_CORE", "ws")
-    built = []
-    config = _ws_scaled.consumer_config
-    monkeypatch.setattr(_ws_scaled, "consumer_config",
-                        lambda *args: built.append(args) or config(*args))
+    built = []  # the pushing plans bound (a build that fell back to the portable core: none)
+    init = _ws_scaled.WsScaledGemm.__init__
+
+    def counted(self, *args, push=None, **kw):
+        init(self, *args, push=push, **kw)
+        if push is not None:
+            built.append(args[9])
+    monkeypatch.setattr(_ws_scaled.WsScaledGemm, "__init__", counted)
     k_sizes = [1024 + 128 * q if q % 3 != 2 else 1000 for q in range(world_size)]
     uneven = [0 if q == 2 else 300 + 97 * q for q in range(world_size)]  # (rank 2: no rows)
 
