@@ -119,10 +119,13 @@ for part in "$@"; do
       timeout 120 python -m pytest -q tests/gpu/test_flash_decode_paged_gpu.py \
         > "$OUT/paged_tests.log" 2>&1
       echo "paged decode tests: rc=$? $(grep -E "passed|failed" "$OUT/paged_tests.log" | tail -1)"
-      timeout 150 python -m ditron_ops.bench serving --only decode --world-sizes 2 \
-        --out "$OUT/bench" ${COMMIT:+--commit "$COMMIT"} > "$OUT/serving_decode.log" 2>&1
-      echo "bench serving decode W=2: rc=$?"; grep -E "geo|worst|B=1 " "$OUT/serving_decode.log" | cut -c1-150
-      rm -f "$OUT"/bench/*.png
+      if [ -z "${SKIP_BENCH:-}" ]; then  # (SKIP_BENCH=1: tests and probe only, about 7 min)
+        timeout 150 python -m ditron_ops.bench serving --only decode --world-sizes 2 \
+          --out "$OUT/bench" ${COMMIT:+--commit "$COMMIT"} > "$OUT/serving_decode.log" 2>&1
+        echo "bench serving decode W=2: rc=$?"
+        grep -E "geo|worst|B=1 " "$OUT/serving_decode.log" | cut -c1-150
+        rm -f "$OUT"/bench/*.png
+      fi
       ;;
     bench:*)
       b=${part#bench:}
