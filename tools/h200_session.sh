@@ -123,7 +123,7 @@ for part in "$@"; do
         timeout 150 python -m ditron_ops.bench serving --only decode --world-sizes 2 \
           --out "$OUT/bench" ${COMMIT:+--commit "$COMMIT"} > "$OUT/serving_decode.log" 2>&1
         echo "bench serving decode W=2: rc=$?"
-        grep -E "geo|worst|B=1 " "$OUT/serving_decode.log" | cut -c1-150
+        grep -E "paged P=|geo" "$OUT/serving_decode.log" | cut -c1-130
         rm -f "$OUT"/bench/*.png
       fi
       ;;
