@@ -14,7 +14,7 @@
 #   bash tools/h200_session.sh cache      # the Triton cache back as $OUT/tcache.tgz.NN (15 MB parts)
 #   bash tools/h200_session.sh fp8        # the fp8 WS core's and the fp8 ops' GPU tests, then bench
 #                                         # fp8 --only tensor,row,block,present,fused (about 6 min)
-#   bash tools/h200_session.sh new        # fp8 WS producer, paged table pipelining: tests, probe, bench
+#   bash tools/h200_session.sh new        # fp8 WS producer, paged decode: tests, probe, bench
 #   bash tools/h200_session.sh pending    # what no GPU has run since 7b284ab (fp8 WS producer, row
 #                                         # packer, the norm's peer loads): tests, probes (<= 10 min)
 #
@@ -108,9 +108,8 @@ for part in "$@"; do
       fi
       ;;
     new)
-      # this session's new kernels: the fp8 WS producer (tests, then the probe's producer
-      # times), the paged decode's pipelined table (its GPU tests, then bench serving's decode
-      # cases at W = 2: paged over contiguous)
+      # the fp8 WS producer (tests, then the probe's producer times), the paged decode (its
+      # GPU tests, then bench serving's decode cases at W = 2: paged over contiguous)
       timeout 200 python -m pytest -q tests/gpu/test_ag_gemm_scaled_gpu.py -k ws_producer \
         > "$OUT/ws_producer_tests.log" 2>&1
       echo "fp8 WS producer tests: rc=$? $(grep -E "passed|failed" "$OUT/ws_producer_tests.log" | tail -1)"

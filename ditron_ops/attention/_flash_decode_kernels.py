@@ -57,36 +57,28 @@ def _table_entries(table_row, offs_n, hi, PAGE: tl.constexpr):
 
 
 @dl.jit
-def _page_rows(table_row, offs_n, n_ok, n0, hi, num_pages, BLOCK_N: tl.constexpr,
-               PAGE: tl.constexpr):
+def _page_rows(table_row, entries, offs_n, n_ok, n0, num_pages, bad_first,
+               BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
     """Pages of the keys ``offs_n`` (block starting at ``n0``) and their slots: ``(page, slot,
-    entries)``; an entry outside ``[0, num_pages)`` reads page 0 instead (never past the
-    cache). ``PAGE >= BLOCK_N``: the block lies in one page (blocks start at multiples of
-    ``BLOCK_N``), one scalar table read (``entries`` that entry). Else the block's per-key
-    entries (``_table_entries``), loaded in the iteration that reads the keys: the K/V
-    addresses then hang on a load of the same iteration, which Triton's pipeliner copies
-    asynchronously into shared memory a depth ahead of the keys (``flash_decode.paged_stages``;
-    sm_90a TTGIR), so no table load waits on the K/V path."""
+    bad_first)``. An entry outside ``[0, num_pages)`` reads page 0 instead (never past the
+    cache) and lowers ``bad_first`` (per lane, the first bad table column seen; an elementwise
+    min, so the loop reduces nothing per block). ``PAGE >= BLOCK_N``: the block lies in one page
+    (blocks start at multiples of ``BLOCK_N``), one scalar table read. Else ``entries``: the
+    block's per-key entries (``_table_entries``), loaded one block ahead by the caller: K/V
+    addresses that hang on a table load of the same iteration left Triton's pipeliner one
+    K/V buffer and no load in flight under the math (sm_90a TTGIR; contiguous keys get two)."""
     if PAGE >= BLOCK_N:
-        entries = tl.load(table_row + n0 // PAGE)
-        bad = (entries < 0) | (entries >= num_pages)
+        entry = tl.load(table_row + n0 // PAGE)
+        bad = (entry < 0) | (entry >= num_pages)
+        page = tl.where(bad, 0, entry)
         slot = n0 % PAGE + tl.arange(0, BLOCK_N)
+        bad_first = tl.minimum(bad_first, tl.where(bad, n0 // PAGE, bad_first))
     else:
-        entries = _table_entries(table_row, offs_n, hi, PAGE)
         bad = n_ok & ((entries < 0) | (entries >= num_pages))
+        page = tl.where(bad, 0, entries)
         slot = offs_n % PAGE
-    return tl.where(bad, 0, entries).to(tl.int64), slot.to(tl.int64), entries
-
-
-@dl.jit
-def _first_bad(bad_first, entries, offs_n, hi, num_pages, PAGE: tl.constexpr):
-    """``bad_first`` lowered to the table column of any entry of ``entries`` (keys ``offs_n``,
-    or one entry for a block in one page) outside ``[0, num_pages)``: per lane, an elementwise
-    min, reduced once after the loop. The caller checks a block's entries one iteration late:
-    a check in the iteration of their load would wait for it (the check's copy of the load is
-    not the pipeliner's asynchronous one)."""
-    bad = (offs_n < hi) & ((entries < 0) | (entries >= num_pages))
-    return tl.minimum(bad_first, tl.where(bad, offs_n // PAGE, bad_first))
+        bad_first = tl.minimum(bad_first, tl.where(bad, offs_n // PAGE, bad_first))
+    return page.to(tl.int64), slot.to(tl.int64), bad_first
 
 
 @dl.jit(do_not_specialize=("lens_ptr", "heads", "part_len", "prog_len", "num_parts", "seq_len",
@@ -140,12 +132,7 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
         table_row = table_ptr + b.to(tl.int64) * stride_tb
         no_bad = seq_len // PAGE + 1  # past every table column
         bad_first = tl.full((BLOCK_N,), 0, tl.int32) + no_bad
-        # the last block's entries, checked a block late (``_first_bad``; none yet: past hi)
-        held_offs = tl.full((BLOCK_N,), 0, tl.int32) + hi
-        if PAGE < BLOCK_N:
-            held = tl.full((BLOCK_N,), 0, tl.int32)
-        else:
-            held = tl.full((), 0, tl.int32)
+        entries = _table_entries(table_row, lo + tl.arange(0, BLOCK_N), hi, PAGE)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
@@ -153,13 +140,10 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
             k = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :],
                         mask=n_ok[:, None], other=0.0)
         else:
-            bad_first = _first_bad(bad_first, held, held_offs, hi, num_pages, PAGE)
-            page, slot, held = _page_rows(table_row, offs_n, n_ok, n0, hi, num_pages, BLOCK_N,
-                                          PAGE)
-            if PAGE < BLOCK_N:
-                held_offs = offs_n
-            else:
-                held_offs = offs_n * 0 + n0
+            page, slot, bad_first = _page_rows(table_row, entries, offs_n, n_ok, n0, num_pages,
+                                               bad_first, BLOCK_N, PAGE)
+            if PAGE < BLOCK_N:  # the next block's entries, one block ahead (``_page_rows``)
+                entries = _table_entries(table_row, offs_n + BLOCK_N, hi, PAGE)
             k = tl.load(k_base + (page * stride_kb + slot * stride_ks)[:, None] + offs_d[None, :],
                         mask=n_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * sm_scale
@@ -183,7 +167,7 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part, lse_part, sm_scale, h
                 l = tl.zeros((BLOCK_G,), tl.float32)
                 acc = tl.zeros((BLOCK_G, D), tl.float32)
     if PAGE > 0:
-        col = tl.min(_first_bad(bad_first, held, held_offs, hi, num_pages, PAGE), axis=0)
+        col = tl.min(bad_first, axis=0)
         if col < no_bad:  # one reduction per program, after the loop
             dl.record_error(err_claim, err_record, table_op, rank,
                             b.to(tl.int64) * (seq_len // PAGE) + col, tl.load(table_row + col),

@@ -202,18 +202,6 @@ MERGE_BLOCK_P = 4
 _INTERPRETER_SPLIT_CONFIG = {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
 
 
-def paged_stages(num_stages: int) -> int:
-    """The paged split-KV kernel's ``num_stages`` beside a contiguous config's: ``2 S - 1``
-    from 3 up. Triton's pipeliner gives each of the two load levels (table entries, then the
-    K/V rows they address) ``(stages - 1) / 2`` iterations of latency, so the keys keep the
-    contiguous kernel's depth (two K/V buffers at S = 3) and the table entries are copied into
-    shared memory one depth earlier; at S stages the keys got one buffer and waited for every
-    copy (sm_90a TTGIR: ``async_wait num = 0``; ``_page_rows``). At 2 stages (the wide
-    config, three programs per SM hiding each other's waits) it stays: 3 would take 160-177
-    registers, past three 4-warp programs' share."""
-    return 2 * num_stages - 1 if num_stages >= 3 else num_stages
-
-
 def _split_config(device: torch.device, pairs: int = 0, s_max: int = 0,
                   deterministic: bool = True) -> dict:
     """The split-KV launch configuration for ``pairs`` (batch x KV heads) of ``s_max`` keys."""
@@ -296,8 +284,6 @@ def _split_kv_args(q, k, v, lens, o_part, lse_part, scale, plan, cfg: dict, dire
     g = hq // hkv
     part, prog, num_parts, splits = plan
     assert not direct or (prog == part and num_parts == 1), plan  # the only partial, unflushed
-    if table is not None:
-        cfg = dict(cfg, num_stages=paged_stages(cfg["num_stages"]))
     paged = (launcher.unused_pointer(lens.device, lens.dtype), 0, 0, 0, 0) if table is None else (
         table, table.stride(0), k.shape[0], op_id("flash_decode_paged"), k.shape[1])
     args = (q, *_kv_ptrs(q, k, v), lens, o_part, lse_part, scale, hq, part, prog, num_parts,

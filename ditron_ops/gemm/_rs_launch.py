@@ -36,11 +36,19 @@ the plan key. Ranks may differ (a rank whose K slice the WS core refuses runs th
 kernel): both paths write slot ``rank`` of the owners' slots, count one call in and one
 ``CALL_UNIT`` out per rank. ``"tl"`` until a GPU run measures the WS producer.
 ``using_producer_core`` overrides it for the calling thread (benches)."""
-SCALED_PRODUCER_CORE = "tl"
+SCALED_PRODUCER_CORE = "ws"
 """``PRODUCER_CORE`` of the fp8 ops (``gemm_rs_scaled`` / ``gemm_ar_scaled``): ``"ws"`` runs
 the fp8 WS core's pushing form (``_ws_scaled_kernels``' ``PUSH``, default mode) where it takes
-the operands, in place of the portable kernels, whose fp8 forms spill (benchmarks/NOTES.md,
-fp8). ``"tl"`` until a GPU run measures it."""
+the operands and this rank's K reaches ``SCALED_WS_MIN_K``, in place of the portable kernels,
+whose fp8 forms spill; ``"tl"`` the portable kernels always."""
+SCALED_WS_MIN_K = {1: 6144, 2: 2048}
+"""Per scale mode (1 tensor / row, 2 blocks), the least K of this rank's product the fp8 WS
+producer takes: its fp32 sums make a round trip through the slots (a cost per output element)
+where the portable kernel keeps its own rows in registers but runs each K step slower (its fp8
+forms spill), so the WS producer wins from a K on. `bench fp8 --only fused` at one rank, 22
+model shards, both producers (H100, 4495a60): WS over portable 0.41-0.86x at K <= 4608 on
+tensor / row scales, 1.06-1.96x from K = 7168; on blocks 0.57-0.76x at K <= 1024, 1.07-2.13x
+from K = 2240. Each threshold sits between the two (benchmarks/NOTES.md, fp8)."""
 PRODUCER_CORES = ("tl", "ws")
 _LOCAL = threading.local()
 
@@ -200,8 +208,9 @@ class RsPlan:
         """The WS core's pushing GEMM (``producer_core`` ``"ws"``) where it takes the product:
         default mode, fp32 partials, N a multiple of 16 (its 8-byte stores), operands it reads
         as they are; bf16/fp16 without bias (``_ws_launch.refusal``), or fp8 with ``scales``
-        and rank 0's bias (``_ws_scaled.refusal``, the config of ``consumer_config``'s wave
-        rule: a kernel writing peers' slots is not timed); else None (the portable kernels).
+        and rank 0's bias (``_ws_scaled.refusal``, K from ``SCALED_WS_MIN_K``, the config of
+        ``consumer_config``'s wave rule: a kernel writing peers' slots is not timed); else None
+        (the portable kernels).
         A stale plan's rebuild keeps the previous plan's choice; a WS build or compile failure
         falls back (``_core.build_ws``)."""
         core = producer_core(self.scaled)
@@ -211,8 +220,8 @@ class RsPlan:
                 or self.a_pad is not None or self.b_pad is not None
                 or (previous is not None and previous.ws_gemm is None)):
             return None
-        if (ws_scaled.refusal(a, b, None, bias) if self.scaled
-                else bias is not None or ws_refusal(a, b, None, bias)):
+        if (ws_scaled.refusal(a, b, None, bias) or a.shape[1] < SCALED_WS_MIN_K[scales.mode]
+                if self.scaled else bias is not None or ws_refusal(a, b, None, bias)):
             return None
         if offsets is None:  # (broadcast: never read)
             offsets = torch.zeros(1, dtype=torch.int32, device=a.device)

@@ -132,6 +132,7 @@ def test_reduce_scaled_on_the_ws_producer(monkeypatch, mode, world_size):
     if core_refusal(torch.device("cuda")) is not None:
         pytest.skip(core_refusal(torch.device("cuda")))
     monkeypatch.setattr(_rs_launch, "SCALED_PRODUCER_CORE", "ws")
+    monkeypatch.setattr(_rs_launch, "SCALED_WS_MIN_K", {1: 0, 2: 0})  # (every K here)
     built = []  # the pushing plans bound (a build that fell back to the portable core: none)
     init = _ws_scaled.WsScaledGemm.__init__
 
@@ -175,10 +176,18 @@ def test_reduce_scaled_deterministic_batch_invariant(mode):
     assert ditron_ops.launch(body, 2) == [True, True]
 
 
+@pytest.mark.parametrize("core", ["tl", "ws"])
 @pytest.mark.parametrize("op", ["gemm_rs_scaled", "gemm_ar_scaled"])
-def test_reduce_scaled_graph_replay_with_bias(op):
+def test_reduce_scaled_graph_replay_with_bias(monkeypatch, op, core):
     """A captured call (block scales, rank 0's bias) replays over new operands and scales in
-    place: the float64 reference of the new values."""
+    place: the float64 reference of the new values; its producer on either core (``ws``: the
+    fp8 WS core's pushing form at any K)."""
+    from ditron_ops.gemm import _rs_launch
+    from ditron_ops.gemm._ws_launch import core_refusal
+    if core == "ws" and core_refusal(torch.device("cuda")) is not None:
+        pytest.skip(core_refusal(torch.device("cuda")))
+    monkeypatch.setattr(_rs_launch, "SCALED_PRODUCER_CORE", core)
+    monkeypatch.setattr(_rs_launch, "SCALED_WS_MIN_K", {1: 0, 2: 0})
     k_sizes, m, n = [1024, 640], 512, 768
 
     def body(group):
