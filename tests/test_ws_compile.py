@@ -170,6 +170,17 @@ def test_waiting_consumer_variants_compile(ws, name):
                         wait=wait)
 
 
+def _check_pushes(probe, kernel):
+    """A pushing producer's sm_90a build: no spill, wgmma (bf16 or fp8) in the SASS, fp32 tiles
+    out with plain 8-byte global stores of column pairs, no TMA store of C."""
+    st = probe._sass_stats(kernel)
+    assert st["spills"] == 0 and st["local"] == 0 and st["hgmma"] > 0, st
+    ptx = kernel.asm["ptx"]
+    stores = re.findall(r"\bst\.global[.\w]*", ptx)
+    assert stores and set(stores) == {"st.global.v2.b32"}, stores
+    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)
+
+
 @pytest.mark.parametrize("name", ["coop128x256:dp", "coop128x192:dp", "pp128x128:dp",
                                   "pp64x128:dp"])
 @pytest.mark.parametrize("broadcast", [False, True])
@@ -190,13 +201,7 @@ def test_pushing_producer_variants_compile(ws, name, broadcast):
     push = (slots, peers, offsets, M, 1, 4, broadcast)
     args, meta = mod.ws_operands(a, b, out, torch.empty(N, dtype=torch.bfloat16), pl, push=push)
     assert meta["PUSH"] == (2 if broadcast else 1)
-    kernel = mod.ws_gemm_kernel.warmup(*args, **meta, grid=(pl.grid, ))
-    st = probe._sass_stats(kernel)
-    assert st["spills"] == 0 and st["local"] == 0 and st["hgmma"] > 0, st
-    ptx = kernel.asm["ptx"]
-    stores = re.findall(r"\bst\.global[.\w]*", ptx)
-    assert stores and set(stores) == {"st.global.v2.b32"}, stores  # (column pairs, 8 bytes)
-    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)  # no C store
+    _check_pushes(probe, mod.ws_gemm_kernel.warmup(*args, **meta, grid=(pl.grid, )))
     with pytest.raises(ValueError, match="data parallel"):
         mod.ws_operands(a, b, out, None, probe.variant_plan(mod, "coop128x256:sk", M, N, K),
                         push=push)
@@ -230,13 +235,7 @@ def test_fp8_pushing_producer_variants_compile(ws, mode, config, broadcast):
     # the whole product's rows, though this rank's out holds a quarter of them
     tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
     assert args[8:11] == (M, N, K) and grid == (min(tiles, 132), )
-    kernel = _ws_scaled.ws_scaled_kernel.warmup(*args, **meta, grid=grid)
-    st = probe._sass_stats(kernel)
-    assert st["spills"] == 0 and st["local"] == 0 and st["hgmma"] > 0, st
-    ptx = kernel.asm["ptx"]
-    stores = re.findall(r"\bst\.global[.\w]*", ptx)
-    assert stores and set(stores) == {"st.global.v2.b32"}, stores  # (column pairs, 8 bytes)
-    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)  # no C store
+    _check_pushes(probe, _ws_scaled.ws_scaled_kernel.warmup(*args, **meta, grid=grid))
     with pytest.raises(ValueError, match="split"):
         _ws_scaled.scaled_operands(a, b, out, None, sa, sb, 32, N // 128, 2,
                                    _ws_scaled.SCALED_CONFIGS["pp64x128"], 132, push=push)

@@ -14,9 +14,8 @@
 #   bash tools/h200_session.sh cache      # the Triton cache back as $OUT/tcache.tgz.NN (15 MB parts)
 #   bash tools/h200_session.sh fp8        # the fp8 WS core's and the fp8 ops' GPU tests, then bench
 #                                         # fp8 --only tensor,row,block,present,fused (about 6 min)
-#   bash tools/h200_session.sh new        # fp8 WS producer, paged decode: tests, probe, bench
-#   bash tools/h200_session.sh pending    # what no GPU has run since 7b284ab (fp8 WS producer, row
-#                                         # packer, the norm's peer loads): tests, probes (<= 10 min)
+#   bash tools/h200_session.sh pending    # what no GPU has run at HEAD (fp8 WS producer in graphs,
+#                                         # fused fp8 figures, the norm's peer loads at W = 8)
 #
 # nvshmem4py is installed from .whl when the call carries it (../shared/tools/gpu-wheels.sh
 # downloads it), so the one-PE NVSHMEM smoke test runs instead of skipping.
@@ -86,44 +85,24 @@ for part in "$@"; do
       rm -f "$OUT"/bench/*.png
       ;;
     pending)
-      # what no GPU has run since 7b284ab: the fp8 WS core's pushing producer (its tests, then
-      # its time in the probe beside the portable one), the fp8 row packer (the probe: against
-      # the torch copies, each producer at one rank) with the fp8 ops' tests, and the norm's
-      # four-at-a-time peer loads with its tests and, where an older copy of the kernel file
-      # was put beside the probe (untracked: git show 7b284ab:ditron_ops/collectives/
-      # _norm_kernels.py > benchmarks/probes/_norm_kernels_7b284ab.py), both timed in turn
-      timeout 200 python -m pytest -q tests/gpu/test_ag_gemm_scaled_gpu.py -k ws_producer \
-        > "$OUT/ws_producer_tests.log" 2>&1
-      echo "fp8 WS producer tests: rc=$? $(grep -E "passed|failed" "$OUT/ws_producer_tests.log" | tail -1)"
-      timeout 120 python benchmarks/probes/fp8_fused_parts.py > "$OUT/fp8_parts.log" 2>&1
-      echo "fp8_fused_parts: rc=$?"; grep -E "pack|fused copy|gemm_rs" "$OUT/fp8_parts.log"
-      timeout 180 python -m pytest -q tests/gpu/test_ag_gemm_scaled_gpu.py -k "not ws_producer" \
-        tests/gpu/test_all_reduce_rmsnorm_gpu.py > "$OUT/pending_tests.log" 2>&1
-      echo "fp8 ops + norm tests: rc=$? $(grep -E "passed|failed" "$OUT/pending_tests.log" | tail -1)"
+      # what no GPU has run at HEAD: the fp8 WS pushing producer under CUDA graphs and queued
+      # calls (the default from K >= SCALED_WS_MIN_K), the fused fp8 figures with that rule,
+      # and, where an older copy of the norm's kernels was put beside the probe (untracked:
+      # git show 7b284ab:ditron_ops/collectives/_norm_kernels.py >
+      # benchmarks/probes/_norm_kernels_7b284ab.py), the norm's four-at-a-time peer loads
+      # against it (W = 8: an H200)
+      timeout 200 python -m pytest -q tests/gpu/test_ag_gemm_scaled_gpu.py \
+        -k "graph_replay or back_to_back or ws_producer" > "$OUT/pending_tests.log" 2>&1
+      echo "fp8 graph / queued / WS producer tests: rc=$? $(tail -1 "$OUT/pending_tests.log")"
+      timeout 200 python -m ditron_ops.bench fp8 --only fused --rounds 3 --target-ms 4 \
+        --out "$OUT/bench" ${COMMIT:+--commit "$COMMIT"} > "$OUT/bench_fp8.log" 2>&1
+      echo "bench fp8 fused: rc=$? (last six: the geo-means)"; grep -E "^fused" "$OUT/bench_fp8.log" | tail -6 | cut -c1-120
+      rm -f "$OUT"/bench/*.png
       old=benchmarks/probes/_norm_kernels_7b284ab.py
       if [ -f $old ]; then
-        timeout 90 python benchmarks/probes/norm_programs_probe.py norm --worlds 8,4,2 \
+        timeout 120 python benchmarks/probes/norm_programs_probe.py norm --worlds 8,4,2 \
           --programs 0 --kernels $old,head > "$OUT/norm_probe.log" 2>&1
         echo "norm probe: rc=$?"; grep "^norm" "$OUT/norm_probe.log" | cut -c1-150
-      fi
-      ;;
-    new)
-      # the fp8 WS producer (tests, then the probe's producer times), the paged decode (its
-      # GPU tests, then bench serving's decode cases at W = 2: paged over contiguous)
-      timeout 200 python -m pytest -q tests/gpu/test_ag_gemm_scaled_gpu.py -k ws_producer \
-        > "$OUT/ws_producer_tests.log" 2>&1
-      echo "fp8 WS producer tests: rc=$? $(grep -E "passed|failed" "$OUT/ws_producer_tests.log" | tail -1)"
-      timeout 120 python benchmarks/probes/fp8_fused_parts.py > "$OUT/fp8_parts.log" 2>&1
-      echo "fp8_fused_parts: rc=$?"; grep -E "pack|fused copy|gemm_rs" "$OUT/fp8_parts.log"
-      timeout 120 python -m pytest -q tests/gpu/test_flash_decode_paged_gpu.py \
-        > "$OUT/paged_tests.log" 2>&1
-      echo "paged decode tests: rc=$? $(grep -E "passed|failed" "$OUT/paged_tests.log" | tail -1)"
-      if [ -z "${SKIP_BENCH:-}" ]; then  # (SKIP_BENCH=1: tests and probe only, about 7 min)
-        timeout 150 python -m ditron_ops.bench serving --only decode --world-sizes 2 \
-          --out "$OUT/bench" ${COMMIT:+--commit "$COMMIT"} > "$OUT/serving_decode.log" 2>&1
-        echo "bench serving decode W=2: rc=$?"
-        grep -E "paged P=|geo" "$OUT/serving_decode.log" | cut -c1-130
-        rm -f "$OUT"/bench/*.png
       fi
       ;;
     bench:*)
