@@ -349,8 +349,9 @@ def _precompile(device: torch.device, dtypes: tuple) -> None:
     and output dtype (the fp16 / bf16 among ``dtypes``, else bf16, the ops' default):
     ``scaled_matmul`` (out in that dtype and in fp32, the reducing ops' unfused partials;
     either C store), the row packer, the ``ag_gemm_scaled`` consumer, push call and pull
-    producer, the reduce-scatter / broadcast GEMMs. The unfused paths' collectives are the
-    collectives family's (fp32)."""
+    producer, the reduce-scatter / broadcast GEMMs; on sm_90 the fp8 WS core's forms (plain,
+    waiting consumer and pushing producer where their switches choose them). The unfused
+    paths' collectives are the collectives family's (fp32)."""
     if FP8 not in dtypes:
         return
     from triton.tools.tensor_descriptor import TensorDescriptor
