@@ -329,8 +329,7 @@ per block, ``_core_kernels.tile_product``'s ``SCALE``)."""
 SCALED_TILES = dict(block_k=SCALED_BLOCK_K, split_tail=False)
 """What every fp8 form changes in the bf16 rule's tiles: one K step per scale block, and no
 split tail: with it ptxas serializes the wgmma of every 128-row fp8 form on tensor / row scales
-(C7514; the narrow tile at 248-255 registers, without the tail 201-244 and none serialized;
-offline sm_90a, benchmarks/NOTES.md, fp8)."""
+(C7514; benchmarks/NOTES.md, fp8)."""
 
 
 SCALED_NARROW = dict(block_n=128, num_warps=8, num_stages=5)

@@ -45,10 +45,8 @@ SCALED_WS_MIN_K = {1: 6144, 2: 2048}
 """Per scale mode (1 tensor / row, 2 blocks), the least K of this rank's product the fp8 WS
 producer takes: its fp32 sums make a round trip through the slots (a cost per output element)
 where the portable kernel keeps its own rows in registers but runs each K step slower (its fp8
-forms spill), so the WS producer wins from a K on. `bench fp8 --only fused` at one rank, 22
-model shards, both producers (H100, 4495a60): WS over portable 0.41-0.86x at K <= 4608 on
-tensor / row scales, 1.06-1.96x from K = 7168; on blocks 0.57-0.76x at K <= 1024, 1.07-2.13x
-from K = 2240. Each threshold sits between the two (benchmarks/NOTES.md, fp8)."""
+forms spill), so the WS producer wins from a K on; each threshold sits between the K where it
+lost and the K where it won (measured: benchmarks/NOTES.md, fp8)."""
 PRODUCER_CORES = ("tl", "ws")
 _LOCAL = threading.local()
 
@@ -220,8 +218,10 @@ class RsPlan:
                 or self.a_pad is not None or self.b_pad is not None
                 or (previous is not None and previous.ws_gemm is None)):
             return None
-        if (ws_scaled.refusal(a, b, None, bias) or a.shape[1] < SCALED_WS_MIN_K[scales.mode]
-                if self.scaled else bias is not None or ws_refusal(a, b, None, bias)):
+        if self.scaled:
+            if ws_scaled.refusal(a, b, None, bias) or a.shape[1] < SCALED_WS_MIN_K[scales.mode]:
+                return None
+        elif bias is not None or ws_refusal(a, b, None, bias):
             return None
         if offsets is None:  # (broadcast: never read)
             offsets = torch.zeros(1, dtype=torch.int32, device=a.device)

@@ -246,8 +246,8 @@ def _tile_out(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
     """A split consumer's sum out: ``PUSH`` 0, C through ``_scaled_epilogue``; else the gemm_rs
     / gemm_ar producer's fp32 partial (scales, + bias) into the owners' slots (``PUSH`` 1) or
     every rank's (2): the bf16 core's ``_push_part`` (``ws_gemm_kernel``'s ``PUSH`` arguments).
-    A sum is pushed from the registers in two 64-column parts, no staging (8-byte stores of a
-    thread's column pair; whole, the 256-wide tile's bias form spilled 130-192 bytes)."""
+    A sum is pushed from the registers in two 64-column parts (whole, the 256-wide tile's bias
+    form spills), no staging (8-byte stores of a thread's column pair)."""
     if PUSH == 0:
         _scaled_epilogue(acc, rows, off_m, off_n, c_desc, c_bufs, bias_ptr, sa_ptr, sb_ptr,
                          sa_row, sb_row, N, HAS_BIAS, SCALE)
